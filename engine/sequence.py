@@ -1,0 +1,103 @@
+"""A request's token state inside the engine: its ids, sampling settings, status and timings."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    # Each token's randomness is drawn from (seed, token index); see sampling.py.
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Timing:
+    """Seconds, measured on the engine's clock (time.monotonic)."""
+
+    arrived: float = field(default_factory=time.monotonic)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    def summary(self, completion_tokens: int) -> dict[str, float | None]:
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(b - a, 6)
+
+        tpot = None
+        if self.first_token is not None and self.finished is not None and completion_tokens > 1:
+            tpot = round((self.finished - self.first_token) / (completion_tokens - 1), 6)
+        return {
+            "queue_s": span(self.arrived, self.admitted),
+            "prefill_s": span(self.admitted, self.first_token),
+            "ttft_s": span(self.arrived, self.first_token),
+            "tpot_s": tpot,
+            "engine_s": span(self.arrived, self.finished),
+        }
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        resume_ids: list[int] | None = None,
+    ):
+        self.request_id = request_id
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        # The seed actually used: the request's, or one drawn at arrival so that a resumed
+        # request keeps its random stream too.
+        self.seed = seed
+        # Tokens generated before this engine saw the request (a resumed request); the next
+        # token's index is len(output_ids).
+        self.output_ids: list[int] = list(resume_ids or [])
+        self.resumed_tokens = len(self.output_ids)
+        self.status = SequenceStatus.WAITING
+        self.slot: int | None = None
+        self.finish_reason: FinishReason | None = None
+        self.cancel_requested = False
+        self.timing = Timing()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The KV positions this sequence may ever need: prompt plus every token it may generate."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

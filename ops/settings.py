@@ -1,0 +1,88 @@
+"""The one settings object: every knob Brigade has, read from BRIGADE_* variables.
+
+Each field documents its default; the README's settings table is written from here.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "brigade"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
+
+    # Where prepared model folders and other build products live (not in git: too large).
+    home: Path = Field(default_factory=_default_home)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8765
+    # Largest WebSocket frame accepted; larger frames close the connection (1009), so this sits
+    # well above max_prompt_chars so that an oversized prompt still gets a polite error event.
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_prompt_chars: int = 65_536
+    max_messages: int = 256
+    max_stop_strings: int = 8
+    max_stop_chars: int = 128
+    max_id_chars: int = 128
+    max_tokens_limit: int = 4096
+    max_requests_per_connection: int = 64
+
+    # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
+    model: str = ""
+    model_name: str = "smollm2-135m-instruct"
+    max_batch: int = 16
+    max_wait_ms: float = 10.0
+    # KV memory budget in tokens; kv_budget_bytes, when set, wins and is converted per model.
+    kv_budget_tokens: int = 32_768
+    kv_budget_bytes: int | None = None
+    max_prefill_tokens: int = 4096
+    # 0 means: the cores this process may run on.
+    torch_threads: int = 0
+
+    # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
+    worker_concurrency: int = 32
+    worker_status_interval_s: float = 1.0
+    worker_status_ttl_s: float = 3.0
+    # The per-request replay stream: capped length and a TTL so that it can never grow unbounded.
+    stream_maxlen: int = 8192
+    stream_ttl_s: int = 3600
+    cancel_ttl_s: int = 3600
+
+    flower_port: int = 5555
+    flower_user: str = "brigade"
+    flower_password: str = "brigade"
+
+    @property
+    def model_dir(self) -> Path:
+        if self.model:
+            return Path(self.model).expanduser()
+        return self.home / "models" / "SmolLM2-135M-Instruct"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.gateway_host}:{self.gateway_port}/v1/ws"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def torch_threads(settings: Settings) -> int:
+    """Threads for torch: the cores this process may really use (FACTS: oversubscription is ruinous)."""
+    if settings.torch_threads > 0:
+        return settings.torch_threads
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
