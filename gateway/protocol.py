@@ -1,0 +1,181 @@
+"""The client protocol, apart from any socket: a frame in, a validated command or an error out.
+
+Every problem a client can cause raises ProtocolError with a stable `code` (and the request's
+`id` and the offending `field` when known); the server answers it with an `error` event and
+keeps the connection and every other request on it going.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ops.messages import ChatMessage, GenerateParams
+from ops.settings import Settings
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str, request_id: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        self.field = field
+
+    def event(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
+        if self.request_id is not None:
+            out["id"] = self.request_id
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+@dataclass(frozen=True)
+class Generate:
+    id: str
+    prompt: str | None
+    messages: list[ChatMessage] | None
+    model: str
+    params: GenerateParams
+    cache: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    id: str
+
+
+Command = Generate | Cancel
+
+_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache"} | set(GenerateParams.model_fields)
+CACHE_MODES = ("auto", "off", "exact")
+
+
+def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
+    return {"type": "token", "id": client_id, "index": index, "text": text}
+
+
+def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: dict | None) -> dict[str, Any]:
+    return {"type": "done", "id": client_id, "finish_reason": finish_reason, "usage": usage or {}, "timing": timing or {}}
+
+
+class ClientProtocol:
+    """Turns client frames into commands, with the limits from settings."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def parse(self, frame: str | bytes) -> Command:
+        if isinstance(frame, bytes):
+            raise ProtocolError("binary_frame", "binary frames are not supported: send JSON text frames")
+        try:
+            data = json.loads(frame)
+        except (json.JSONDecodeError, RecursionError):
+            raise ProtocolError("invalid_json", "the message is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ProtocolError("invalid_message", "a message must be a JSON object")
+        request_id = self._request_id(data)
+        kind = data.get("type")
+        if kind == "generate":
+            return self._generate(data, request_id)
+        if kind == "cancel":
+            return Cancel(request_id)
+        if kind is None:
+            raise ProtocolError("missing_field", "the message has no `type`", request_id, "type")
+        raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}", request_id, "type")
+
+    def _request_id(self, data: dict) -> str:
+        rid = data.get("id")
+        if rid is None:
+            raise ProtocolError("missing_field", "the message has no `id`", None, "id")
+        if not isinstance(rid, str) or not rid or len(rid) > self.settings.max_id_chars:
+            raise ProtocolError(
+                "invalid_field", f"`id` must be a non-empty string of at most {self.settings.max_id_chars} characters",
+                None, "id",
+            )
+        return rid
+
+    def _generate(self, data: dict, rid: str) -> Generate:
+        s = self.settings
+        unknown = sorted(set(data) - _GENERATE_FIELDS)
+        if unknown:
+            raise ProtocolError("unknown_field", f"unknown field {unknown[0]!r}", rid, unknown[0])
+        prompt, messages = data.get("prompt"), data.get("messages")
+        if (prompt is None) == (messages is None):
+            raise ProtocolError("missing_field", "give exactly one of `prompt` or `messages`", rid, "prompt")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ProtocolError("invalid_field", "`prompt` must be a string", rid, "prompt")
+            if not prompt.strip():
+                raise ProtocolError("invalid_field", "`prompt` is empty", rid, "prompt")
+            if len(prompt) > s.max_prompt_chars:
+                raise ProtocolError(
+                    "prompt_too_long", f"the prompt has {len(prompt)} characters; the limit is {s.max_prompt_chars}",
+                    rid, "prompt",
+                )
+        parsed_messages = None
+        if messages is not None:
+            parsed_messages = self._messages(messages, rid)
+        model = data.get("model", s.model_name)
+        if model != s.model_name:
+            raise ProtocolError("unknown_model", f"model {str(model)[:64]!r} is not served here; use {s.model_name!r}", rid, "model")
+        cache = data.get("cache", "auto")
+        if cache not in CACHE_MODES:
+            raise ProtocolError("invalid_field", f"`cache` must be one of {', '.join(CACHE_MODES)}", rid, "cache")
+        params = self._params(data, rid)
+        return Generate(rid, prompt, parsed_messages, model, params, cache)
+
+    def _messages(self, messages: Any, rid: str) -> list[ChatMessage]:
+        s = self.settings
+        if not isinstance(messages, list) or not messages:
+            raise ProtocolError("invalid_field", "`messages` must be a non-empty list", rid, "messages")
+        if len(messages) > s.max_messages:
+            raise ProtocolError("invalid_field", f"at most {s.max_messages} messages", rid, "messages")
+        try:
+            parsed = [ChatMessage.model_validate(m) for m in messages]
+        except ValidationError as exc:
+            raise ProtocolError(
+                "invalid_field", "each message needs `role` (system, user or assistant) and string `content`: "
+                + _first_error(exc), rid, "messages",
+            ) from None
+        total = sum(len(m.content) for m in parsed)
+        if total > s.max_prompt_chars:
+            raise ProtocolError(
+                "prompt_too_long", f"the messages have {total} characters; the limit is {s.max_prompt_chars}",
+                rid, "messages",
+            )
+        return parsed
+
+    def _params(self, data: dict, rid: str) -> GenerateParams:
+        s = self.settings
+        fields = {k: data[k] for k in GenerateParams.model_fields if k in data}
+        for name, value in fields.items():
+            # Reject JSON booleans where numbers are expected (pydantic would take true as 1).
+            if isinstance(value, bool) and name != "stop":
+                raise ProtocolError("invalid_field", f"`{name}` must be a number", rid, name)
+        try:
+            params = GenerateParams.model_validate(fields)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err["loc"] else None
+            raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
+        if params.max_tokens > s.max_tokens_limit:
+            raise ProtocolError(
+                "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"
+            )
+        if len(params.stop) > s.max_stop_strings or any(not x or len(x) > s.max_stop_chars for x in params.stop):
+            raise ProtocolError(
+                "invalid_field",
+                f"`stop` takes at most {s.max_stop_strings} non-empty strings of at most {s.max_stop_chars} characters",
+                rid, "stop",
+            )
+        return params
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(x) for x in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]

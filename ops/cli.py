@@ -1,0 +1,177 @@
+"""The `brigade` command line: start the parts, talk to the service, measure it."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+from ops.logs import setup_logging
+from ops.settings import get_settings
+
+
+def cmd_prepare(args) -> int:
+    from engine.model_files import prepare_default_model
+
+    settings = get_settings()
+    if settings.model:
+        print(f"BRIGADE_MODEL is set ({settings.model}); nothing to prepare")
+        return 0
+    print(prepare_default_model(settings.model_dir))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from ops.keys import interactive_queue
+    from workers.app import app
+    import workers.tasks  # noqa: F401  (registers the task and the engine's start/stop hooks)
+
+    settings = get_settings()
+    name = args.name or f"brigade-{os.getpid()}@{socket.gethostname()}"
+    argv = [
+        "worker", "--pool", "threads", "--concurrency", str(settings.worker_concurrency),
+        "--queues", interactive_queue(settings.model_name), "--hostname", name,
+        "--task-events", "--without-gossip", "--without-mingle", "--loglevel", args.loglevel,
+    ]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_gateway(args) -> int:
+    from gateway.server import run_gateway
+
+    try:
+        asyncio.run(run_gateway(get_settings()))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def cmd_up(args) -> int:
+    """Redis (when none answers), one worker and the gateway, stopped together on Ctrl-C."""
+    settings = get_settings()
+    children: list[subprocess.Popen] = []
+    if not _redis_answers(settings.redis_url):
+        url = urlparse(settings.redis_url)
+        if url.hostname not in ("127.0.0.1", "localhost", "::1"):
+            print(f"Redis at {settings.redis_url} does not answer, and it is not local to start", file=sys.stderr)
+            return 1
+        server = shutil.which("redis-server")
+        if server is None:
+            print("redis-server is not installed: sudo apt-get install -y redis-server", file=sys.stderr)
+            return 1
+        children.append(subprocess.Popen([server, "--port", str(url.port or 6379), "--save", "", "--appendonly", "no"]))
+        for _ in range(50):
+            if _redis_answers(settings.redis_url):
+                break
+            time.sleep(0.1)
+    me = [sys.executable, "-m", "ops.cli"]
+    children.append(subprocess.Popen(me + ["worker"]))
+    children.append(subprocess.Popen(me + ["gateway"]))
+    if args.flower:
+        children.append(subprocess.Popen(me + ["flower"]))
+    print(f"Brigade is starting: connect to {settings.ws_url}  (readiness: "
+          f"http://{settings.gateway_host}:{settings.gateway_port}/readyz); Ctrl-C stops everything", flush=True)
+
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping and all(c.poll() is None for c in children):
+            time.sleep(0.2)
+    finally:
+        for c in reversed(children):
+            if c.poll() is None:
+                c.send_signal(signal.SIGTERM)
+        deadline = time.time() + 15
+        for c in reversed(children):
+            try:
+                c.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                c.kill()
+    return 0
+
+
+def cmd_flower(args) -> int:
+    settings = get_settings()
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "flower",
+        f"--address={settings.gateway_host}", f"--port={settings.flower_port}",
+        f"--basic-auth={settings.flower_user}:{settings.flower_password}",
+    ]
+    os.execv(sys.executable, argv)
+
+
+def cmd_chat(args) -> int:
+    from ops.chat import chat
+
+    return asyncio.run(chat(get_settings(), args.question, args.max_tokens, args.temperature))
+
+
+def cmd_bench(args) -> int:
+    from ops.bench import bench_engine
+
+    if args.target != "engine":
+        print(f"unknown benchmark {args.target!r}; available: engine", file=sys.stderr)
+        return 2
+    report = bench_engine(get_settings(), [int(n) for n in args.n.split(",")], args.max_tokens)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="brigade", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("prepare", help="convert the default model once into a local safetensors folder").set_defaults(fn=cmd_prepare)
+    p = sub.add_parser("worker", help="start one Celery worker holding one model")
+    p.add_argument("--name", help="worker name (default brigade-PID@HOST)")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(fn=cmd_worker)
+    sub.add_parser("gateway", help="start the WebSocket gateway").set_defaults(fn=cmd_gateway)
+    p = sub.add_parser("up", help="start Redis (if needed), a worker and the gateway")
+    p.add_argument("--flower", action="store_true", help="also start Flower")
+    p.set_defaults(fn=cmd_up)
+    sub.add_parser("flower", help="start Flower on the Celery app (basic auth from settings)").set_defaults(fn=cmd_flower)
+    p = sub.add_parser("chat", help="ask a question over WebSocket and print tokens as they arrive")
+    p.add_argument("question", nargs="?", help="without it: an interactive session")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.set_defaults(fn=cmd_chat)
+    p = sub.add_parser("bench", help="benchmarks that print JSON")
+    p.add_argument("target", choices=["engine"])
+    p.add_argument("--n", default="1,4,16,32", help="comma-separated request counts")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--json", help="also write the report to this file")
+    p.set_defaults(fn=cmd_bench)
+    args = parser.parse_args(argv)
+    setup_logging()
+    return args.fn(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Celery tasks and the worker's start/stop hooks.
+
+The worker runs the threads pool: there is no fork, so the model is loaded in `worker_init`
+(the main process) and shared by every task thread through one EngineHost.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from celery.signals import worker_init, worker_shutdown
+
+from ops.messages import QueuedRequest
+from ops.settings import get_settings
+from workers.app import GENERATE_TASK, app
+from workers.engine_host import EngineHost
+
+log = logging.getLogger("brigade.worker")
+_host: EngineHost | None = None
+
+
+@worker_init.connect
+def _load_engine(sender=None, **_):
+    global _host
+    name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
+    _host = EngineHost.start(get_settings(), name)
+
+
+@worker_shutdown.connect
+def _close_engine(**_):
+    if _host is not None:
+        _host.close()
+
+
+@app.task(name=GENERATE_TASK)
+def generate(payload: dict) -> dict:
+    queued = QueuedRequest.model_validate(payload)
+    if _host is None:
+        raise RuntimeError("the engine is not loaded: this task runs only inside `brigade worker`")
+    reason = _host.serve(queued)
+    return {"request_id": queued.request_id, "finish_reason": reason}
