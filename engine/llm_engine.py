@@ -254,7 +254,7 @@ class Engine:
             self.tokens_generated += 1
             detok = self.detoks[seq.request_id]
             reason = None
-            if token in self.eos_ids:
+            if token in self.eos_ids and not seq.params.ignore_eos:
                 text, reason = "", FinishReason.STOP
             else:
                 text = detok.push(token)

@@ -29,6 +29,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     # Each token's randomness is drawn from (seed, token index); see sampling.py.
     seed: int | None = None
+    # Keep going past end-of-sequence (benchmarks that need a fixed number of tokens).
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:

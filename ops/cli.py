@@ -130,12 +130,12 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from ops.bench import bench_engine
+    from engine import Engine
+    from engine.bench import run
+    from workers.engine_host import engine_config
 
-    if args.target != "engine":
-        print(f"unknown benchmark {args.target!r}; available: engine", file=sys.stderr)
-        return 2
-    report = bench_engine(get_settings(), [int(n) for n in args.n.split(",")], args.max_tokens)
+    engine = Engine.load(engine_config(get_settings()))
+    report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

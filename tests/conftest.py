@@ -1,0 +1,67 @@
+"""Shared fixtures: the real default model, a tiny random model, a real Redis."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.services import RedisServer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from engine.model_files import prepare_default_model
+    from ops.settings import Settings
+
+    return prepare_default_model(Settings().model_dir)
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir):
+    """The real default model (SmolLM2-135M-Instruct) in one engine, shared by the session."""
+    from engine import Engine, EngineConfig
+
+    return Engine.load(EngineConfig(model=str(model_dir), max_batch=16, max_wait_ms=0, torch_threads=2))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
+    """A randomly initialised model of the same architecture, small enough for fast scheduler tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out / name)
+    return out
+
+
+@pytest.fixture
+def tiny_engine_factory(tiny_model_dir):
+    from engine import Engine, EngineConfig
+
+    def make(**config):
+        config.setdefault("torch_threads", 1)
+        return Engine.load(EngineConfig(model=str(tiny_model_dir), **config))
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

@@ -1,0 +1,120 @@
+"""Real services for the tests: a redis-server on a free port, `brigade worker` and
+`brigade gateway` processes. Nothing here is a mock."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+REDIS_INSTALL_HINT = (
+    "redis-server is not installed, and the integration tests need a real one: "
+    "run `make test` (it installs it) or `sudo apt-get install -y redis-server`"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class RedisServer:
+    def __init__(self, tmp: Path):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(tmp)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        self.client = redis.Redis.from_url(self.url, decode_responses=True)
+        wait_until(self._answers, 10, what="redis-server to answer")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class BrigadeProcess:
+    """`python -m ops.cli <part>` with the given environment, its output in a log file."""
+
+    def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", part, *(extra or [])],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+        )
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+def service_env(redis_url: str, gateway_port: int, **extra: str) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "BRIGADE_REDIS_URL": redis_url,
+        "BRIGADE_GATEWAY_PORT": str(gateway_port),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+def http_get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def worker_statuses(client: redis.Redis) -> list[dict]:
+    from ops import keys
+
+    out = []
+    for key in client.scan_iter(match=keys.WORKER_PATTERN):
+        raw = client.get(key)
+        if raw:
+            out.append(json.loads(raw))
+    return out
