@@ -146,7 +146,8 @@ class Gateway:
 
     async def _generate(self, session: ClientSession, cmd: Generate) -> None:
         if cmd.id in session.active:
-            raise ProtocolError("duplicate_id", f"request {cmd.id!r} is already running on this connection", cmd.id, "id")
+            # No `id` on this error: an error carrying an id ends that request, and this one runs on.
+            raise ProtocolError("duplicate_id", f"request {cmd.id!r} is already running on this connection", None, "id")
         if len(session.active) >= self.settings.max_requests_per_connection:
             raise ProtocolError(
                 "too_many_requests",

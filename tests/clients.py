@@ -1,0 +1,51 @@
+"""WebSocket clients for the integration tests (the real `websockets` client, real sockets)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from websockets.asyncio.client import connect
+
+
+@dataclass
+class Answer:
+    id: str
+    tokens: list[tuple[int, str]] = field(default_factory=list)
+    end: dict | None = None  # the done or error event
+    request_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(t for _, t in self.tokens)
+
+    @property
+    def indexes(self) -> list[int]:
+        return [i for i, _ in self.tokens]
+
+
+async def collect(ws, answers: dict[str, Answer], errors: list[dict], until_ended: set[str], timeout: float = 120):
+    """Read events until every id in `until_ended` has its done or error event."""
+    async def loop():
+        while not all(answers[i].end is not None for i in until_ended):
+            event = json.loads(await ws.recv())
+            rid = event.get("id")
+            if event["type"] == "error" and (rid is None or rid not in answers):
+                errors.append(event)
+                continue
+            a = answers.setdefault(rid, Answer(rid))
+            if event["type"] == "queued":
+                a.request_id = event["request_id"]
+            elif event["type"] == "token":
+                a.tokens.append((event["index"], event["text"]))
+            elif event["type"] in ("done", "error"):
+                a.end = event
+    await asyncio.wait_for(loop(), timeout)
+
+
+async def ask(url: str, client_id: str, **fields) -> Answer:
+    async with connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "generate", "id": client_id, **fields}))
+        answers = {client_id: Answer(client_id)}
+        await collect(ws, answers, [], {client_id})
+        return answers[client_id]

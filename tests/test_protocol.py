@@ -1,0 +1,82 @@
+"""The client protocol as a pure function: every bad frame gets a named error."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
+from ops.settings import Settings
+
+
+@pytest.fixture
+def protocol() -> ClientProtocol:
+    return ClientProtocol(Settings())
+
+
+def good(**fields) -> str:
+    return json.dumps({"type": "generate", "id": "r1", "prompt": "hi", **fields})
+
+
+@pytest.mark.parametrize(
+    "frame, code, field",
+    [
+        (b"\x00\x01", "binary_frame", None),
+        ("not json", "invalid_json", None),
+        ("[1, 2]", "invalid_message", None),
+        (json.dumps({"id": "x"}), "missing_field", "type"),
+        (json.dumps({"type": "dance", "id": "x"}), "unknown_type", "type"),
+        (json.dumps({"type": "generate", "prompt": "hi"}), "missing_field", "id"),
+        (json.dumps({"type": "generate", "id": 7, "prompt": "hi"}), "invalid_field", "id"),
+        (json.dumps({"type": "generate", "id": "r1"}), "missing_field", "prompt"),
+        (good(temperature=-1), "invalid_field", "temperature"),
+        (good(temperature="0.5"), "invalid_field", "temperature"),
+        (good(max_tokens=10**9), "invalid_field", "max_tokens"),
+        (good(max_tokens=0), "invalid_field", "max_tokens"),
+        (good(max_tokens=True), "invalid_field", "max_tokens"),
+        (good(top_p=0), "invalid_field", "top_p"),
+        (good(top_k=-3), "invalid_field", "top_k"),
+        (good(seed=-1), "invalid_field", "seed"),
+        (good(stop=["x"] * 50), "invalid_field", "stop"),
+        (good(stop=[""]), "invalid_field", "stop"),
+        (good(cache="sometimes"), "invalid_field", "cache"),
+        (good(model="gpt-9"), "unknown_model", "model"),
+        (good(colour="blue"), "unknown_field", "colour"),
+        (good(prompt="x" * 10_000_000), "prompt_too_long", "prompt"),
+        (good(prompt="   "), "invalid_field", "prompt"),
+        (json.dumps({"type": "generate", "id": "r1", "messages": []}), "invalid_field", "messages"),
+        (json.dumps({"type": "generate", "id": "r1", "messages": [{"role": "robot", "content": "x"}]}),
+         "invalid_field", "messages"),
+        (json.dumps({"type": "generate", "id": "r1", "prompt": "a", "messages": [{"role": "user", "content": "x"}]}),
+         "missing_field", "prompt"),
+    ],
+)
+def test_bad_frame_gets_a_named_error(protocol, frame, code, field):
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(frame)
+    assert err.value.code == code
+    assert err.value.field == field
+    event = err.value.event()
+    assert event["type"] == "error" and event["code"] == code and event["message"]
+
+
+def test_error_names_the_request_when_its_id_is_known(protocol):
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(good(temperature=-1))
+    assert err.value.event()["id"] == "r1"
+
+
+def test_good_generate_is_parsed_with_defaults(protocol):
+    cmd = protocol.parse(good(max_tokens=12, stop=["\n"], seed=7))
+    assert isinstance(cmd, Generate)
+    assert cmd.id == "r1" and cmd.prompt == "hi" and cmd.cache == "auto"
+    assert cmd.params.max_tokens == 12 and cmd.params.temperature == 0.0 and cmd.params.seed == 7
+
+
+def test_chat_messages_are_accepted(protocol):
+    cmd = protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": [{"role": "user", "content": "hey"}]}))
+    assert cmd.messages[0].role == "user" and cmd.prompt is None
+
+
+def test_cancel_is_parsed(protocol):
+    assert protocol.parse(json.dumps({"type": "cancel", "id": "r1"})) == Cancel("r1")

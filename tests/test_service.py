@@ -1,0 +1,206 @@
+"""Brigade end to end: real redis-server, a real `brigade worker` (Celery) process, the real
+gateway process, real WebSocket clients, the real default model."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import pytest
+from websockets.asyncio.client import connect
+
+from engine import EngineRequest, SamplingParams
+from ops import keys
+from tests.clients import Answer, ask, collect
+from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three colors.",
+    "What is 2 + 2?",
+    "Name a fruit and say why it is healthy.",
+    "Why is the sky blue?",
+    "Give me one tip for learning to code.",
+    "Translate 'thank you' into Spanish.",
+]
+LONG_QUESTION = "Write a very long and detailed essay about the history of the Roman Empire."
+
+
+@dataclass
+class Stack:
+    redis: object
+    port: int
+    url: str
+    gateway: BrigadeProcess
+    worker: BrigadeProcess
+    readiness_log: list[tuple[int, bool]]  # (/readyz status, did a worker status key exist)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server, model_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("logs")
+    port = free_port()
+    env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="30")
+    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
+    worker = None
+    try:
+        wait_until(lambda: _status(port, "/healthz") == 200, 30, what="gateway /healthz")
+        readiness: list[tuple[int, bool]] = [(_status(port, "/readyz"), bool(worker_statuses(redis_server.client)))]
+        worker = BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@test"])
+
+        def ready() -> bool:
+            status = _status(port, "/readyz")
+            readiness.append((status, bool(worker_statuses(redis_server.client))))
+            if worker.proc.poll() is not None:
+                raise AssertionError("worker exited:\n" + worker.tail())
+            return status == 200
+
+        wait_until(ready, 120, interval=0.2, what="/readyz to turn ready")
+        yield Stack(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", gateway, worker, readiness)
+    except BaseException:
+        print("gateway log:\n" + gateway.tail())
+        if worker is not None:
+            print("worker log:\n" + worker.tail())
+        raise
+    finally:
+        if worker is not None:
+            worker.stop()
+        gateway.stop()
+
+
+def _status(port: int, path: str) -> int | None:
+    try:
+        return http_get(port, path)[0]
+    except OSError:
+        return None
+
+
+def running_requests(stack: Stack) -> list[str]:
+    statuses = worker_statuses(stack.redis.client)
+    assert statuses, "no worker status key"
+    return [rid for s in statuses for rid in s["requests"]]
+
+
+def test_readyz_turns_ready_only_after_a_worker_is_up(stack):
+    first_status, worker_existed = stack.readiness_log[0]
+    assert first_status == 503 and not worker_existed
+    assert all(has_worker for status, has_worker in stack.readiness_log if status == 200)
+    assert stack.readiness_log[-1][0] == 200
+    status, body = http_get(stack.port, "/readyz")
+    assert status == 200 and body["ready"] and body["workers"] == 1
+    assert http_get(stack.port, "/healthz")[0] == 200
+
+
+def test_eight_clients_at_once_stream_the_engines_greedy_answers(stack, engine):
+    params = SamplingParams(max_tokens=32)
+    expected = engine.generate(
+        [EngineRequest(f"q{i}", params, messages=[{"role": "user", "content": q}]) for i, q in enumerate(QUESTIONS)]
+    )
+
+    async def main():
+        return await asyncio.gather(*[
+            ask(stack.url, f"q{i}", messages=[{"role": "user", "content": q}], max_tokens=32)
+            for i, q in enumerate(QUESTIONS)
+        ])
+
+    answers = asyncio.run(main())
+    for a in answers:
+        want = expected[a.id]
+        assert a.end["type"] == "done", a.end
+        assert a.indexes == list(range(len(a.tokens))), f"{a.id}: indexes {a.indexes}"
+        assert a.text == want.text, f"{a.id}: streamed {a.text!r} != engine {want.text!r}"
+        assert a.end["finish_reason"] == want.finish_reason
+        assert a.end["usage"]["completion_tokens"] == len(want.token_ids)
+        timing = a.end["timing"]
+        assert timing["worker"] == "w1@test" and timing["ttft_s"] > 0 and timing["e2e_s"] >= timing["ttft_s"]
+
+
+def test_cancel_stops_a_running_request_and_frees_its_slot(stack):
+    async def main():
+        async with connect(stack.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "long", "prompt": LONG_QUESTION, "max_tokens": 1000}))
+            answers = {"long": Answer("long")}
+            while len(answers["long"].tokens) < 3:
+                await collect_one(ws, answers)
+            rid = answers["long"].request_id
+            # The status key is a snapshot refreshed every second.
+            await asyncio.to_thread(wait_until, lambda: rid in running_requests(stack), 5, 0.1, "the request in the worker's status")
+            await ws.send(json.dumps({"type": "cancel", "id": "long"}))
+            while answers["long"].end is None:
+                await collect_one(ws, answers)
+            return answers["long"], rid
+
+    answer, rid = asyncio.run(main())
+    assert answer.end == {"type": "done", "id": "long", "finish_reason": "cancelled", "usage": {}, "timing": {}}
+    wait_until(lambda: rid not in running_requests(stack), 10, what="the worker to drop the cancelled request")
+    length = stack.redis.client.xlen(keys.stream(rid))
+    time.sleep(1.0)
+    assert stack.redis.client.xlen(keys.stream(rid)) == length, "tokens kept coming after cancel"
+    assert length < 200
+
+
+def test_disconnect_stops_the_clients_requests(stack):
+    async def main():
+        async with connect(stack.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "gone", "prompt": LONG_QUESTION, "max_tokens": 1000}))
+            answers = {"gone": Answer("gone")}
+            while len(answers["gone"].tokens) < 3:
+                await collect_one(ws, answers)
+            return answers["gone"].request_id
+
+    rid = asyncio.run(main())  # leaving the `async with` closes the connection mid-stream
+    wait_until(lambda: rid not in running_requests(stack), 10, what="the worker to drop the abandoned request")
+    statuses = worker_statuses(stack.redis.client)
+    wait_until(lambda: all(s["running"] == 0 for s in worker_statuses(stack.redis.client)), 10,
+               what="the worker's running count to drop to 0")
+    assert statuses
+
+
+BAD_FRAMES = {
+    "not json": ("{oops", "invalid_json"),
+    "unknown type": (json.dumps({"type": "dance", "id": "b1"}), "unknown_type"),
+    "missing prompt": (json.dumps({"type": "generate", "id": "b2"}), "missing_field"),
+    "negative temperature": (json.dumps({"type": "generate", "id": "b3", "prompt": "x", "temperature": -1}), "invalid_field"),
+    "huge max_tokens": (json.dumps({"type": "generate", "id": "b4", "prompt": "x", "max_tokens": 10**9}), "invalid_field"),
+    "10 MB prompt": (json.dumps({"type": "generate", "id": "b5", "prompt": "x" * 10_000_000}), "prompt_too_long"),
+    "binary frame": (b"\x00\xff binary", "binary_frame"),
+    "cancel of unknown id": (json.dumps({"type": "cancel", "id": "nobody"}), "unknown_id"),
+    "duplicate id": (json.dumps({"type": "generate", "id": "good", "prompt": "again"}), "duplicate_id"),
+    # Passes the gateway's character limit but not the model's context: refused by the worker.
+    "over the context": (json.dumps({"type": "generate", "id": "b6", "prompt": "word " * 12_000, "max_tokens": 64}),
+                         "context_overflow"),
+}
+
+
+def test_every_bad_input_gets_its_error_while_a_good_request_completes(stack):
+    async def main():
+        async with connect(stack.url, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "good", "max_tokens": 24,
+                                      "messages": [{"role": "user", "content": "What is the capital of France?"}]}))
+            for frame, _ in BAD_FRAMES.values():
+                await ws.send(frame)
+            answers = {"good": Answer("good"), "b6": Answer("b6")}
+            errors: list[dict] = []
+            await collect(ws, answers, errors, {"good", "b6"})
+            # Errors for ids the test did not pre-register land in `answers` too; gather them all.
+            errors += [a.end for i, a in answers.items() if i != "good" and a.end and a.end["type"] == "error"]
+            return answers["good"], errors
+
+    good, errors = asyncio.run(main())
+    assert good.end["type"] == "done" and good.tokens and "Paris" in good.text, good.end
+    codes = sorted(e["code"] for e in errors)
+    assert codes == sorted(code for _, code in BAD_FRAMES.values()), errors
+    assert all(e["message"] for e in errors)
+
+
+async def collect_one(ws, answers: dict[str, Answer]) -> None:
+    event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+    a = answers.setdefault(event.get("id"), Answer(event.get("id")))
+    if event["type"] == "queued":
+        a.request_id = event["request_id"]
+    elif event["type"] == "token":
+        a.tokens.append((event["index"], event["text"]))
+    else:
+        a.end = event
