@@ -117,7 +117,7 @@ def cmd_flower(args) -> int:
     settings = get_settings()
     argv = [
         sys.executable, "-m", "celery", "-A", "workers.app", "flower",
-        f"--address={settings.gateway_host}", f"--port={settings.flower_port}",
+        f"--address={settings.flower_host}", f"--port={settings.flower_port}",
         f"--basic-auth={settings.flower_user}:{settings.flower_password}",
     ]
     os.execv(sys.executable, argv)

@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     stream_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
 
+    flower_host: str = "127.0.0.1"
     flower_port: int = 5555
     flower_user: str = "brigade"
     flower_password: str = "brigade"

@@ -204,3 +204,38 @@ async def collect_one(ws, answers: dict[str, Answer]) -> None:
         a.tokens.append((event["index"], event["text"]))
     else:
         a.end = event
+
+
+def test_request_cancelled_while_queued_is_never_run(stack):
+    """The worker checks the cancel flag when it takes a request from the queue."""
+    import redis as redis_lib
+
+    from ops.messages import GenerateParams, QueuedRequest
+    from workers.app import GENERATE_TASK, make_app
+
+    client = redis_lib.Redis.from_url(stack.redis.url)
+    channel = keys.reply_channel("test-direct")
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel)
+
+    def queued(rid: str) -> dict:
+        return QueuedRequest(
+            request_id=rid, client_id=rid, reply_channel=channel, enqueued_at=time.time(), model="smollm2-135m-instruct",
+            prompt="Hello", params=GenerateParams(max_tokens=4),
+        ).model_dump(mode="json")
+
+    app = make_app(stack.redis.url)
+    client.set(keys.cancelled("skipped-1"), "1", ex=60)
+    app.send_task(GENERATE_TASK, args=[queued("skipped-1")], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    app.send_task(GENERATE_TASK, args=[queued("after-1")], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    seen: list[dict] = []
+
+    def after_done() -> bool:
+        message = pubsub.get_message(timeout=0.5)
+        if message and message["type"] == "message":
+            seen.append(json.loads(message["data"]))
+        return any(e["request_id"] == "after-1" and e["type"] == "done" for e in seen)
+
+    wait_until(after_done, 60, interval=0, what="the request queued behind the cancelled one to finish")
+    assert not any(e["request_id"] == "skipped-1" for e in seen)
+    assert not client.exists(keys.stream("skipped-1"))

@@ -13,9 +13,9 @@ from ops.settings import get_settings
 GENERATE_TASK = "brigade.generate"
 
 
-def make_app() -> Celery:
+def make_app(redis_url: str | None = None) -> Celery:
     settings = get_settings()
-    app = Celery("brigade", broker=settings.redis_url, include=["workers.tasks"])
+    app = Celery("brigade", broker=redis_url or settings.redis_url, include=["workers.tasks"])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],  # never pickle
