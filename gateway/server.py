@@ -21,7 +21,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError, done_event, token_event
+from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError, cached_events, done_event, token_event
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings
@@ -38,6 +38,10 @@ class Route:
     session: "ClientSession"
     client_id: str
     next_index: int = 0
+    # Set when the answer may be stored in the cache once done.
+    cache_query: object | None = None
+    cache_vector: object | None = None
+    chunks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -69,10 +73,24 @@ class Gateway:
         self.protocol = ClientProtocol(settings)
         self.routes: dict[str, Route] = {}
         self.subscribed = asyncio.Event()
+        self.cache = None
+        self.renderer = None
+        self._background: set[asyncio.Task] = set()
+
+    def _load_cache(self) -> None:
+        # Imported here: the cache brings the embedding model (and torch) into the gateway.
+        from cache.answer_cache import AnswerCache
+        from cache.query import PromptRenderer
+
+        self.renderer = PromptRenderer(self.settings.model_dir)
+        self.cache = AnswerCache(self.settings)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def serve_forever(self, ready: asyncio.Event | None = None) -> None:
+        if self.settings.cache_enabled:
+            await asyncio.to_thread(self._load_cache)
+            self._background.update(await self.cache.start())
         router = asyncio.create_task(self._route_replies(), name="reply-router")
         await self.subscribed.wait()
         async with serve(
@@ -154,6 +172,16 @@ class Gateway:
                 f"at most {self.settings.max_requests_per_connection} requests at once per connection",
                 cmd.id,
             )
+        started = time.perf_counter()
+        query, vector = None, None
+        if self.cache is not None and cmd.cache != "off":
+            query = self._cache_query(cmd)
+            if query is not None:
+                lookup = await self.cache.lookup(query)
+                if lookup.hit is not None:
+                    self._send_hit(session, cmd.id, lookup.hit, time.perf_counter() - started)
+                    return
+                vector = lookup.vector
         rid = uuid.uuid4().hex
         queued = QueuedRequest(
             request_id=rid,
@@ -166,7 +194,7 @@ class Gateway:
             params=cmd.params,
         )
         # Route first: a fast worker's first token must find its way back.
-        self.routes[rid] = Route(session, cmd.id)
+        self.routes[rid] = Route(session, cmd.id, cache_query=query, cache_vector=vector)
         session.active[cmd.id] = rid
         payload = queued.model_dump(mode="json")
         try:
@@ -181,6 +209,33 @@ class Gateway:
             raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id) from None
         log.info("event=enqueued request_id=%s client_id=%s", rid, cmd.id)
         session.send({"type": "queued", "id": cmd.id, "request_id": rid})
+
+    def _cache_query(self, cmd: Generate):
+        from cache.query import make_query
+
+        try:
+            return make_query(self.renderer, cmd.model, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
+                              cmd.cache_threshold)
+        except Exception as exc:  # a template that cannot render this input: no caching, no failure
+            log.warning("event=cache_query_failed client_id=%s error=%r", cmd.id, exc)
+            return None
+
+    def _send_hit(self, session: ClientSession, client_id: str, hit, elapsed: float) -> None:
+        entry = hit.entry
+        usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
+        for event in cached_events(client_id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity, elapsed):
+            session.send(event)
+        log.info("event=cache_hit client_id=%s layer=%s similarity=%.4f entry=%s", client_id, hit.layer,
+                 hit.similarity, entry.entry_id)
+
+    def _store_answer(self, route: Route, event: ReplyEvent) -> None:
+        usage = event.usage or {}
+        task = asyncio.ensure_future(self.cache.insert(
+            route.cache_query, route.cache_vector, route.chunks, event.finish_reason,
+            usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
+        ))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _cancel(self, session: ClientSession, client_id: str, notify: bool) -> None:
         rid = session.active.get(client_id)
@@ -231,8 +286,12 @@ class Gateway:
                 return  # already forwarded
             route.next_index = event.index + 1
             route.session.send(token_event(route.client_id, event.index, event.text or ""))
+            if route.cache_query is not None:
+                route.chunks.append(event.text or "")
         elif event.type == "done":
             self._forget(event.request_id)
+            if route.cache_query is not None and event.finish_reason in ("stop", "length"):
+                self._store_answer(route, event)
             route.session.send(done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing))
         else:
             self._forget(event.request_id)

@@ -130,18 +130,30 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from engine import Engine
-    from engine.bench import run
-    from workers.engine_host import engine_config
+    settings = get_settings()
+    if args.target == "engine":
+        from engine import Engine
+        from engine.bench import run
+        from workers.engine_host import engine_config
 
-    engine = Engine.load(engine_config(get_settings()))
-    report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens)
+        engine = Engine.load(engine_config(settings))
+        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens)
+    else:
+        from cache.bench import run
+
+        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",")])
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as fh:
             fh.write(text + "\n")
     return 0
+
+
+def cmd_cache(args) -> int:
+    from ops.cache_commands import run
+
+    return run(args, get_settings())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine"])
-    p.add_argument("--n", default="1,4,16,32", help="comma-separated request counts")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("target", choices=["engine", "cache"])
+    p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
+    p.add_argument("--max-tokens", type=int, default=128, help="engine: new tokens per request")
+    p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
+    p.add_argument("--pairs", default="../shared/data/qqp_train.jsonl", help="cache: duplicate pairs for semantic hits")
+    p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
+    p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(fn=cmd_bench)
+    from ops.cache_commands import add_parser
+
+    add_parser(sub)
+    sub.choices["cache"].set_defaults(fn=cmd_cache)
     args = parser.parse_args(argv)
     setup_logging()
     return args.fn(args) or 0

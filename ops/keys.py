@@ -46,3 +46,33 @@ WORKER_PATTERN = f"{PREFIX}:worker:*"
 def interactive_queue(model_name: str) -> str:
     """The Celery queue (a Redis list) of a model's interactive requests."""
     return f"{PREFIX}.{model_name}.interactive"
+
+
+# ---- the answer cache (cache/) ------------------------------------------------------------------
+# Entries and exact keys carry Settings.cache_ttl_s; the sorted sets and the namespace sets hold
+# at most Settings.cache_max_entries members (LRU eviction); the log stream is capped.
+
+
+def cache_entry(entry_id: str) -> str:
+    """One cached answer (hash: question, answer chunks, namespace, embedding, hits, ...)."""
+    return f"{PREFIX}:cache:entry:{entry_id}"
+
+
+CACHE_ENTRY_PATTERN = f"{PREFIX}:cache:entry:*"
+
+
+def cache_exact(digest: str) -> str:
+    """Exact-layer key: digest of (model, rendered prompt, output-changing params) -> entry id."""
+    return f"{PREFIX}:cache:exact:{digest}"
+
+
+def cache_namespace(namespace: str) -> str:
+    """The entry ids of one namespace (set)."""
+    return f"{PREFIX}:cache:ns:{namespace}"
+
+
+CACHE_NAMESPACE_PATTERN = f"{PREFIX}:cache:ns:*"
+CACHE_LRU = f"{PREFIX}:cache:lru"  # sorted set: entry id -> last use (unix seconds)
+CACHE_EXPIRY = f"{PREFIX}:cache:expiry"  # sorted set: entry id -> expiry (unix seconds)
+CACHE_LOG = f"{PREFIX}:cache:log"  # stream of adds and deletes that every gateway's index follows
+CACHE_STATS = f"{PREFIX}:cache:stats"  # hash of counters

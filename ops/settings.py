@@ -58,6 +58,30 @@ class Settings(BaseSettings):
     stream_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
 
+    # ---- the answer cache ----
+    # Empty: the same Redis as everything else. A separate instance keeps cache load apart.
+    cache_redis_url: str = ""
+    cache_enabled: bool = True
+    cache_ttl_s: int = 86_400
+    cache_max_entries: int = 100_000
+    # Semantic layer: candidates from FAISS above a cosine floor, then the verifier decides.
+    cache_candidates: int = 4
+    cache_min_similarity: float = 0.55
+    # Verifier probability needed for a semantic hit; empty: the value tuned at training time.
+    cache_threshold: float | None = None
+    # Refuse a semantic hit when a second, different entry also scores this high: the cache cannot
+    # tell which stored answer applies. Empty: the value tuned at training time (>1 turns it off).
+    cache_ambiguity: float | None = None
+    # "off" disables the learned verifier (a plain cosine threshold, cache_cosine_threshold, remains).
+    cache_verifier: str = "on"
+    cache_cosine_threshold: float = 0.9
+    cache_hnsw_from: int = 20_000
+    cache_sweep_interval_s: float = 5.0
+    cache_log_maxlen: int = 200_000
+    embedding_model: str = ""  # a sentence-transformers folder; empty: all-MiniLM-L6-v2 (packaged)
+    embedding_threads: int = 1
+    embedding_int8: bool = False
+
     flower_host: str = "127.0.0.1"
     flower_port: int = 5555
     flower_user: str = "brigade"
@@ -68,6 +92,10 @@ class Settings(BaseSettings):
         if self.model:
             return Path(self.model).expanduser()
         return self.home / "models" / "SmolLM2-135M-Instruct"
+
+    @property
+    def cache_redis(self) -> str:
+        return self.cache_redis_url or self.redis_url
 
     @property
     def ws_url(self) -> str:

@@ -40,6 +40,8 @@ def good(**fields) -> str:
         (good(stop=["x"] * 50), "invalid_field", "stop"),
         (good(stop=[""]), "invalid_field", "stop"),
         (good(cache="sometimes"), "invalid_field", "cache"),
+        (good(cache_threshold=1.5), "invalid_field", "cache_threshold"),
+        (good(cache_threshold="high"), "invalid_field", "cache_threshold"),
         (good(model="gpt-9"), "unknown_model", "model"),
         (good(colour="blue"), "unknown_field", "colour"),
         (good(prompt="x" * 10_000_000), "prompt_too_long", "prompt"),
@@ -80,3 +82,13 @@ def test_chat_messages_are_accepted(protocol):
 
 def test_cancel_is_parsed(protocol):
     assert protocol.parse(json.dumps({"type": "cancel", "id": "r1"})) == Cancel("r1")
+
+
+def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
+    from gateway.protocol import cached_events
+
+    events = cached_events("r1", ["Par", "is."], "stop", {"completion_tokens": 2}, "semantic", 0.91234, 0.004)
+    assert [e["type"] for e in events] == ["token", "token", "done"]
+    assert [e.get("index") for e in events[:2]] == [0, 1]
+    assert all(e["cached"] == "semantic" and e["similarity"] == 0.9123 and e["id"] == "r1" for e in events)
+    assert events[-1]["finish_reason"] == "stop" and events[-1]["usage"] == {"completion_tokens": 2}

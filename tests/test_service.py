@@ -239,3 +239,68 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     wait_until(after_done, 60, interval=0, what="the request queued behind the cancelled one to finish")
     assert not any(e["request_id"] == "skipped-1" for e in seen)
     assert not client.exists(keys.stream("skipped-1"))
+
+
+def served(stack: Stack) -> int:
+    """The worker's requests-served count, once its status beat has caught up."""
+    def settled():
+        first = worker_statuses(stack.redis.client)[0]
+        time.sleep(1.2)  # one status interval
+        second = worker_statuses(stack.redis.client)[0]
+        return second if second["requests_served"] == first["requests_served"] else None
+    return wait_until(settled, 20, interval=0, what="a settled worker status")["requests_served"]
+
+
+CACHED_Q = [{"role": "user", "content": "Name three planets of the solar system."}]
+
+
+def test_repeated_question_is_answered_from_the_cache_without_reaching_a_worker(stack):
+    first = asyncio.run(ask(stack.url, "c1", messages=CACHED_Q, max_tokens=24))
+    assert first.end["type"] == "done" and "cached" not in first.end
+    time.sleep(0.3)  # the gateway stores the answer right after `done`
+    before = served(stack)
+
+    async def again():
+        async with connect(stack.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "c2", "messages": CACHED_Q, "max_tokens": 24}))
+            events = []
+            while not events or events[-1]["type"] not in ("done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+            return events
+
+    events = asyncio.run(again())
+    tokens = [e for e in events if e["type"] == "token"]
+    assert events[-1]["type"] == "done" and events[-1]["cached"] == "exact" and events[-1]["similarity"] == 1.0
+    assert all(e["cached"] == "exact" for e in tokens)
+    assert [e["index"] for e in tokens] == list(range(len(tokens)))
+    assert "".join(e["text"] for e in tokens) == first.text
+    assert events[-1]["finish_reason"] == first.end["finish_reason"]
+    assert served(stack) == before, "a cache hit reached the worker"
+
+
+def test_answer_stored_through_one_gateway_is_hit_through_another(stack, tmp_path):
+    first = asyncio.run(ask(stack.url, "g1", messages=[{"role": "user", "content": "What colour is the sky?"}],
+                            max_tokens=16))
+    assert first.end["type"] == "done"
+    port = free_port()
+    other = BrigadeProcess("gateway", service_env(stack.redis.url, port), tmp_path / "gateway-b.log")
+    try:
+        wait_until(lambda: _status(port, "/readyz") == 200, 60, what="gateway B ready")
+        hit = asyncio.run(ask(f"ws://127.0.0.1:{port}/v1/ws", "g2",
+                              messages=[{"role": "user", "content": "What colour is the sky?"}], max_tokens=16))
+        assert hit.end.get("cached") == "exact" and hit.text == first.text
+    finally:
+        other.stop()
+
+
+def test_cache_outage_degrades_to_a_miss_and_the_worker_answers(stack, tmp_path):
+    port = free_port()
+    env = service_env(stack.redis.url, port, BRIGADE_CACHE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    broken = BrigadeProcess("gateway", env, tmp_path / "gateway-c.log")
+    try:
+        wait_until(lambda: _status(port, "/readyz") == 200, 60, what="gateway C ready")
+        answer = asyncio.run(ask(f"ws://127.0.0.1:{port}/v1/ws", "d1", messages=CACHED_Q, max_tokens=24))
+        assert answer.end["type"] == "done" and "cached" not in answer.end and answer.tokens
+        assert "cache_lookup_failed" in broken.log_path.read_text()
+    finally:
+        broken.stop()

@@ -1,0 +1,280 @@
+"""The answer cache as the gateway uses it: look up (exact, then semantic), store, stay in step.
+
+Lookups never fail a request: any cache problem (Redis down, a corrupted entry) is logged and
+counted as a miss. Each gateway keeps one FAISS index per namespace, rebuilt from Redis at start
+and then following the shared add/delete log; any gateway may sweep expired entries.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from cache.embedder import Embedder
+from cache.guards import conflicts
+from cache.index import Neighbour, VectorIndex
+from cache.query import CacheQuery
+from cache.store import CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
+from cache.verifier import WEIGHTS, Verifier
+from ops import keys
+from ops.settings import Settings
+
+log = logging.getLogger("brigade.cache")
+
+
+@dataclass
+class Hit:
+    entry: Entry
+    layer: str  # "exact" or "semantic"
+    similarity: float  # cosine of the questions (1.0 for exact)
+    score: float | None = None  # the verifier's probability (semantic hits)
+
+
+@dataclass
+class Lookup:
+    hit: Hit | None
+    vector: np.ndarray | None = None  # the question's embedding, reused when the answer is stored
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Why a semantic candidate was or was not served (for eval and logs)."""
+
+    neighbour: Neighbour
+    vetoes: tuple[str, ...]
+    score: float | None
+    accepted: bool
+
+
+class AnswerCache:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None, verifier: Verifier | None = None,
+                 client: aioredis.Redis | None = None):
+        self.settings = settings
+        self.redis = client or aioredis.Redis.from_url(
+            settings.cache_redis, socket_timeout=2, socket_connect_timeout=2, decode_responses=True
+        )
+        self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
+        self.embedder = embedder or Embedder(
+            settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
+        )
+        if verifier is None and settings.cache_verifier != "off" and WEIGHTS.exists():
+            verifier = Verifier.load()
+        self.verifier = verifier
+        self.indexes: dict[str, VectorIndex] = {}
+        self._log_cursor = "0-0"
+
+    @property
+    def ambiguity(self) -> float:
+        if self.settings.cache_ambiguity is not None:
+            return self.settings.cache_ambiguity
+        return self.verifier.default_ambiguity if self.verifier is not None else 1.01
+
+    @property
+    def threshold(self) -> float:
+        if self.settings.cache_threshold is not None:
+            return self.settings.cache_threshold
+        if self.verifier is not None:
+            return self.verifier.default_threshold
+        return self.settings.cache_cosine_threshold
+
+    # ---- lookup ----------------------------------------------------------------------------
+
+    async def lookup(self, query: CacheQuery) -> Lookup:
+        if query.mode == "off" or not query.storable:
+            return Lookup(None)
+        vector = None
+        try:
+            entry = await self.store.get_exact(query.exact_key)
+            if entry is not None:
+                asyncio.ensure_future(self._record(entry.entry_id, "exact"))
+                return Lookup(Hit(entry, "exact", 1.0))
+            if query.mode == "exact" or not query.question:
+                asyncio.ensure_future(self._count("misses"))
+                return Lookup(None)
+            vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
+            hit = await self._semantic(query, vector)
+            asyncio.ensure_future(self._record(hit.entry.entry_id, "semantic") if hit else self._count("misses"))
+            return Lookup(hit, vector)
+        except (RedisError, OSError, CorruptEntry) as exc:
+            log.warning("event=cache_lookup_failed error=%r", exc)
+            return Lookup(None, vector)
+
+    def judge(self, query: CacheQuery, vector: np.ndarray) -> list[Judgement]:
+        """Every candidate of the question's namespace, best first, with the guards' and verifier's say."""
+        index = self.indexes.get(query.namespace)
+        if index is None:
+            return []
+        threshold = query.threshold if query.threshold is not None else self.threshold
+        neighbours = [n for n in index.search(vector, self.settings.cache_candidates)
+                      if n.similarity >= self.settings.cache_min_similarity]
+        if not neighbours:
+            return []
+        if self.verifier is not None:
+            scores = self.verifier.score(
+                np.repeat(vector[None], len(neighbours), 0), np.stack([n.vector for n in neighbours]),
+                [query.question] * len(neighbours), [n.question for n in neighbours],
+            )
+        else:
+            scores = [None] * len(neighbours)
+        rated = [(n, tuple(conflicts(query.question, n.question)), None if sc is None else float(sc))
+                 for n, sc in zip(neighbours, scores)]
+        rated.sort(key=lambda r: r[2] if r[2] is not None else r[0].similarity, reverse=True)
+        contenders = [r for r in rated if not r[1]]
+        out = []
+        for n, vetoes, score in rated:
+            value = score if score is not None else n.similarity
+            passes = value >= threshold and not vetoes
+            # Ambiguous: another unvetoed entry scores almost as well, so which answer applies is unclear.
+            rivals = [r for r in contenders if r[0].entry_id != n.entry_id]
+            if passes and rivals and (rivals[0][2] if rivals[0][2] is not None else rivals[0][0].similarity) >= self.ambiguity:
+                passes = False
+            out.append(Judgement(n, vetoes, score, passes))
+        out.sort(key=lambda j: j.accepted, reverse=True)  # stable: best first within each group
+        return out
+
+    async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> Hit | None:
+        for judgement in self.judge(query, vector):
+            if not judgement.accepted:
+                break
+            n = judgement.neighbour
+            entry = await self.store.get(n.entry_id)
+            if entry is None:  # expired in Redis before the sweep reached it
+                self._forget(query.namespace, n.entry_id)
+                continue
+            return Hit(entry, "semantic", n.similarity, judgement.score)
+        return None
+
+    async def _record(self, entry_id: str, layer: str) -> None:
+        try:
+            await self.store.record_hit(entry_id, layer)
+        except RedisError as exc:
+            log.warning("event=cache_hit_record_failed error=%r", exc)
+
+    async def _count(self, counter: str) -> None:
+        try:
+            await self.store.count(counter)
+        except RedisError:
+            pass
+
+    # ---- store -------------------------------------------------------------------------------
+
+    async def insert(self, query: CacheQuery, vector: np.ndarray | None, chunks: list[str], finish_reason: str,
+                     prompt_tokens: int, completion_tokens: int) -> str | None:
+        """Store a finished answer; returns the entry id (None when not stored)."""
+        if query.mode == "off" or not query.storable:
+            return None
+        try:
+            if vector is None and query.question:
+                vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
+            entry = Entry(new_entry_id(), query.question, chunks, finish_reason, prompt_tokens, completion_tokens,
+                          query.namespace, query.exact_key, vector)
+            evicted = await self.store.insert(entry)
+        except (RedisError, OSError) as exc:
+            log.warning("event=cache_insert_failed error=%r", exc)
+            return None
+        if vector is not None and query.question:
+            self._index(query.namespace).add(entry.entry_id, vector, query.question)
+        for entry_id in evicted:
+            self._forget_everywhere(entry_id)
+        return entry.entry_id
+
+    def _index(self, namespace: str) -> VectorIndex:
+        index = self.indexes.get(namespace)
+        if index is None:
+            index = self.indexes[namespace] = VectorIndex(self.embedder.dim, hnsw_from=self.settings.cache_hnsw_from)
+        return index
+
+    def _forget(self, namespace: str, entry_id: str) -> None:
+        index = self.indexes.get(namespace)
+        if index is not None:
+            index.remove(entry_id)
+
+    def _forget_everywhere(self, entry_id: str) -> None:
+        for index in self.indexes.values():
+            index.remove(entry_id)
+
+    # ---- staying in step with the other gateways ---------------------------------------------------
+
+    async def rebuild(self) -> int:
+        """Load every entry from Redis into fresh indexes; remember where the log stood."""
+        last = await self.redis.xrevrange(keys.CACHE_LOG, count=1)
+        self._log_cursor = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
+        self.indexes = {}
+        n = 0
+        async for entry_id, namespace, question, vector in self.store.scan_entries():
+            self._index(namespace).add(entry_id, vector, question)
+            n += 1
+        log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.indexes))
+        return n
+
+    async def follow(self, block_ms: int = 1000) -> None:
+        """Apply the shared add/delete log to the local indexes, forever."""
+        while True:
+            try:
+                replies = await self.redis.xread({keys.CACHE_LOG: self._log_cursor}, block=block_ms, count=1000)
+                for _, events in replies or []:
+                    for event_id, fields in events:
+                        self._apply({_s(k): _s(v) for k, v in fields.items()})
+                        self._log_cursor = _s(event_id)
+                await self._check_not_trimmed()
+            except (RedisError, OSError) as exc:
+                log.warning("event=cache_follow_failed error=%r", exc)
+                await asyncio.sleep(1.0)
+
+    def _apply(self, event: dict) -> None:
+        if event.get("op") == "add" and event.get("vector"):
+            self._index(event["namespace"]).add(event["id"], decode_vector(event["vector"]), event.get("question", ""))
+        elif event.get("op") == "del":
+            if event.get("namespace"):
+                self._forget(event["namespace"], event["id"])
+            else:
+                self._forget_everywhere(event["id"])
+
+    async def _check_not_trimmed(self) -> None:
+        # A gateway that fell further behind than the capped log reaches must start over.
+        first = await self.redis.xrange(keys.CACHE_LOG, count=1)
+        if first and self._log_cursor != "0-0" and _id_lt(self._log_cursor, _s(first[0][0])):
+            log.warning("event=cache_log_trimmed_past_cursor cursor=%s", self._log_cursor)
+            await self.rebuild()
+
+    async def sweep(self) -> int:
+        """Delete expired entries (any gateway may; each id is deleted once)."""
+        removed = 0
+        for entry_id in await self.store.expired():
+            if await self.store.delete(entry_id, "expirations"):
+                removed += 1
+            self._forget_everywhere(entry_id)
+        return removed
+
+    async def sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.cache_sweep_interval_s)
+            try:
+                await self.sweep()
+            except (RedisError, OSError) as exc:
+                log.warning("event=cache_sweep_failed error=%r", exc)
+
+    async def start(self) -> list[asyncio.Task]:
+        """Rebuild, then follow the log and sweep in the background (the gateway calls this)."""
+        try:
+            await self.rebuild()
+        except (RedisError, OSError) as exc:
+            log.warning("event=cache_rebuild_failed error=%r", exc)
+        return [asyncio.create_task(self.follow()), asyncio.create_task(self.sweep_forever())]
+
+    def size(self) -> int:
+        return sum(len(i) for i in self.indexes.values())
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _id_lt(a: str, b: str) -> bool:
+    ta, sa = (int(x) for x in a.split("-"))
+    tb, sb = (int(x) for x in b.split("-"))
+    return (ta, sa) < (tb, sb)

@@ -1,0 +1,97 @@
+"""What a request looks like to the cache: its exact key, its namespace and its question.
+
+- The exact key covers everything that changes the output: the model, the prompt as rendered by
+  the chat template, and the sampling fields that matter (for greedy requests, top-p, top-k and
+  seed do not, so they are left out).
+- The namespace is the same digest with the user's last question replaced by a placeholder:
+  entries only match within the same model, system prompt, earlier turns and sampling fields.
+- The question is the text that is embedded: the last user message, or the raw prompt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.messages import ChatMessage, GenerateParams
+
+CACHE_MODES = ("auto", "off", "exact")
+_PLACEHOLDER = "\u241fQUESTION\u241f"
+
+
+@dataclass(frozen=True)
+class CacheQuery:
+    exact_key: str
+    namespace: str
+    question: str
+    storable: bool  # deterministic output: worth storing, safe to reuse
+    mode: str  # auto | exact | off
+    threshold: float | None = None  # per-request override of the verifier threshold
+
+
+class PromptRenderer:
+    """Renders chat messages with the served model's own chat template (tokenizer files only).
+
+    A gateway without the model folder falls back to canonical JSON of the messages: keys then
+    differ from the rendered form only where two message lists render the same (a default
+    system prompt written out), which costs a miss, never a wrong hit.
+    """
+
+    def __init__(self, model_dir: str | Path):
+        self.tokenizer = None
+        if (Path(model_dir) / "tokenizer_config.json").exists():
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def render(self, messages: list[dict]) -> str:
+        if self.tokenizer is None:
+            return json.dumps(messages, sort_keys=True, ensure_ascii=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:40]
+
+
+def output_fields(params: GenerateParams) -> dict:
+    fields = {"max_tokens": params.max_tokens, "repetition_penalty": params.repetition_penalty,
+              "stop": sorted(set(params.stop)), "temperature": params.temperature}
+    if params.temperature > 0:
+        fields.update(top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+    return fields
+
+
+def make_query(
+    renderer: PromptRenderer,
+    model: str,
+    prompt: str | None,
+    messages: list[ChatMessage] | None,
+    params: GenerateParams,
+    mode: str = "auto",
+    threshold: float | None = None,
+) -> CacheQuery:
+    fields = output_fields(params)
+    if messages is not None:
+        dicts = [m.model_dump() for m in messages]
+        rendered = renderer.render(dicts)
+        last_user = max((i for i, m in enumerate(dicts) if m["role"] == "user"), default=None)
+        if last_user is None:
+            question, context = "", rendered
+        else:
+            question = dicts[last_user]["content"]
+            masked = [dict(m) for m in dicts]
+            masked[last_user]["content"] = _PLACEHOLDER
+            context = renderer.render(masked)
+    else:
+        rendered, question, context = prompt or "", prompt or "", "raw:" + _PLACEHOLDER
+    storable = params.temperature == 0 or params.seed is not None
+    return CacheQuery(
+        exact_key=_digest(model, rendered, fields),
+        namespace=_digest(model, context, fields),
+        question=question.strip(),
+        storable=storable,
+        mode=mode,
+        threshold=threshold,
+    )

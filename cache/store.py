@@ -1,0 +1,181 @@
+"""Cache entries in Redis, shared by every gateway, and the log that keeps their indexes in step.
+
+An entry is a hash; the exact layer maps a digest to an entry id; two sorted sets record last
+use (for LRU eviction) and expiry (for the TTL sweep); a capped stream logs every add and
+delete so that each gateway's FAISS index follows the shared state. Deleting is idempotent and
+done once: whoever removes the id from the LRU set does the rest.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from ops import keys
+
+
+@dataclass
+class Entry:
+    entry_id: str
+    question: str
+    chunks: list[str]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    namespace: str
+    exact_key: str
+    vector: np.ndarray | None
+    hits: int = 0
+
+    @property
+    def answer(self) -> str:
+        return "".join(self.chunks)
+
+
+class CorruptEntry(ValueError):
+    pass
+
+
+def encode_vector(v: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
+
+
+def decode_vector(s: str | bytes) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<f4").copy()
+
+
+def _entry(entry_id: str, raw: dict) -> Entry:
+    try:
+        return Entry(
+            entry_id=entry_id,
+            question=raw["question"],
+            chunks=json.loads(raw["chunks"]),
+            finish_reason=raw["finish_reason"],
+            prompt_tokens=int(raw.get("prompt_tokens", 0)),
+            completion_tokens=int(raw.get("completion_tokens", 0)),
+            namespace=raw["namespace"],
+            exact_key=raw["exact_key"],
+            vector=decode_vector(raw["vector"]) if raw.get("vector") else None,
+            hits=int(raw.get("hits", 0)),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptEntry(f"cache entry {entry_id} is corrupted: {exc!r}") from None
+
+
+class EntryStore:
+    def __init__(self, client: aioredis.Redis, ttl_s: int, max_entries: int, log_maxlen: int):
+        self.redis = client
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.log_maxlen = log_maxlen
+
+    async def get(self, entry_id: str) -> Entry | None:
+        raw = await self.redis.hgetall(keys.cache_entry(entry_id))
+        return _entry(entry_id, raw) if raw else None
+
+    async def get_exact(self, exact_key: str) -> Entry | None:
+        entry_id = await self.redis.get(keys.cache_exact(exact_key))
+        return await self.get(entry_id) if entry_id else None
+
+    async def record_hit(self, entry_id: str, layer: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(keys.cache_entry(entry_id), "hits", 1)
+        pipe.zadd(keys.CACHE_LRU, {entry_id: time.time()}, xx=True)
+        pipe.hincrby(keys.CACHE_STATS, f"{layer}_hits", 1)
+        await pipe.execute()
+
+    async def count(self, counter: str, n: int = 1) -> None:
+        await self.redis.hincrby(keys.CACHE_STATS, counter, n)
+
+    async def insert(self, entry: Entry) -> list[str]:
+        """Store an entry (and log it); returns the ids evicted to stay within max_entries."""
+        now = time.time()
+        mapping = {
+            "question": entry.question, "chunks": json.dumps(entry.chunks), "finish_reason": entry.finish_reason,
+            "prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens,
+            "namespace": entry.namespace, "exact_key": entry.exact_key, "created": now, "hits": 0,
+            "vector": encode_vector(entry.vector) if entry.vector is not None else "",
+        }
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.cache_entry(entry.entry_id), mapping=mapping)
+        pipe.expire(keys.cache_entry(entry.entry_id), self.ttl_s)
+        pipe.set(keys.cache_exact(entry.exact_key), entry.entry_id, ex=self.ttl_s)
+        pipe.zadd(keys.CACHE_LRU, {entry.entry_id: now})
+        pipe.zadd(keys.CACHE_EXPIRY, {entry.entry_id: now + self.ttl_s})
+        pipe.sadd(keys.cache_namespace(entry.namespace), entry.entry_id)
+        pipe.xadd(keys.CACHE_LOG, {"op": "add", "id": entry.entry_id, "namespace": entry.namespace,
+                                   "question": entry.question, "vector": mapping["vector"]},
+                  maxlen=self.log_maxlen, approximate=True)
+        pipe.hincrby(keys.CACHE_STATS, "inserts", 1)
+        pipe.zcard(keys.CACHE_LRU)
+        size = (await pipe.execute())[-1]
+        if size <= self.max_entries:
+            return []
+        evicted = []
+        for entry_id, _ in await self.redis.zpopmin(keys.CACHE_LRU, size - self.max_entries):
+            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            await self._purge(entry_id, "evictions")
+            evicted.append(entry_id)
+        return evicted
+
+    async def delete(self, entry_id: str, reason: str = "deletions") -> bool:
+        """Remove an entry everywhere; False if another caller already did."""
+        if not await self.redis.zrem(keys.CACHE_LRU, entry_id):
+            return False
+        await self._purge(entry_id, reason)
+        return True
+
+    async def _purge(self, entry_id: str, reason: str) -> None:
+        raw = await self.redis.hmget(keys.cache_entry(entry_id), ["exact_key", "namespace"])
+        exact_key, namespace = (v.decode() if isinstance(v, bytes) else v for v in raw)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(keys.cache_entry(entry_id))
+        pipe.zrem(keys.CACHE_EXPIRY, entry_id)
+        pipe.zrem(keys.CACHE_LRU, entry_id)
+        if namespace:
+            pipe.srem(keys.cache_namespace(namespace), entry_id)
+        pipe.xadd(keys.CACHE_LOG, {"op": "del", "id": entry_id, "namespace": namespace or ""},
+                  maxlen=self.log_maxlen, approximate=True)
+        pipe.hincrby(keys.CACHE_STATS, reason, 1)
+        await pipe.execute()
+        if exact_key:
+            # Only if the exact key still points here (a newer entry may have taken it over).
+            key = keys.cache_exact(exact_key)
+            if (await self.redis.get(key)) in (entry_id, entry_id.encode()):
+                await self.redis.delete(key)
+
+    async def expired(self, limit: int = 500) -> list[str]:
+        ids = await self.redis.zrangebyscore(keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
+        return [i.decode() if isinstance(i, bytes) else i for i in ids]
+
+    async def scan_entries(self):
+        """Every entry as (id, namespace, question, vector), for rebuilding an index."""
+        prefix = len(keys.cache_entry(""))
+        async for key in self.redis.scan_iter(match=keys.CACHE_ENTRY_PATTERN, count=1000):
+            key = key.decode() if isinstance(key, bytes) else key
+            ns, question, vector = await self.redis.hmget(key, ["namespace", "question", "vector"])
+            if ns and vector:
+                yield key[prefix:], _s(ns), _s(question), decode_vector(vector)
+
+    async def clear(self, namespace: str | None = None) -> int:
+        if namespace is None:
+            ids = [_s(i) for i in await self.redis.zrange(keys.CACHE_LRU, 0, -1)]
+        else:
+            ids = [_s(i) for i in await self.redis.smembers(keys.cache_namespace(namespace))]
+        removed = 0
+        for entry_id in ids:
+            removed += await self.delete(entry_id, "cleared")
+        return removed
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def new_entry_id() -> str:
+    return uuid.uuid4().hex
