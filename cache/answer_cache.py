@@ -18,7 +18,7 @@ from cache.embedder import Embedder
 from cache.guards import conflicts
 from cache.index import Neighbour, VectorIndex
 from cache.query import CacheQuery
-from cache.store import CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
+from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
 from cache.verifier import WEIGHTS, Verifier
 from ops import keys
 from ops.settings import Settings
@@ -61,7 +61,7 @@ class AnswerCache:
         self.embedder = embedder or Embedder(
             settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
         )
-        if verifier is None and settings.cache_verifier != "off" and WEIGHTS.exists():
+        if verifier is None and settings.cache_verifier == "on" and WEIGHTS.exists():
             verifier = Verifier.load()
         self.verifier = verifier
         self.indexes: dict[str, VectorIndex] = {}
@@ -71,7 +71,9 @@ class AnswerCache:
     def ambiguity(self) -> float:
         if self.settings.cache_ambiguity is not None:
             return self.settings.cache_ambiguity
-        return self.verifier.default_ambiguity if self.verifier is not None else 1.01
+        if self.verifier is not None:
+            return self.verifier.default_ambiguity
+        return self.settings.cache_cosine_ambiguity
 
     @property
     def threshold(self) -> float:
@@ -129,7 +131,8 @@ class AnswerCache:
             value = score if score is not None else n.similarity
             passes = value >= threshold and not vetoes
             # Ambiguous: another unvetoed entry scores almost as well, so which answer applies is unclear.
-            rivals = [r for r in contenders if r[0].entry_id != n.entry_id]
+            rivals = [r for r in contenders
+                      if r[0].entry_id != n.entry_id and not _same_text(r[0].question, n.question)]
             if passes and rivals and (rivals[0][2] if rivals[0][2] is not None else rivals[0][0].similarity) >= self.ambiguity:
                 passes = False
             out.append(Judgement(n, vetoes, score, passes))
@@ -173,6 +176,8 @@ class AnswerCache:
             entry = Entry(new_entry_id(), query.question, chunks, finish_reason, prompt_tokens, completion_tokens,
                           query.namespace, query.exact_key, vector)
             evicted = await self.store.insert(entry)
+        except AlreadyStored:
+            return None
         except (RedisError, OSError) as exc:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
@@ -268,6 +273,10 @@ class AnswerCache:
 
     def size(self) -> int:
         return sum(len(i) for i in self.indexes.values())
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())
 
 
 def _s(v) -> str:

@@ -106,6 +106,6 @@ def lookup_cost(sizes: list[int], queries: int = 200, dim: int = 384, seed: int 
 
 
 def run(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int, sizes: list[int]) -> dict:
-    report = {"lookup_cost": lookup_cost(sizes)}
+    report = {"lookup_cost": lookup_cost(sizes) if sizes else []}
     report["hits"] = asyncio.run(hit_latency(settings, repeats, pairs_file, semantic_pairs))
     return report

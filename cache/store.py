@@ -19,6 +19,16 @@ import redis.asyncio as aioredis
 from ops import keys
 
 
+# What a hit needs (not the embedding, which only index rebuilds read).
+_SERVED_FIELDS = ("question", "chunks", "finish_reason", "prompt_tokens", "completion_tokens", "namespace",
+                  "exact_key", "hits")
+_GET_EXACT = """
+local id = redis.call('GET', KEYS[1])
+if not id then return nil end
+return {id, redis.call('HMGET', ARGV[1] .. id, unpack(ARGV, 2))}
+"""
+
+
 @dataclass
 class Entry:
     entry_id: str
@@ -38,6 +48,10 @@ class Entry:
 
 
 class CorruptEntry(ValueError):
+    pass
+
+
+class AlreadyStored(Exception):
     pass
 
 
@@ -73,14 +87,21 @@ class EntryStore:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.log_maxlen = log_maxlen
+        self._get_exact = client.register_script(_GET_EXACT)  # EVALSHA: sent to Redis once
 
     async def get(self, entry_id: str) -> Entry | None:
         raw = await self.redis.hgetall(keys.cache_entry(entry_id))
         return _entry(entry_id, raw) if raw else None
 
     async def get_exact(self, exact_key: str) -> Entry | None:
-        entry_id = await self.redis.get(keys.cache_exact(exact_key))
-        return await self.get(entry_id) if entry_id else None
+        # One round trip: the exact layer's whole cost is on the hot path of a hit.
+        found = await self._get_exact(keys=[keys.cache_exact(exact_key)], args=[keys.cache_entry(""), *_SERVED_FIELDS])
+        if not found:
+            return None
+        entry_id, values = found
+        if not any(values):
+            return None
+        return _entry(_s(entry_id), {f: _s(v) for f, v in zip(_SERVED_FIELDS, values) if v is not None})
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -93,7 +114,12 @@ class EntryStore:
         await self.redis.hincrby(keys.CACHE_STATS, counter, n)
 
     async def insert(self, entry: Entry) -> list[str]:
-        """Store an entry (and log it); returns the ids evicted to stay within max_entries."""
+        """Store an entry (and log it); returns the ids evicted to stay within max_entries.
+
+        An answer whose exact key is already stored is not stored twice (two gateways that missed
+        the same question at once)."""
+        if await self.redis.exists(keys.cache_exact(entry.exact_key)):
+            raise AlreadyStored(entry.exact_key)
         now = time.time()
         mapping = {
             "question": entry.question, "chunks": json.dumps(entry.chunks), "finish_reason": entry.finish_reason,

@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
     else:
         from cache.bench import run
 
-        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",")])
+        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n])
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
