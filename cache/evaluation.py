@@ -26,6 +26,7 @@ class Outcome:
     score: float  # -1 when there was none
     correct: bool
     runner_up: float = -1.0  # the next unvetoed candidate's score (the ambiguity rule looks at it)
+    duplicate: bool = False  # the pair's label
 
 
 def metrics(outcomes: list[Outcome], pairs: list[Pair], threshold: float, ambiguity: float = 1.01) -> dict:
@@ -39,6 +40,10 @@ def metrics(outcomes: list[Outcome], pairs: list[Pair], threshold: float, ambigu
         "threshold": threshold, "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
         "false_hit_rate": round((len(hits) - correct) / len(pairs), 4) if pairs else 0.0,
         "hits": len(hits), "n_pairs": len(pairs), "ambiguity": ambiguity,
+        # Where the false hits come from: a duplicate's q2 served another stored question (often an
+        # equally good rewording), or a pair labelled different.
+        "false_hits_on_duplicates": sum(o.duplicate and not o.correct for o in hits),
+        "false_hits_on_non_duplicates": sum(not o.duplicate for o in hits),
     }
 
 
@@ -63,13 +68,13 @@ async def outcomes_for(cache: AnswerCache, pairs: list[Pair], vectors: dict[str,
         for p in pairs:
             judgements = [j for j in cache.judge(query(p.q2), vectors[p.q2]) if not j.vetoes]
             if not judgements:
-                out.append(Outcome(-1.0, False))
+                out.append(Outcome(-1.0, False, duplicate=p.duplicate))
                 continue
             value = [j.score if j.score is not None else j.neighbour.similarity for j in judgements]
             order = sorted(range(len(value)), key=lambda i: value[i], reverse=True)
             best = judgements[order[0]]
             runner_up = value[order[1]] if len(order) > 1 else -1.0
-            out.append(Outcome(value[order[0]], p.duplicate and best.neighbour.question == p.q1, runner_up))
+            out.append(Outcome(value[order[0]], p.duplicate and best.neighbour.question == p.q1, runner_up, p.duplicate))
         return out
     finally:
         await cache.store.clear(namespace)

@@ -237,3 +237,26 @@ def test_redis_down_degrades_to_a_miss_with_a_warning(embedder, renderer, caplog
         lookup, stored_id, _ = run(main())
     assert lookup.hit is None and stored_id is None
     assert any("cache_lookup_failed" in r.getMessage() for r in caplog.records)
+
+
+def test_eval_counts_a_hit_correct_only_when_a_duplicates_q2_returns_its_own_q1(settings, embedder, redis_server):
+    from cache.evaluation import Outcome, evaluate, metrics
+    from cache.pairs import Pair
+
+    pairs = [
+        Pair("How far away is the Moon?", "What is the distance to the Moon?", True),
+        Pair("How do I enable 2FA on my Google account?", "How do I disable 2FA on my Google account?", False),
+        Pair("How can I lose weight quickly?", "What is the fastest way to lose weight?", True),
+        Pair("Who wrote Hamlet?", "What is the boiling point of water?", False),
+    ]
+    report = run(evaluate(AnswerCache(settings, embedder), pairs))
+    d = report["default"]
+    assert (d["n_pairs"], d["hits"], d["precision"], d["recall"], d["false_hit_rate"]) == (4, 2, 1.0, 1.0, 0.0)
+    assert redis_server.client.zcard(keys.CACHE_LRU) == 0, "the throwaway namespace was not removed"
+
+    # The counting itself: a duplicate served another entry is a false hit, like a non-duplicate's hit.
+    outcomes = [Outcome(0.9, True, duplicate=True), Outcome(0.9, False, duplicate=True),
+                Outcome(0.9, False, duplicate=False), Outcome(0.2, False, duplicate=True)]
+    m = metrics(outcomes, [Pair("a", "b", o.duplicate) for o in outcomes], 0.5)
+    assert (m["hits"], m["precision"], m["recall"], m["false_hit_rate"]) == (3, 0.3333, 0.3333, 0.5)
+    assert (m["false_hits_on_duplicates"], m["false_hits_on_non_duplicates"]) == (1, 1)
