@@ -15,12 +15,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import numpy as np
 import redis.asyncio as aioredis
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from cache.query import CacheQuery, make_query
 from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError, cached_events, done_event, token_event
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
@@ -39,8 +41,8 @@ class Route:
     client_id: str
     next_index: int = 0
     # Set when the answer may be stored in the cache once done.
-    cache_query: object | None = None
-    cache_vector: object | None = None
+    cache_query: CacheQuery | None = None
+    cache_vector: np.ndarray | None = None
     chunks: list[str] = field(default_factory=list)
 
 
@@ -210,9 +212,7 @@ class Gateway:
         log.info("event=enqueued request_id=%s client_id=%s", rid, cmd.id)
         session.send({"type": "queued", "id": cmd.id, "request_id": rid})
 
-    def _cache_query(self, cmd: Generate):
-        from cache.query import make_query
-
+    def _cache_query(self, cmd: Generate) -> CacheQuery | None:
         try:
             return make_query(self.renderer, cmd.model, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
                               cmd.cache_threshold)

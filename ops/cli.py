@@ -67,6 +67,7 @@ def cmd_up(args) -> int:
     """Redis (when none answers), one worker and the gateway, stopped together on Ctrl-C."""
     settings = get_settings()
     children: list[subprocess.Popen] = []
+    redis_child: subprocess.Popen | None = None
     if not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -76,16 +77,20 @@ def cmd_up(args) -> int:
         if server is None:
             print("redis-server is not installed: sudo apt-get install -y redis-server", file=sys.stderr)
             return 1
-        children.append(subprocess.Popen([server, "--port", str(url.port or 6379), "--save", "", "--appendonly", "no"]))
+        redis_child = subprocess.Popen(
+            [server, "--port", str(url.port or 6379), "--save", "", "--appendonly", "no"], start_new_session=True
+        )
         for _ in range(50):
             if _redis_answers(settings.redis_url):
                 break
             time.sleep(0.1)
+    # Children get their own sessions: Ctrl-C reaches only this process, which then stops the
+    # services first and Redis last, so nothing is left talking to a Redis that is gone.
     me = [sys.executable, "-m", "ops.cli"]
-    children.append(subprocess.Popen(me + ["worker"]))
-    children.append(subprocess.Popen(me + ["gateway"]))
+    children.append(subprocess.Popen(me + ["worker"], start_new_session=True))
+    children.append(subprocess.Popen(me + ["gateway"], start_new_session=True))
     if args.flower:
-        children.append(subprocess.Popen(me + ["flower"]))
+        children.append(subprocess.Popen(me + ["flower"], start_new_session=True))
     print(f"Brigade is starting: connect to {settings.ws_url}  (readiness: "
           f"http://{settings.gateway_host}:{settings.gateway_port}/readyz); Ctrl-C stops everything", flush=True)
 
@@ -101,16 +106,22 @@ def cmd_up(args) -> int:
         while not stopping and all(c.poll() is None for c in children):
             time.sleep(0.2)
     finally:
-        for c in reversed(children):
-            if c.poll() is None:
-                c.send_signal(signal.SIGTERM)
-        deadline = time.time() + 15
-        for c in reversed(children):
-            try:
-                c.wait(max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                c.kill()
+        _stop_all(children)
+        if redis_child is not None:
+            _stop_all([redis_child])
     return 0
+
+
+def _stop_all(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.time() + grace_s
+    for p in processes:
+        try:
+            p.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def cmd_flower(args) -> int:
