@@ -66,6 +66,12 @@ class AnswerCache:
         self.verifier = verifier
         self.indexes: dict[str, VectorIndex] = {}
         self._log_cursor = "0-0"
+        self._pending: set[asyncio.Task] = set()  # bookkeeping writes kept off the hit path
+
+    def _later(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     @property
     def ambiguity(self) -> float:
@@ -92,14 +98,14 @@ class AnswerCache:
         try:
             entry = await self.store.get_exact(query.exact_key)
             if entry is not None:
-                asyncio.ensure_future(self._record(entry.entry_id, "exact"))
+                self._later(self._record(entry.entry_id, "exact"))
                 return Lookup(Hit(entry, "exact", 1.0))
             if query.mode == "exact" or not query.question:
-                asyncio.ensure_future(self._count("misses"))
+                self._later(self._count("misses"))
                 return Lookup(None)
             vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
             hit = await self._semantic(query, vector)
-            asyncio.ensure_future(self._record(hit.entry.entry_id, "semantic") if hit else self._count("misses"))
+            self._later(self._record(hit.entry.entry_id, "semantic") if hit else self._count("misses"))
             return Lookup(hit, vector)
         except (RedisError, OSError, CorruptEntry) as exc:
             log.warning("event=cache_lookup_failed error=%r", exc)

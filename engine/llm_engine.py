@@ -173,6 +173,10 @@ class Engine:
             self._cancels.append(request_id)
         self._wake.set()
 
+    def wake(self) -> None:
+        """Interrupt an idle `run` loop (to notice its stop event)."""
+        self._wake.set()
+
     # ---- the engine thread -----------------------------------------------------------------------
 
     def has_work(self) -> bool:

@@ -8,16 +8,20 @@ import sys
 from ops.settings import Settings
 
 
-def _cache(settings: Settings, need_embedder: bool = True):
+def _cache(settings: Settings):
     from cache.answer_cache import AnswerCache
 
-    if not need_embedder:
-        from cache.store import EntryStore
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(settings.cache_redis, decode_responses=True)
-        return EntryStore(client, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
     return AnswerCache(settings)
+
+
+def _store(settings: Settings):
+    """The entries alone, for commands that need no embedding model."""
+    import redis.asyncio as aioredis
+
+    from cache.store import EntryStore
+
+    client = aioredis.Redis.from_url(settings.cache_redis, decode_responses=True)
+    return EntryStore(client, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
 
 
 async def stats(settings: Settings) -> dict:
@@ -94,7 +98,7 @@ def run(args, settings: Settings) -> int:
     if args.cache_command == "stats":
         print(json.dumps(asyncio.run(stats(settings)), indent=2))
     elif args.cache_command == "clear":
-        store = _cache(settings, need_embedder=False)
+        store = _store(settings)
         removed = asyncio.run(store.clear(args.namespace))
         print(json.dumps({"removed": removed, "namespace": args.namespace}))
     elif args.cache_command == "warm":

@@ -304,3 +304,28 @@ def test_cache_outage_degrades_to_a_miss_and_the_worker_answers(stack, tmp_path)
         assert "cache_lookup_failed" in broken.log_path.read_text()
     finally:
         broken.stop()
+
+
+def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
+    import subprocess
+    import sys
+
+    env = service_env(stack.redis.url, stack.port)
+    questions = tmp_path / "warm.jsonl"
+    questions.write_text(json.dumps({"question": "Name a primary colour.", "max_tokens": 12}) + "\n"
+                         + json.dumps({"messages": [{"role": "user", "content": "Name a season."}], "max_tokens": 12}) + "\n")
+
+    def brigade(*args: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout[out.stdout.index("{"):])
+
+    assert brigade("cache", "warm", str(questions)) == {"questions": 2, "answered": 2, "already_cached": 0, "errors": 0}
+    time.sleep(0.3)
+    assert brigade("cache", "warm", str(questions))["already_cached"] == 2
+    stats = brigade("cache", "stats")
+    assert stats["entries"] >= 2 and stats["hits"]["exact"] >= 2 and 0 < stats["hit_rate"] <= 1
+    assert stats["memory_bytes_estimate"] > 0
+    assert brigade("cache", "clear")["removed"] == stats["entries"]
+    assert brigade("cache", "stats")["entries"] == 0

@@ -89,7 +89,7 @@ class EngineHost:
 
     def close(self) -> None:
         self._stop.set()
-        self.engine.cancel("")  # wakes the engine thread
+        self.engine.wake()
         for t in self._threads:
             t.join(timeout=5)
         self.redis.delete(keys.worker(self.worker_name))
