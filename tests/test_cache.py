@@ -60,14 +60,14 @@ def test_repeated_question_is_an_exact_hit(settings, embedder, renderer):
 def test_reworded_question_is_a_semantic_hit_and_an_unrelated_one_misses(settings, embedder, renderer):
     async def main():
         cache = AnswerCache(settings, embedder)
-        await stored(cache, ask(renderer, "How can I lose weight quickly?"), "Eat less, move more.")
-        reworded = await cache.lookup(ask(renderer, "What is the fastest way to lose weight?"))
+        await stored(cache, ask(renderer, "How do I improve my English speaking?"), "Speak every day.")
+        reworded = await cache.lookup(ask(renderer, "How can I improve my spoken English?"))
         unrelated = await cache.lookup(ask(renderer, "What is the best programming language for games?"))
         return reworded.hit, unrelated.hit
 
     reworded, unrelated = run(main())
     assert reworded is not None and reworded.layer == "semantic", "the rewording should hit"
-    assert reworded.entry.answer == "Eat less, move more." and reworded.similarity > 0.7
+    assert reworded.entry.answer == "Speak every day." and reworded.similarity > 0.85
     assert unrelated is None
 
 
@@ -246,7 +246,7 @@ def test_eval_counts_a_hit_correct_only_when_a_duplicates_q2_returns_its_own_q1(
     pairs = [
         Pair("How far away is the Moon?", "What is the distance to the Moon?", True),
         Pair("How do I enable 2FA on my Google account?", "How do I disable 2FA on my Google account?", False),
-        Pair("How can I lose weight quickly?", "What is the fastest way to lose weight?", True),
+        Pair("How do I reset my password?", "What should I do to reset my password?", True),
         Pair("Who wrote Hamlet?", "What is the boiling point of water?", False),
     ]
     report = run(evaluate(AnswerCache(settings, embedder), pairs))
