@@ -329,3 +329,32 @@ def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
     assert stats["memory_bytes_estimate"] > 0
     assert brigade("cache", "clear")["removed"] == stats["entries"]
     assert brigade("cache", "stats")["entries"] == 0
+
+
+def test_flower_lists_the_live_worker_behind_basic_auth(stack, tmp_path):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    env = service_env(stack.redis.url, stack.port, BRIGADE_FLOWER_PORT=str(port),
+                      BRIGADE_FLOWER_USER="ops", BRIGADE_FLOWER_PASSWORD="s3cret")
+    flower = BrigadeProcess("flower", env, tmp_path / "flower.log")
+    url = f"http://127.0.0.1:{port}/api/workers?refresh=1"
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+
+    def workers() -> dict | None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=10) as resp:
+                body = json.loads(resp.read())
+                return body if "w1@test" in body else None
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    try:
+        assert wait_until(workers, 60, interval=1, what="Flower to list the worker")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
+    finally:
+        flower.stop()
