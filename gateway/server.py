@@ -71,7 +71,10 @@ class Gateway:
         self.settings = settings
         self.id = uuid.uuid4().hex[:12]
         self.reply_channel = keys.reply_channel(self.id)
-        self.redis = aioredis.Redis.from_url(settings.redis_url)
+        # Commands time out instead of hanging a request (or /readyz) on a stuck Redis; the
+        # subscriber has no read timeout (it idles between events) but checks its connection.
+        self.redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
         self.protocol = ClientProtocol(settings)
         self.routes: dict[str, Route] = {}
         self.subscribed = asyncio.Event()
@@ -261,7 +264,7 @@ class Gateway:
     async def _route_replies(self) -> None:
         while True:
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+                pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self.reply_channel)
                 self.subscribed.set()
                 async for message in pubsub.listen():

@@ -67,7 +67,8 @@ class EngineHost:
         self.settings = settings
         self.worker_name = worker_name
         self.engine = engine
-        self.redis = redis.Redis.from_url(settings.redis_url)
+        # A stuck Redis must not freeze the engine thread inside a publish.
+        self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.publisher = TokenPublisher(self.redis, settings)
         self.inflight: dict[str, InFlight] = {}
         self.requests_served = 0
