@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -46,15 +46,19 @@ class Judgement:
 
     neighbour: Neighbour
     vetoes: tuple[str, ...]
-    score: float | None
-    accepted: bool
+    score: float | None  # the verifier's probability, when the verifier is on
+    accepted: bool = False
+
+    @property
+    def value(self) -> float:
+        """What the threshold and the ambiguity rule compare: the verifier's score, else the cosine."""
+        return self.score if self.score is not None else self.neighbour.similarity
 
 
 class AnswerCache:
-    def __init__(self, settings: Settings, embedder: Embedder | None = None, verifier: Verifier | None = None,
-                 client: aioredis.Redis | None = None):
+    def __init__(self, settings: Settings, embedder: Embedder | None = None, verifier: Verifier | None = None):
         self.settings = settings
-        self.redis = client or aioredis.Redis.from_url(
+        self.redis = aioredis.Redis.from_url(
             settings.cache_redis, socket_timeout=2, socket_connect_timeout=2, decode_responses=True
         )
         self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
@@ -122,26 +126,22 @@ class AnswerCache:
         if not neighbours:
             return []
         if self.verifier is not None:
-            scores = self.verifier.score(
+            scores = [float(x) for x in self.verifier.score(
                 np.repeat(vector[None], len(neighbours), 0), np.stack([n.vector for n in neighbours]),
                 [query.question] * len(neighbours), [n.question for n in neighbours],
-            )
+            )]
         else:
             scores = [None] * len(neighbours)
-        rated = [(n, tuple(conflicts(query.question, n.question)), None if sc is None else float(sc))
-                 for n, sc in zip(neighbours, scores)]
-        rated.sort(key=lambda r: r[2] if r[2] is not None else r[0].similarity, reverse=True)
-        contenders = [r for r in rated if not r[1]]
+        rated = sorted((Judgement(n, tuple(conflicts(query.question, n.question)), sc) for n, sc in zip(neighbours, scores)),
+                       key=lambda j: j.value, reverse=True)
+        contenders = [j for j in rated if not j.vetoes]
         out = []
-        for n, vetoes, score in rated:
-            value = score if score is not None else n.similarity
-            passes = value >= threshold and not vetoes
-            # Ambiguous: another unvetoed entry scores almost as well, so which answer applies is unclear.
-            rivals = [r for r in contenders
-                      if r[0].entry_id != n.entry_id and not _same_text(r[0].question, n.question)]
-            if passes and rivals and (rivals[0][2] if rivals[0][2] is not None else rivals[0][0].similarity) >= self.ambiguity:
-                passes = False
-            out.append(Judgement(n, vetoes, score, passes))
+        for j in rated:
+            # Ambiguous: another unvetoed question scores almost as well, so which answer applies is unclear.
+            rival = next((r for r in contenders if r.neighbour.entry_id != j.neighbour.entry_id
+                          and not _same_text(r.neighbour.question, j.neighbour.question)), None)
+            accepted = not j.vetoes and j.value >= threshold and (rival is None or rival.value < self.ambiguity)
+            out.append(replace(j, accepted=accepted))
         out.sort(key=lambda j: j.accepted, reverse=True)  # stable: best first within each group
         return out
 
@@ -213,7 +213,7 @@ class AnswerCache:
     async def rebuild(self) -> int:
         """Load every entry from Redis into fresh indexes; remember where the log stood."""
         last = await self.redis.xrevrange(keys.CACHE_LOG, count=1)
-        self._log_cursor = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
+        self._log_cursor = last[0][0] if last else "0-0"
         self.indexes = {}
         n = 0
         async for entry_id, namespace, question, vector in self.store.scan_entries():
@@ -229,8 +229,8 @@ class AnswerCache:
                 replies = await self.redis.xread({keys.CACHE_LOG: self._log_cursor}, block=block_ms, count=1000)
                 for _, events in replies or []:
                     for event_id, fields in events:
-                        self._apply({_s(k): _s(v) for k, v in fields.items()})
-                        self._log_cursor = _s(event_id)
+                        self._apply(fields)
+                        self._log_cursor = event_id
                 await self._check_not_trimmed()
             except (RedisError, OSError) as exc:
                 log.warning("event=cache_follow_failed error=%r", exc)
@@ -248,7 +248,7 @@ class AnswerCache:
     async def _check_not_trimmed(self) -> None:
         # A gateway that fell further behind than the capped log reaches must start over.
         first = await self.redis.xrange(keys.CACHE_LOG, count=1)
-        if first and self._log_cursor != "0-0" and _id_lt(self._log_cursor, _s(first[0][0])):
+        if first and self._log_cursor != "0-0" and _id_lt(self._log_cursor, first[0][0]):
             log.warning("event=cache_log_trimmed_past_cursor cursor=%s", self._log_cursor)
             await self.rebuild()
 
@@ -283,10 +283,6 @@ class AnswerCache:
 
 def _same_text(a: str, b: str) -> bool:
     return " ".join(a.lower().split()) == " ".join(b.lower().split())
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def _id_lt(a: str, b: str) -> bool:

@@ -66,15 +66,14 @@ async def outcomes_for(cache: AnswerCache, pairs: list[Pair], vectors: dict[str,
                 await cache.insert(query(p.q1), vectors[p.q1], ["(eval)"], "stop", 0, 1)
         out = []
         for p in pairs:
-            judgements = [j for j in cache.judge(query(p.q2), vectors[p.q2]) if not j.vetoes]
+            judgements = sorted((j for j in cache.judge(query(p.q2), vectors[p.q2]) if not j.vetoes),
+                                key=lambda j: j.value, reverse=True)
             if not judgements:
                 out.append(Outcome(-1.0, False, duplicate=p.duplicate))
                 continue
-            value = [j.score if j.score is not None else j.neighbour.similarity for j in judgements]
-            order = sorted(range(len(value)), key=lambda i: value[i], reverse=True)
-            best = judgements[order[0]]
-            runner_up = value[order[1]] if len(order) > 1 else -1.0
-            out.append(Outcome(value[order[0]], p.duplicate and best.neighbour.question == p.q1, runner_up, p.duplicate))
+            best = judgements[0]
+            runner_up = judgements[1].value if len(judgements) > 1 else -1.0
+            out.append(Outcome(best.value, p.duplicate and best.neighbour.question == p.q1, runner_up, p.duplicate))
         return out
     finally:
         await cache.store.clear(namespace)

@@ -50,7 +50,8 @@ class SlotKVCache:
         self.values: list[torch.Tensor] = []
         # slot -> the positions its sequence may ever need
         self.reserved: dict[int, int] = {}
-        self._plan: tuple[str, torch.Tensor | None, torch.Tensor | None, int] | None = None
+        # (mode, rows, positions, length) for the next forward pass
+        self._plan: tuple[str, torch.Tensor, torch.Tensor | None, int] | None = None
 
     # ---- accounting -------------------------------------------------------------------------
 
@@ -116,19 +117,17 @@ class SlotKVCache:
 
     def plan_decode(self, rows: int, positions: list[int], view_length: int) -> None:
         """Next forward writes one position per row 0..rows-1 and attends over `view_length`."""
-        self._plan = ("decode", None, torch.tensor(positions, dtype=torch.long), view_length)
-        self._decode_rows = torch.arange(rows)
+        self._plan = ("decode", torch.arange(rows), torch.tensor(positions, dtype=torch.long), view_length)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         assert self._plan is not None, "forward pass without a KV plan"
-        mode, slots, positions, length = self._plan
+        mode, rows, positions, length = self._plan
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if mode == "prefill":
-            keys[slots, :, :length] = key_states
-            values[slots, :, :length] = value_states
+            keys[rows, :, :length] = key_states
+            values[rows, :, :length] = value_states
             # A fresh prefill attends only to its own tokens.
             return key_states, value_states
-        rows = self._decode_rows
         keys[rows, :, positions] = key_states[:, :, 0]
         values[rows, :, positions] = value_states[:, :, 0]
         n = rows.shape[0]

@@ -24,7 +24,7 @@ from engine.model_files import offline
 from engine.model_runner import ModelRunner
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.sequence import FinishReason, SamplingParams, Sequence
 
 log = logging.getLogger("brigade.engine")
 

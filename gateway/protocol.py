@@ -127,11 +127,7 @@ class ClientProtocol:
                 raise ProtocolError("invalid_field", "`prompt` must be a string", rid, "prompt")
             if not prompt.strip():
                 raise ProtocolError("invalid_field", "`prompt` is empty", rid, "prompt")
-            if len(prompt) > s.max_prompt_chars:
-                raise ProtocolError(
-                    "prompt_too_long", f"the prompt has {len(prompt)} characters; the limit is {s.max_prompt_chars}",
-                    rid, "prompt",
-                )
+            self._check_length(len(prompt), rid, "prompt")
         parsed_messages = None
         if messages is not None:
             parsed_messages = self._messages(messages, rid)
@@ -161,13 +157,15 @@ class ClientProtocol:
                 "invalid_field", "each message needs `role` (system, user or assistant) and string `content`: "
                 + _first_error(exc), rid, "messages",
             ) from None
-        total = sum(len(m.content) for m in parsed)
-        if total > s.max_prompt_chars:
-            raise ProtocolError(
-                "prompt_too_long", f"the messages have {total} characters; the limit is {s.max_prompt_chars}",
-                rid, "messages",
-            )
+        self._check_length(sum(len(m.content) for m in parsed), rid, "messages")
         return parsed
+
+    def _check_length(self, chars: int, rid: str, field: str) -> None:
+        if chars > self.settings.max_prompt_chars:
+            raise ProtocolError(
+                "prompt_too_long", f"`{field}` has {chars} characters; the limit is {self.settings.max_prompt_chars}",
+                rid, field,
+            )
 
     def _params(self, data: dict, rid: str) -> GenerateParams:
         s = self.settings

@@ -24,6 +24,17 @@ class Answer:
         return [i for i, _ in self.tokens]
 
 
+def absorb(answers: dict[str, Answer], event: dict) -> None:
+    """File one gateway event under its request."""
+    a = answers.setdefault(event.get("id"), Answer(event.get("id")))
+    if event["type"] == "queued":
+        a.request_id = event["request_id"]
+    elif event["type"] == "token":
+        a.tokens.append((event["index"], event["text"]))
+    elif event["type"] in ("done", "error"):
+        a.end = event
+
+
 async def collect(ws, answers: dict[str, Answer], errors: list[dict], until_ended: set[str], timeout: float = 120):
     """Read events until every id in `until_ended` has its done or error event."""
     async def loop():
@@ -33,14 +44,21 @@ async def collect(ws, answers: dict[str, Answer], errors: list[dict], until_ende
             if event["type"] == "error" and (rid is None or rid not in answers):
                 errors.append(event)
                 continue
-            a = answers.setdefault(rid, Answer(rid))
-            if event["type"] == "queued":
-                a.request_id = event["request_id"]
-            elif event["type"] == "token":
-                a.tokens.append((event["index"], event["text"]))
-            elif event["type"] in ("done", "error"):
-                a.end = event
+            absorb(answers, event)
     await asyncio.wait_for(loop(), timeout)
+
+
+async def collect_one(ws, answers: dict[str, Answer], timeout: float = 60) -> None:
+    absorb(answers, json.loads(await asyncio.wait_for(ws.recv(), timeout)))
+
+
+async def start_long_request(ws, client_id: str, prompt: str, tokens_first: int = 3) -> dict[str, Answer]:
+    """Send a request that runs for a long time and return once its first tokens have arrived."""
+    await ws.send(json.dumps({"type": "generate", "id": client_id, "prompt": prompt, "max_tokens": 1000}))
+    answers = {client_id: Answer(client_id)}
+    while len(answers[client_id].tokens) < tokens_first:
+        await collect_one(ws, answers)
+    return answers
 
 
 async def ask(url: str, client_id: str, **fields) -> Answer:
