@@ -238,8 +238,12 @@ class Engine:
             cancels, self._cancels = self._cancels, []
         for seq in arrivals:
             self.sequences[seq.request_id] = seq
-            context = seq.prompt_ids + seq.output_ids
-            self.detoks[seq.request_id] = IncrementalDetokenizer(self.tokenizer, context, seq.params.stop)
+            detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, seq.params.stop)
+            # A resumed request: replay the tokens already sent, so that text held back at the
+            # hand-over (half a character, a possible stop string) is released exactly once.
+            for token in seq.output_ids:
+                detok.push(token)
+            self.detoks[seq.request_id] = detok
             self.scheduler.add(seq)
         updates = []
         for request_id in cancels:

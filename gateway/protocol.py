@@ -43,6 +43,9 @@ class Generate:
     params: GenerateParams
     cache: str
     cache_threshold: float | None = None
+    # Milliseconds from arrival after which the answer is no longer wanted: the gateway refuses
+    # the request when the estimated wait is longer, and a worker drops it if it is still queued.
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,22 @@ class Cancel:
     id: str
 
 
-Command = Generate | Cancel
+@dataclass(frozen=True)
+class Resume:
+    """Continue a stream on a new connection (to any gateway): `id` is the `request_id` of the
+    `queued` event; every event after `after_index` is sent again, then the live ones."""
 
-_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache", "cache_threshold"} | set(
+    id: str
+    after_index: int
+
+
+Command = Generate | Cancel | Resume
+
+_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache", "cache_threshold", "deadline_ms"} | set(
     GenerateParams.model_fields
 )
+_RESUME_FIELDS = {"type", "id", "after_index"}
+MAX_DEADLINE_MS = 24 * 3600 * 1000
 
 
 def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
@@ -99,6 +113,8 @@ class ClientProtocol:
             return self._generate(data, request_id)
         if kind == "cancel":
             return Cancel(request_id)
+        if kind == "resume":
+            return self._resume(data, request_id)
         if kind is None:
             raise ProtocolError("missing_field", "the message has no `type`", request_id, "type")
         raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}", request_id, "type")
@@ -141,8 +157,23 @@ class ClientProtocol:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not 0.0 <= threshold <= 1.0):
             raise ProtocolError("invalid_field", "`cache_threshold` must be a number from 0 to 1", rid, "cache_threshold")
+        deadline = data.get("deadline_ms")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)
+                                     or not 1 <= deadline <= MAX_DEADLINE_MS):
+            raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
+                                rid, "deadline_ms")
         params = self._params(data, rid)
-        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold)
+        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline)
+
+    def _resume(self, data: dict, rid: str) -> Resume:
+        unknown = sorted(set(data) - _RESUME_FIELDS)
+        if unknown:
+            raise ProtocolError("unknown_field", f"unknown field {unknown[0]!r}", rid, unknown[0])
+        after = data.get("after_index", -1)
+        if isinstance(after, bool) or not isinstance(after, int) or not -1 <= after < 2**31:
+            raise ProtocolError("invalid_field", "`after_index` must be an integer >= -1 (the last index received)",
+                                rid, "after_index")
+        return Resume(rid, after)
 
     def _messages(self, messages: Any, rid: str) -> list[ChatMessage]:
         s = self.settings

@@ -2,8 +2,12 @@
 
 Per connection: a reader (frames -> commands) and a writer draining an outbox, so that one slow
 client never stalls the shared reply router. The router is one subscription to this gateway's
-reply channel; it forwards each event to the connection that owns the request, dropping any
-index it has already forwarded.
+reply channel; it forwards each event to the connection that owns the request, dropping events
+of an older claim epoch and any index it has already forwarded. After a lost subscription it
+catches up from each request's replay log before listening again, so nothing falls in the gap.
+
+A client that reconnects sends `resume`; its requests are then followed through the replay log
+(XREAD) rather than pub/sub, which works on any gateway, whoever enqueued them.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import asyncio
 import http
 import json
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,11 +28,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from cache.query import CacheQuery, make_query
-from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError, cached_events, done_event, token_event
+from gateway.load import LoadMonitor
+from gateway.protocol import (
+    Cancel, ClientProtocol, Generate, ProtocolError, Resume, cached_events, done_event, token_event,
+)
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings
-from workers.app import GENERATE_TASK, app as celery_app
+from workers.app import enqueue
 
 log = logging.getLogger("brigade.gateway")
 
@@ -40,6 +48,8 @@ class Route:
     session: "ClientSession"
     client_id: str
     next_index: int = 0
+    epoch: int = 0  # the newest claim epoch seen; older events are stale
+    stream_id: str = "0-0"  # followed routes: the last replay-log entry read
     # Set when the answer may be stored in the cache once done.
     cache_query: CacheQuery | None = None
     cache_vector: np.ndarray | None = None
@@ -76,7 +86,12 @@ class Gateway:
         self.redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
         self.protocol = ClientProtocol(settings)
-        self.routes: dict[str, Route] = {}
+        self.routes: dict[str, Route] = {}  # live through pub/sub
+        self.followed: dict[str, Route] = {}  # resumed: read from the replay log
+        self._follow_changed = asyncio.Event()
+        # XREAD blocks for a while: this connection's read timeout must outlast the block.
+        self.follower = aioredis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=2)
+        self.load = LoadMonitor(self.redis, settings)
         self.subscribed = asyncio.Event()
         self.cache = None
         self.renderer = None
@@ -97,6 +112,8 @@ class Gateway:
             await asyncio.to_thread(self._load_cache)
             self._background.update(await self.cache.start())
         router = asyncio.create_task(self._route_replies(), name="reply-router")
+        self._background.add(asyncio.create_task(self._follow_streams(), name="stream-follower"))
+        self._background.add(asyncio.create_task(self.load.run(), name="load-monitor"))
         await self.subscribed.wait()
         async with serve(
             self._handle,
@@ -150,9 +167,14 @@ class Gateway:
         except ConnectionClosed:
             pass
         finally:
-            # A client that leaves stops its requests: queued ones never run, running ones free their slot.
-            for client_id in list(session.active):
-                await self._cancel(session, client_id, notify=False)
+            # A client that leaves may come back with `resume` (to any gateway) within the grace
+            # time; after it, its requests stop: queued ones never run, running ones free their slot.
+            left_at = time.time()
+            for client_id, rid in list(session.active.items()):
+                self._forget(rid)
+                task = asyncio.create_task(self._cancel_unless_resumed(rid, left_at))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             writer.cancel()
 
     async def _on_frame(self, session: ClientSession, frame: str | bytes) -> None:
@@ -164,6 +186,8 @@ class Gateway:
                 if command.id not in session.active:
                     raise ProtocolError("unknown_id", f"no request {command.id!r} is running on this connection", command.id, "id")
                 await self._cancel(session, command.id, notify=True)
+            elif isinstance(command, Resume):
+                await self._resume(session, command)
         except ProtocolError as err:
             session.send(err.event())
 
@@ -187,16 +211,24 @@ class Gateway:
                     self._send_hit(session, cmd.id, lookup.hit, time.perf_counter() - started)
                     return
                 vector = lookup.vector
+        await self._refuse_if_overloaded(cmd)
+        params = cmd.params
+        if params.temperature > 0 and params.seed is None:
+            # Drawn here, once: a worker that continues this request after a crash samples the
+            # same random stream, so the answer is the one an uninterrupted run would give.
+            params = params.model_copy(update={"seed": secrets.randbits(63)})
         rid = uuid.uuid4().hex
+        now = time.time()
         queued = QueuedRequest(
             request_id=rid,
             client_id=cmd.id,
             reply_channel=self.reply_channel,
-            enqueued_at=time.time(),
+            enqueued_at=now,
             model=cmd.model,
             prompt=cmd.prompt,
             messages=cmd.messages,
-            params=cmd.params,
+            params=params,
+            deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
         )
         # Route first: a fast worker's first token must find its way back.
         self.routes[rid] = Route(session, cmd.id, cache_query=query, cache_vector=vector)
@@ -204,16 +236,57 @@ class Gateway:
         payload = queued.model_dump(mode="json")
         try:
             await self.redis.set(keys.request(rid), json.dumps(payload), ex=self.settings.stream_ttl_s)
-            await asyncio.to_thread(
-                celery_app.send_task, GENERATE_TASK, args=[payload], task_id=rid,
-                queue=keys.interactive_queue(cmd.model),
-            )
+            await asyncio.to_thread(enqueue, queued, True)
         except Exception as exc:  # Redis or broker down: this request fails, the connection lives
             self._forget(rid)
             log.warning("event=enqueue_failed request_id=%s error=%r", rid, exc)
             raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id) from None
         log.info("event=enqueued request_id=%s client_id=%s", rid, cmd.id)
         session.send({"type": "queued", "id": cmd.id, "request_id": rid})
+
+    async def _refuse_if_overloaded(self, cmd: Generate) -> None:
+        try:
+            depth = await self.redis.llen(keys.interactive_queue(cmd.model))
+        except aioredis.RedisError:
+            return  # the enqueue just after says `unavailable`
+        limit = self.settings.max_queue_depth
+        if depth >= limit:
+            raise ProtocolError("overloaded", f"{depth} requests are waiting (the limit is {limit}); try again shortly",
+                                cmd.id)
+        if cmd.deadline_ms is not None:
+            wait = self.load.estimated_wait_s(depth)
+            if wait is not None and wait * 1000 > cmd.deadline_ms:
+                raise ProtocolError(
+                    "overloaded", f"the estimated wait ({wait:.1f} s) is longer than the deadline "
+                    f"({cmd.deadline_ms} ms); try again shortly or allow more time", cmd.id)
+
+    async def _resume(self, session: ClientSession, cmd: Resume) -> None:
+        rid = cmd.id
+        if rid in session.active:
+            raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
+        try:
+            known = await self.redis.exists(keys.stream(rid), keys.request(rid))
+            if known:
+                await self.redis.set(keys.resumed(rid), str(time.time()), ex=self.settings.stream_ttl_s)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
+        if not known:
+            raise ProtocolError("unknown_request", f"no request {rid!r} is known (or its replay log expired)", rid, "id")
+        self.followed[rid] = Route(session, rid, next_index=cmd.after_index + 1)
+        session.active[rid] = rid
+        self._follow_changed.set()
+        log.info("event=resumed request_id=%s after_index=%d", rid, cmd.after_index)
+
+    async def _cancel_unless_resumed(self, rid: str, left_at: float) -> None:
+        await asyncio.sleep(self.settings.resume_grace_s)
+        try:
+            resumed_at = await self.redis.get(keys.resumed(rid))
+        except aioredis.RedisError:
+            resumed_at = None
+        if resumed_at is not None and float(resumed_at) >= left_at:
+            return
+        await self._stop_request(rid)
+        log.info("event=abandoned request_id=%s", rid)
 
     def _cache_query(self, cmd: Generate) -> CacheQuery | None:
         try:
@@ -245,27 +318,37 @@ class Gateway:
         if rid is None:
             return
         self._forget(rid)
+        await self._stop_request(rid)
+        log.info("event=cancelled request_id=%s client_id=%s notify=%s", rid, client_id, notify)
+        if notify:
+            session.send(done_event(client_id, "cancelled", None, None))
+
+    async def _stop_request(self, rid: str) -> None:
         try:
             await self.redis.set(keys.cancelled(rid), "1", ex=self.settings.cancel_ttl_s)
             await self.redis.publish(keys.CANCEL_CHANNEL, rid)
         except aioredis.RedisError as exc:
             log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
-        log.info("event=cancelled request_id=%s client_id=%s notify=%s", rid, client_id, notify)
-        if notify:
-            session.send(done_event(client_id, "cancelled", None, None))
 
     def _forget(self, rid: str) -> None:
-        route = self.routes.pop(rid, None)
-        if route is not None:
-            route.session.active.pop(route.client_id, None)
+        for table in (self.routes, self.followed):
+            route = table.pop(rid, None)
+            if route is not None:
+                route.session.active.pop(route.client_id, None)
 
     # ---- events from workers ----------------------------------------------------------------------------
 
     async def _route_replies(self) -> None:
+        delay, down_since, first = 0.25, None, True
         while True:
             try:
                 pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self.reply_channel)
+                if not first:
+                    # Pub/sub lost whatever was published while we were away; the replay logs did not.
+                    await self._catch_up(list(self.routes))
+                    log.info("event=reply_router_reconnected routes=%d", len(self.routes))
+                first, delay, down_since = False, 0.25, None
                 self.subscribed.set()
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
@@ -275,15 +358,84 @@ class Gateway:
                     except ValueError:
                         log.error("event=bad_reply_event data=%r", message["data"][:200])
                         continue
-                    self._deliver(event)
+                    route = self.routes.get(event.request_id)
+                    if route is None:
+                        continue  # cancelled, or its client left
+                    if event.type == "token" and event.index is not None and event.index > route.next_index:
+                        # A gap: something was missed. The replay log has it, in order.
+                        self._spawn(self._catch_up([event.request_id]))
+                        continue
+                    self._forward(self.routes, route, event)
             except (aioredis.RedisError, OSError) as exc:
-                log.warning("event=reply_router_reconnect error=%r", exc)
-                await asyncio.sleep(1.0)
+                down_since = down_since or time.monotonic()
+                log.warning("event=reply_router_reconnect error=%r retry_s=%.2f", exc, delay)
+                if time.monotonic() - down_since > self.settings.redis_outage_grace_s:
+                    self._fail_all("unavailable", "the service lost its connection to Redis; resend the request")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
-    def _deliver(self, event: ReplyEvent) -> None:
-        route = self.routes.get(event.request_id)
-        if route is None:
-            return  # cancelled, or its client left
+    async def _catch_up(self, rids: list[str]) -> None:
+        """Forward what each request's replay log holds beyond what its client has; a request
+        whose records are gone (Redis lost its data) ends with an error instead of waiting forever."""
+        for rid in rids:
+            route = self.routes.get(rid)
+            if route is None:
+                continue
+            entries = await self.redis.xrange(keys.stream(rid))
+            for _, fields in entries:
+                if self.routes.get(rid) is not route:
+                    break
+                self._forward(self.routes, route, ReplyEvent.model_validate_json(fields[b"event"]))
+            if self.routes.get(rid) is route and not entries and not await self.redis.exists(keys.request(rid)):
+                self._end_with_error(self.routes, route, rid, "unavailable",
+                                     "the request was lost while Redis was unavailable; resend it")
+
+    def _fail_all(self, code: str, message: str) -> None:
+        for table in (self.routes, self.followed):
+            for rid, route in list(table.items()):
+                self._end_with_error(table, route, rid, code, message)
+
+    def _end_with_error(self, table: dict, route: Route, rid: str, code: str, message: str) -> None:
+        self._forward(table, route, ReplyEvent(type="error", request_id=rid, code=code, message=message))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _follow_streams(self) -> None:
+        """Resumed requests: read their replay logs from where each client stands, then live."""
+        delay = 0.25
+        while True:
+            if not self.followed:
+                self._follow_changed.clear()
+                await self._follow_changed.wait()
+                continue
+            self._follow_changed.clear()
+            streams = {keys.stream(rid): route.stream_id for rid, route in self.followed.items()}
+            try:
+                replies = await self.follower.xread(streams, count=1000, block=250)
+                delay = 0.25
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("event=stream_follower_error error=%r retry_s=%.2f", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            for stream_key, entries in replies or []:
+                rid = (stream_key.decode() if isinstance(stream_key, bytes) else stream_key).rsplit(":", 1)[1]
+                for entry_id, fields in entries:
+                    route = self.followed.get(rid)
+                    if route is None:
+                        break
+                    route.stream_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    self._forward(self.followed, route, ReplyEvent.model_validate_json(fields[b"event"]))
+
+    def _forward(self, table: dict[str, Route], route: Route, event: ReplyEvent) -> None:
+        """Send one worker event to its client, unless stale or already sent; ends the route on done/error."""
+        if event.epoch is not None:
+            if event.epoch < route.epoch:
+                return  # from a worker whose claim was taken over
+            route.epoch = event.epoch
         if event.type == "token":
             if event.index is None or event.index < route.next_index:
                 return  # already forwarded
@@ -291,13 +443,15 @@ class Gateway:
             route.session.send(token_event(route.client_id, event.index, event.text or ""))
             if route.cache_query is not None:
                 route.chunks.append(event.text or "")
-        elif event.type == "done":
-            self._forget(event.request_id)
+            return
+        if table.get(event.request_id) is route:
+            del table[event.request_id]
+            route.session.active.pop(route.client_id, None)
+        if event.type == "done":
             if route.cache_query is not None and event.finish_reason in ("stop", "length"):
                 self._store_answer(route, event)
             route.session.send(done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing))
         else:
-            self._forget(event.request_id)
             route.session.send(
                 {"type": "error", "id": route.client_id, "code": event.code or "error", "message": event.message or ""}
             )

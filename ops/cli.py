@@ -54,6 +54,48 @@ def cmd_gateway(args) -> int:
     return 0
 
 
+def cmd_reaper(args) -> int:
+    from workers.reaper import run_reaper
+
+    run_reaper(get_settings())
+    return 0
+
+
+def cmd_dlq(args) -> int:
+    """The dead-letter list: requests that crashed max_attempts workers."""
+    import redis
+
+    from workers.app import enqueue
+    from workers.claims import ClaimStore
+
+    settings = get_settings()
+    store = ClaimStore.from_settings(redis.Redis.from_url(settings.redis_url, socket_timeout=5), settings)
+    entries = store.dead_letters()
+    if args.action == "list":
+        for e in entries:
+            request = json.loads(e["request"]) if e.get("request") else {}
+            print(json.dumps({"request_id": e["request_id"], "attempts": e["attempts"], "reason": e["reason"],
+                              "at": e["at"], "prompt": request.get("prompt"), "messages": request.get("messages")}))
+        print(f"{len(entries)} dead letter(s)", file=sys.stderr)
+        return 0
+    ids = [e["request_id"] for e in entries] if args.all else args.ids
+    if not ids:
+        print("name request ids, or --all", file=sys.stderr)
+        return 2
+    missing = 0
+    for rid in ids:
+        if args.action == "drop":
+            ok = store.drop_dead_letter(rid)
+        else:
+            queued = store.retry_dead_letter(rid)
+            ok = queued is not None
+            if ok:
+                enqueue(queued)
+        print(f"{args.action} {rid}: {'ok' if ok else 'not in the dead-letter list'}")
+        missing += not ok
+    return 1 if missing else 0
+
+
 def _redis_answers(url: str) -> bool:
     import redis
 
@@ -64,7 +106,7 @@ def _redis_answers(url: str) -> bool:
 
 
 def cmd_up(args) -> int:
-    """Redis (when none answers), one worker and the gateway, stopped together on Ctrl-C."""
+    """Redis (when none answers), one worker, the gateway and a reaper, stopped together on Ctrl-C."""
     settings = get_settings()
     children: list[subprocess.Popen] = []
     redis_child: subprocess.Popen | None = None
@@ -89,6 +131,7 @@ def cmd_up(args) -> int:
     me = [sys.executable, "-m", "ops.cli"]
     children.append(subprocess.Popen(me + ["worker"], start_new_session=True))
     children.append(subprocess.Popen(me + ["gateway"], start_new_session=True))
+    children.append(subprocess.Popen(me + ["reaper"], start_new_session=True))
     if args.flower:
         children.append(subprocess.Popen(me + ["flower"], start_new_session=True))
     print(f"Brigade is starting: connect to {settings.ws_url}  (readiness: "
@@ -179,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("up", help="start Redis (if needed), a worker and the gateway")
     p.add_argument("--flower", action="store_true", help="also start Flower")
     p.set_defaults(fn=cmd_up)
+    sub.add_parser("reaper", help="hand the requests of workers whose heartbeat expired to other workers "
+                   "(several may run)").set_defaults(fn=cmd_reaper)
+    p = sub.add_parser("dlq", help="the dead-letter list: requests that crashed max_attempts workers")
+    p.add_argument("action", choices=["list", "retry", "drop"])
+    p.add_argument("ids", nargs="*", help="request ids (retry/drop)")
+    p.add_argument("--all", action="store_true", help="retry/drop every entry")
+    p.set_defaults(fn=cmd_dlq)
     sub.add_parser("flower", help="start Flower on the Celery app (basic auth from settings)").set_defaults(fn=cmd_flower)
     p = sub.add_parser("chat", help="ask a question over WebSocket and print tokens as they arrive")
     p.add_argument("question", nargs="?", help="without it: an interactive session")

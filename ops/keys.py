@@ -4,7 +4,11 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - stream(rid): capped at Settings.stream_maxlen entries, TTL Settings.stream_ttl_s
 - request(rid): TTL Settings.stream_ttl_s
 - cancelled(rid): TTL Settings.cancel_ttl_s
-- worker(name): TTL Settings.worker_status_ttl_s, refreshed by the worker while it lives
+- worker(instance): TTL Settings.heartbeat_ttl_s, refreshed by the worker while it lives
+- claim(rid): TTL Settings.stream_ttl_s
+- CLAIMS: one field per request a live worker holds; removed when it ends or is reaped
+- DEAD_LETTERS: capped at Settings.dlq_max entries
+- resumed(rid): TTL Settings.stream_ttl_s
 Channels hold nothing, so they need no bound.
 """
 from __future__ import annotations
@@ -35,9 +39,27 @@ def cancelled(request_id: str) -> str:
 CANCEL_CHANNEL = f"{PREFIX}:cancels"  # request ids to stop, broadcast to every worker
 
 
-def worker(name: str) -> str:
-    """A worker's status and heartbeat (JSON, short TTL)."""
-    return f"{PREFIX}:worker:{name}"
+def worker(instance: str) -> str:
+    """A worker process's heartbeat and status (JSON, short TTL). `instance` is unique per process
+    start, so a restarted worker with the same name is never taken for its dead predecessor."""
+    return f"{PREFIX}:worker:{instance}"
+
+
+WORKER_PREFIX = f"{PREFIX}:worker:"
+
+
+def claim(request_id: str) -> str:
+    """Who runs a request (hash: epoch, owner instance, state, attempts): the fencing record."""
+    return f"{PREFIX}:claim:{request_id}"
+
+
+CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every running claim (the reaper's list)
+DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
+
+
+def resumed(request_id: str) -> str:
+    """Set when a client resumed a request on a new connection: its old connection's exit must not cancel it."""
+    return f"{PREFIX}:resumed:{request_id}"
 
 
 WORKER_PATTERN = f"{PREFIX}:worker:*"

@@ -38,6 +38,8 @@ class QueuedRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     params: GenerateParams
+    # Unix seconds after which the answer is no longer wanted; a worker drops it unstarted.
+    deadline_at: float | None = None
 
 
 class ReplyEvent(BaseModel):
@@ -45,7 +47,11 @@ class ReplyEvent(BaseModel):
 
     type: Literal["token", "done", "error"]
     request_id: str
+    # The claim epoch of the worker that produced it: events of an older epoch are stale.
+    epoch: int | None = None
     index: int | None = None
+    # Kept in the replay log so that the next worker can continue from the tokens themselves.
+    token_id: int | None = None
     text: str | None = None
     finish_reason: str | None = None
     usage: dict | None = None

@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     max_stop_strings: int = 8
     max_stop_chars: int = 128
     max_id_chars: int = 128
-    max_tokens_limit: int = 4096
+    max_tokens_limit: int = 4096  # must stay below stream_maxlen: the replay log holds every token
     max_requests_per_connection: int = 64
 
     # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
@@ -51,8 +51,26 @@ class Settings(BaseSettings):
 
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
     worker_concurrency: int = 32
-    worker_status_interval_s: float = 1.0
-    worker_status_ttl_s: float = 3.0
+    # Heartbeat: each worker refreshes its key this often; the reaper takes over a worker's
+    # requests once the key has been silent for the TTL.
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: float = 3.0
+    reaper_interval_s: float = 0.5
+    # Claims of one request before it is a poison request and goes to the dead-letter list.
+    max_attempts: int = 3
+    dlq_max: int = 10_000
+    # SIGTERM: running requests get this long to finish, then continue on another worker.
+    drain_seconds: float = 10.0
+    # Celery's own redelivery of an unacked message (the second line behind the reaper). Healthy
+    # requests that run longer are delivered again, and the duplicate is skipped by its claim.
+    visibility_timeout_s: int = 300
+    # Overload: refuse new work past this queue depth (messages waiting for a worker).
+    max_queue_depth: int = 1000
+    # A client that disconnects may resume on a new connection within this time; after it, the
+    # gateway cancels the abandoned requests.
+    resume_grace_s: float = 15.0
+    # Redis unreachable this long: the gateway fails the requests it is waiting on.
+    redis_outage_grace_s: float = 30.0
     # The per-request replay stream: capped length and a TTL so that it can never grow unbounded.
     stream_maxlen: int = 8192
     stream_ttl_s: int = 3600

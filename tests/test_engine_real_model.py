@@ -124,3 +124,36 @@ def test_timings_are_reported_per_request(engine):
     done = engine.generate([chat("t", PROMPTS[0], max_tokens=8, ignore_eos=True)])["t"]
     t = done.timing
     assert t["queue_s"] >= 0 and t["prefill_s"] > 0 and t["ttft_s"] >= t["prefill_s"] and t["tpot_s"] > 0
+
+
+def stream(engine, request: EngineRequest) -> list[tuple[int, int, str]]:
+    """(index, token id, text) for every token of one request, and its finish reason last."""
+    engine.add_request(request)
+    out, reason = [], None
+    while reason is None:
+        for u in engine.step():
+            if u.index is not None:
+                out.append((u.index, u.token_id, u.text))
+            reason = u.finish_reason or reason
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    dict(max_tokens=40),
+    dict(max_tokens=40, temperature=0.9, top_p=0.9, seed=1234),
+    dict(max_tokens=40, temperature=1.0, seed=99, stop=["\n\n"], repetition_penalty=1.2),
+])
+def test_a_resumed_request_continues_exactly_where_the_first_run_stopped(engine, params):
+    """Failover: another engine prefills prompt + tokens already sent and goes on at the next
+    index; the text it releases joins the text already sent with nothing missing or repeated."""
+    full = stream(engine, chat("whole", "Write a short poem about rain, with an emoji.", **params))
+    whole_text = "".join(t for _, _, t in full)
+    for k in (1, len(full) // 2, len(full) - 1):
+        ids = [tok for _, tok, _ in full[:k]]
+        request = chat(f"resumed-{k}", "Write a short poem about rain, with an emoji.", **params)
+        request.resume_ids = ids
+        rest = stream(engine, request)
+        assert [i for i, _, _ in rest] == list(range(k, len(full))), f"k={k}"
+        assert [tok for _, tok, _ in rest] == [tok for _, tok, _ in full[k:]], f"k={k}"
+        sent = "".join(t for _, _, t in full[:k])
+        assert sent + "".join(t for _, _, t in rest) == whole_text, f"k={k}"

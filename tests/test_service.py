@@ -42,7 +42,8 @@ class Stack:
 def stack(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     port = free_port()
-    env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="30")
+    env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="30",
+                      BRIGADE_RESUME_GRACE_S="1")
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
     worker = None
     try:
@@ -208,7 +209,9 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     app = make_app(stack.redis.url)
     client.set(keys.cancelled("skipped-1"), "1", ex=60)
     app.send_task(GENERATE_TASK, args=[queued("skipped-1")], queue=keys.interactive_queue("smollm2-135m-instruct"))
-    app.send_task(GENERATE_TASK, args=[queued("after-1")], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    after = queued("after-1")
+    client.set(keys.request("after-1"), json.dumps(after), ex=60)  # as the gateway does: the request's record
+    app.send_task(GENERATE_TASK, args=[after], queue=keys.interactive_queue("smollm2-135m-instruct"))
     seen: list[dict] = []
 
     def after_done() -> bool:

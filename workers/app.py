@@ -5,9 +5,12 @@ The model is loaded once per worker process by the worker_init hook in workers/t
 """
 from __future__ import annotations
 
+import uuid
+
 from celery import Celery
 
 from ops.keys import interactive_queue
+from ops.messages import QueuedRequest
 from ops.settings import get_settings
 
 GENERATE_TASK = "brigade.generate"
@@ -29,9 +32,19 @@ def make_app(redis_url: str | None = None) -> Celery:
         worker_send_task_events=True,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 3600},
+        # The reaper continues a dead worker's requests within seconds; Celery's redelivery after
+        # the visibility timeout is the second line, and its duplicates are skipped by the claim.
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
     )
     return app
 
 
 app = make_app()
+
+
+def enqueue(queued: QueuedRequest, first: bool = False) -> None:
+    """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
+    Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
+    rid = queued.request_id
+    app.send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")], queue=interactive_queue(queued.model),
+                  task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}")

@@ -1,9 +1,10 @@
 """One engine per worker process, stepping on its own thread; Celery task threads hand it work.
 
-A task thread calls `serve()`, which queues the request in the engine and blocks until the
-request ends, so the Celery pool's concurrency bounds how many requests one worker holds.
-Beside the engine thread run two small ones: the cancel listener (stops requests a gateway
-cancelled) and the status beat (the worker's heartbeat key, read by /readyz and operators).
+A task thread calls `serve()`, which claims the request (claims.py), continues it from its replay
+log when an earlier worker already sent tokens, and blocks until it ends, so the Celery pool's
+concurrency bounds how many requests one worker holds. Beside the engine thread run two small
+ones: the cancel listener (stops requests a gateway cancelled) and the heartbeat (the worker's
+status key, whose expiry tells the reaper to hand its requests to another worker).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import redis
@@ -21,6 +23,7 @@ from engine.model_files import prepare_default_model
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
+from workers.claims import ClaimStore, worker_failed
 from workers.publisher import TokenPublisher
 
 log = logging.getLogger("brigade.worker")
@@ -30,6 +33,7 @@ log = logging.getLogger("brigade.worker")
 class InFlight:
     queued: QueuedRequest
     added_at: float  # unix seconds when the engine received it
+    epoch: int  # this worker's claim on it; every event carries it
     finished: threading.Event = field(default_factory=threading.Event)
     finish_reason: str | None = None
 
@@ -66,18 +70,24 @@ class EngineHost:
     def __init__(self, settings: Settings, worker_name: str, engine: Engine):
         self.settings = settings
         self.worker_name = worker_name
+        # Unique per process start: a restarted worker with the same name is a new owner.
+        self.instance = f"{worker_name}#{uuid.uuid4().hex[:8]}"
         self.engine = engine
         # A stuck Redis must not freeze the engine thread inside a publish.
         self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
-        self.publisher = TokenPublisher(self.redis, settings)
+        self.claims = ClaimStore.from_settings(self.redis, settings)
+        self.publisher = TokenPublisher(self.claims)
         self.inflight: dict[str, InFlight] = {}
         self.requests_served = 0
+        self.draining = threading.Event()
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
+        self._unsettled: list[InFlight] = []  # ended, but their last event is not in Redis yet
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=engine.run, args=(self._on_updates, self._stop), name="engine", daemon=True),
             threading.Thread(target=self._listen_for_cancels, name="cancels", daemon=True),
-            threading.Thread(target=self._beat, name="status", daemon=True),
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True),
         ]
 
     @classmethod
@@ -85,7 +95,8 @@ class EngineHost:
         host = cls(settings, worker_name, Engine.load(engine_config(settings)))
         for t in host._threads:
             t.start()
-        log.info("event=worker_ready worker=%s model=%s", worker_name, host.engine.config.model)
+        log.info("event=worker_ready worker=%s instance=%s model=%s", worker_name, host.instance,
+                 host.engine.config.model)
         return host
 
     def close(self) -> None:
@@ -93,17 +104,35 @@ class EngineHost:
         self.engine.wake()
         for t in self._threads:
             t.join(timeout=5)
-        self.redis.delete(keys.worker(self.worker_name))
+        try:
+            self.redis.delete(keys.worker(self.instance))
+        except redis.RedisError:
+            pass
 
     # ---- called on Celery task threads -------------------------------------------------------------
 
     def serve(self, queued: QueuedRequest) -> str:
-        """Run one request to its end; returns its finish reason (or the refusal code)."""
+        """Run one request to its end; returns how it ended (finish reason, refusal code or skip)."""
         rid = queued.request_id
-        if self.redis.exists(keys.cancelled(rid)):
-            log.info("event=skipped_cancelled request_id=%s", rid)
+        if self.draining.is_set():
+            self._requeue(queued)  # taken from the queue while draining: back it goes, untouched
+            return "handed_back"
+        claim = self._retrying(lambda: self._claim(rid))
+        if claim is None:
             return "cancelled"
-        entry = InFlight(queued, added_at=time.time())
+        if claim.outcome == "dead":
+            self.claims.publish_unfenced(queued.reply_channel, worker_failed(rid, claim.attempts))
+            log.warning("event=dead_lettered request_id=%s attempts=%d", rid, claim.attempts)
+            return "dead"
+        if claim.outcome != "claimed":
+            # Done, gone, or held by a live worker: a duplicate delivery, harmless once skipped.
+            log.info("event=claim_skipped request_id=%s outcome=%s", rid, claim.outcome)
+            return claim.outcome
+        entry = InFlight(queued, added_at=time.time(), epoch=claim.epoch)
+        if queued.deadline_at is not None and time.time() > queued.deadline_at:
+            self._refuse(entry, "deadline_exceeded", "the request's deadline passed while it waited in the queue")
+            return "deadline_exceeded"
+        resume_ids = self._retrying(lambda: self.claims.generated(rid))
         with self._lock:
             self.inflight[rid] = entry
         try:
@@ -113,20 +142,80 @@ class EngineHost:
                     sampling_params(queued),
                     prompt=queued.prompt,
                     messages=[m.model_dump() for m in queued.messages] if queued.messages is not None else None,
+                    resume_ids=resume_ids,
                 )
             )
         except RequestRejected as refused:
             with self._lock:
                 self.inflight.pop(rid, None)
-            event = ReplyEvent(type="error", request_id=rid, code=refused.code, message=refused.message)
-            self.publisher.publish([(queued.reply_channel, event)])
-            log.info("event=refused request_id=%s code=%s", rid, refused.code)
+            self._refuse(entry, refused.code, refused.message)
             return refused.code
-        # A cancel may have landed between the check above and the registration.
+        log.info("event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
+                 claim.attempts, len(resume_ids))
+        # A cancel may have landed between the check in _claim and the registration.
         if self.redis.exists(keys.cancelled(rid)):
             self.engine.cancel(rid)
         entry.finished.wait()
         return entry.finish_reason or "error"
+
+    def _claim(self, rid: str):
+        if self.redis.exists(keys.cancelled(rid)):
+            log.info("event=skipped_cancelled request_id=%s", rid)
+            return None
+        return self.claims.claim(rid, self.instance)
+
+    def _retrying(self, call):
+        """Redis calls a task cannot do without: wait out an outage instead of failing the request."""
+        delay = 0.25
+        while True:
+            try:
+                return call()
+            except redis.RedisError as exc:
+                if self._stop.is_set():
+                    raise
+                log.warning("event=redis_retry error=%r delay_s=%.2f", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _refuse(self, entry: InFlight, code: str, message: str) -> None:
+        rid = entry.queued.request_id
+        event = ReplyEvent(type="error", request_id=rid, epoch=entry.epoch, code=code, message=message)
+        self._publish([(entry.queued.reply_channel, event)], [])
+        log.info("event=refused request_id=%s code=%s", rid, code)
+
+    def _requeue(self, queued: QueuedRequest) -> None:
+        from workers.app import enqueue  # the Celery app; imported late so tests can use the host alone
+
+        enqueue(queued)
+
+    # ---- graceful drain (SIGTERM) ----------------------------------------------------------------------
+
+    def drain(self, seconds: float) -> None:
+        """Take no more work, let running requests finish for `seconds`, then hand the rest back with
+        their progress (the next worker continues from the replay log) and release their tasks."""
+        self.draining.set()
+        log.info("event=draining running=%d seconds=%.1f", len(self.inflight), seconds)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self.inflight:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            rest = list(self.inflight.values())
+            self.inflight.clear()
+        for entry in rest:
+            rid = entry.queued.request_id
+            self.engine.cancel(rid)
+            try:
+                if self.claims.release(rid, self.instance, entry.epoch):
+                    self._requeue(entry.queued)
+                    log.info("event=handed_back request_id=%s", rid)
+            except Exception as exc:  # Redis down: the reaper hands it over once the heartbeat stops
+                log.warning("event=hand_back_failed request_id=%s error=%r", rid, exc)
+            entry.finish_reason = "handed_back"
+            entry.finished.set()
+        log.info("event=drained handed_back=%d", len(rest))
 
     # ---- the engine thread's callback ------------------------------------------------------------
 
@@ -136,23 +225,41 @@ class EngineHost:
             for u in updates:
                 entry = self.inflight.get(u.request_id)
                 if entry is None:
-                    continue
+                    continue  # cancelled, fenced or handed back
                 channel = entry.queued.reply_channel
                 if u.index is not None:
-                    events.append((channel, ReplyEvent(type="token", request_id=u.request_id, index=u.index, text=u.text)))
+                    events.append((channel, ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch,
+                                                       index=u.index, token_id=u.token_id, text=u.text)))
                 if u.finish_reason is not None:
                     events.append((channel, self._done_event(entry, u)))
-                    ended.append((entry, u.finish_reason))
+                    entry.finish_reason = u.finish_reason
+                    ended.append(entry)
                     del self.inflight[u.request_id]
-        try:
-            self.publisher.publish(events)
-        except redis.RedisError:
-            log.exception("event=publish_failed events=%d", len(events))
-        finally:
-            for entry, reason in ended:
-                entry.finish_reason = reason
+        self._publish(events, ended)
+
+    def _publish(self, events: list, ended: list[InFlight]) -> None:
+        """Publish (or retry what waits); a request's task returns only once its last event is out."""
+        with self._publish_lock:
+            self._unsettled.extend(ended)
+            fenced = self.publisher.publish(events)
+            if fenced is None:
+                return  # Redis is away: the heartbeat thread retries
+            for rid in fenced:
+                self._drop_fenced(rid)
+            for entry in self._unsettled:
                 self.requests_served += 1
                 entry.finished.set()
+            self._unsettled = []
+
+    def _drop_fenced(self, rid: str) -> None:
+        """Our claim was taken over (we stalled, or Redis lost it): stop, publish nothing more."""
+        with self._lock:
+            entry = self.inflight.pop(rid, None)
+        self.engine.cancel(rid)
+        log.warning("event=fenced request_id=%s", rid)
+        if entry is not None:
+            entry.finish_reason = "fenced"
+            entry.finished.set()
 
     def _done_event(self, entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
         t = u.timing or {}
@@ -171,16 +278,19 @@ class EngineHost:
         }
         usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
         return ReplyEvent(
-            type="done", request_id=u.request_id, finish_reason=u.finish_reason, usage=usage, timing=timing
+            type="done", request_id=u.request_id, epoch=entry.epoch, finish_reason=u.finish_reason, usage=usage,
+            timing=timing,
         )
 
     # ---- side threads ------------------------------------------------------------------------------
 
     def _listen_for_cancels(self) -> None:
+        delay = 0.25
         while not self._stop.is_set():
             try:
                 pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(keys.CANCEL_CHANNEL)
+                delay = 0.25
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message and message["type"] == "message":
@@ -192,7 +302,8 @@ class EngineHost:
                             self.engine.cancel(rid)
             except redis.RedisError as exc:
                 log.warning("event=cancel_listener_error error=%r", exc)
-                self._stop.wait(1.0)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 2.0)
 
     def status(self, tokens_per_s: float) -> dict:
         stats = self.engine.stats()
@@ -200,25 +311,29 @@ class EngineHost:
             requests = sorted(self.inflight)
         return {
             "worker": self.worker_name,
+            "instance": self.instance,
             "pid": os.getpid(),
             "model": self.settings.model_name,
             **stats,
             "tokens_per_s": round(tokens_per_s, 2),
             "requests": requests,
             "requests_served": self.requests_served,
+            "draining": self.draining.is_set(),
             "updated_at": time.time(),
         }
 
     def _beat(self) -> None:
         last_tokens, last_time = self.engine.tokens_generated, time.monotonic()
-        interval = self.settings.worker_status_interval_s
-        ttl_ms = int(self.settings.worker_status_ttl_s * 1000)
+        interval = self.settings.heartbeat_interval_s
+        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
         while not self._stop.is_set():
             now, tokens = time.monotonic(), self.engine.tokens_generated
             rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
             last_tokens, last_time = tokens, now
             try:
-                self.redis.set(keys.worker(self.worker_name), json.dumps(self.status(rate)), px=ttl_ms)
+                self.redis.set(keys.worker(self.instance), json.dumps(self.status(rate)), px=ttl_ms)
             except redis.RedisError as exc:
-                log.warning("event=status_beat_failed error=%r", exc)
+                log.warning("event=heartbeat_failed error=%r", exc)
+            if self.publisher.waiting or self._unsettled:
+                self._publish([], [])
             self._stop.wait(interval)

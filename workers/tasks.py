@@ -9,7 +9,9 @@ import logging
 import os
 import socket
 
-from celery.signals import worker_init, worker_shutdown
+import threading
+
+from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
@@ -25,6 +27,14 @@ def _load_engine(sender=None, **_):
     global _host
     name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
     _host = EngineHost.start(get_settings(), name)
+
+
+@worker_shutting_down.connect
+def _drain(sig=None, how=None, **_):
+    # Sent on SIGTERM/SIGINT before Celery's warm shutdown waits for running tasks: the drain
+    # ends every task within drain_seconds (finished, or handed back), so that wait is bounded.
+    if _host is not None and how == "Warm":
+        threading.Thread(target=_host.drain, args=(get_settings().drain_seconds,), name="drain", daemon=True).start()
 
 
 @worker_shutdown.connect

@@ -1,0 +1,64 @@
+"""What the gateway knows of the workers' load, for refusing work it could not serve in time.
+
+Once a second it reads every worker's heartbeat (requests served, requests waiting in its engine)
+and keeps a smoothed rate of requests finished per second across the fleet. The estimated wait of
+a new request is the work ahead of it divided by that rate; with no rate yet (nothing finished
+since start) there is no estimate, and only the queue-depth limit applies.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import redis.asyncio as aioredis
+
+from ops import keys
+from ops.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+SMOOTHING = 0.3  # weight of the newest second in the rate
+
+
+class LoadMonitor:
+    def __init__(self, client: aioredis.Redis, settings: Settings, interval_s: float = 1.0):
+        self.redis = client
+        self.settings = settings
+        self.interval_s = interval_s
+        self.rate: float | None = None  # requests finished per second, all workers
+        self.waiting_in_engines = 0
+        self.workers = 0
+        self._served: dict[str, int] = {}
+        self._at = time.monotonic()
+
+    def estimated_wait_s(self, queue_depth: int) -> float | None:
+        ahead = queue_depth + self.waiting_in_engines
+        if ahead == 0:
+            return 0.0
+        if not self.rate:
+            return None
+        return ahead / self.rate
+
+    def observe(self, statuses: list[dict], now: float) -> None:
+        served = {s["instance"]: int(s.get("requests_served", 0)) for s in statuses if "instance" in s}
+        finished = sum(max(0, n - self._served.get(i, n)) for i, n in served.items())
+        elapsed = max(now - self._at, 1e-3)
+        sample = finished / elapsed
+        busy = any(s.get("running") or s.get("waiting") for s in statuses)
+        if finished or busy:
+            self.rate = sample if self.rate is None else (1 - SMOOTHING) * self.rate + SMOOTHING * sample
+        self._served, self._at = served, now
+        self.waiting_in_engines = sum(int(s.get("waiting", 0)) for s in statuses)
+        self.workers = len(statuses)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                names = [k async for k in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100)]
+                raw = await self.redis.mget(names) if names else []
+                self.observe([json.loads(r) for r in raw if r], time.monotonic())
+            except (aioredis.RedisError, OSError, ValueError) as exc:
+                log.debug("event=load_monitor_error error=%r", exc)
+            await asyncio.sleep(self.interval_s)

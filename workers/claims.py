@@ -1,0 +1,252 @@
+"""Who runs a request, fenced: the atomic claim, the fenced publish, hand-back, reaping, burial.
+
+A request's claim record (`keys.claim`) holds an epoch that only grows, the owner (a worker
+process's instance id), a state and the number of attempts. Every change is one Lua script, so
+that it is atomic against every other worker and reaper:
+
+- claim: a worker takes the request unless it is finished, dead, or held by a live owner; the
+  epoch goes up and the owner is recorded in `keys.CLAIMS` (the reaper's list).
+- publish: a step's events are published and logged only for requests whose claim still carries
+  the publisher's epoch; the others come back as fenced, and their worker drops them. So a worker
+  that stalled and was taken over can never write into the stream again.
+- release (graceful hand-back) and reap (owner's heartbeat expired): the epoch goes up, which
+  fences the old owner, and the request is free to be claimed again.
+- bury: after max_attempts claims that ended in a crash, the request goes to the dead-letter list.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis
+
+from ops import keys
+from ops.messages import QueuedRequest, ReplyEvent
+
+RUNNING, QUEUED, DONE, DEAD = "running", "queued", "done", "dead"
+
+# Appends a dead-letter entry and ends the claim; expects KEYS[1] claim, KEYS[2] claims index,
+# KEYS[3] request, KEYS[4] dead letters, and locals rid, attempts, reason, now, dlq_max.
+_BURY = """
+local entry = cjson.encode({request_id = rid, attempts = attempts, reason = reason, at = tonumber(now),
+                            request = redis.call('GET', KEYS[3]) or ''})
+redis.call('HSET', KEYS[1], 'state', 'dead', 'owner', '')
+redis.call('HDEL', KEYS[2], rid)
+redis.call('LPUSH', KEYS[4], entry)
+redis.call('LTRIM', KEYS[4], 0, tonumber(dlq_max) - 1)
+"""
+
+# KEYS: claim, claims index, request, dead letters
+# ARGV: rid, me, max_attempts, worker key prefix, ttl, now, dlq_max
+_CLAIM = """
+local rid, me, max_attempts, prefix, ttl, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
+local c = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempts')
+local state, owner, attempts = c[1], c[2], tonumber(c[3] or '0')
+if state == 'done' or state == 'dead' then return {state, 0, attempts} end
+if state == 'running' and owner and owner ~= '' then
+  if owner == me or redis.call('EXISTS', prefix .. owner) == 1 then return {'busy', 0, attempts} end
+end
+if attempts >= max_attempts then
+  local reason = 'crashed ' .. attempts .. ' workers'
+""" + _BURY + """
+  return {'dead', 0, attempts}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', me, 'attempts', attempts + 1)
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('HSET', KEYS[2], rid, me)
+return {'claimed', epoch, attempts + 1}
+"""
+
+# KEYS[1] claims index, then per event: claim, stream
+# ARGV[1] stream maxlen, ARGV[2] stream ttl, then per event: rid, epoch, channel, data, final
+_PUBLISH = """
+local fenced = {}
+local n = (#KEYS - 1) / 2
+for i = 1, n do
+  local claim, stream = KEYS[2 * i], KEYS[2 * i + 1]
+  local a = 2 + (i - 1) * 5
+  local rid, epoch, channel, data, final = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local c = redis.call('HMGET', claim, 'epoch', 'state')
+  if c[1] ~= epoch or c[2] ~= 'running' then
+    table.insert(fenced, rid)
+  else
+    redis.call('PUBLISH', channel, data)
+    redis.call('XADD', stream, 'MAXLEN', '~', ARGV[1], '*', 'event', data)
+    redis.call('EXPIRE', stream, ARGV[2])
+    if final == '1' then
+      redis.call('HSET', claim, 'state', 'done', 'owner', '')
+      redis.call('HDEL', KEYS[1], rid)
+    end
+  end
+end
+return fenced
+"""
+
+# KEYS: claim, claims index;  ARGV: rid, me, epoch
+_RELEASE = """
+local c = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state')
+if c[1] ~= ARGV[2] or c[2] ~= ARGV[3] or c[3] ~= 'running' then return 0 end
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HINCRBY', KEYS[1], 'attempts', -1)  -- a hand-back is not a crash
+redis.call('HSET', KEYS[1], 'state', 'queued', 'owner', '')
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: claim, claims index, request, dead letters
+# ARGV: rid, presumed-dead owner, max_attempts, now, dlq_max
+_REAP = """
+local rid, dead_owner, max_attempts, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local c = redis.call('HMGET', KEYS[1], 'owner', 'state', 'attempts')
+if c[1] ~= dead_owner or c[2] ~= 'running' then
+  if redis.call('HGET', KEYS[2], rid) == dead_owner then redis.call('HDEL', KEYS[2], rid) end
+  return 'skip'
+end
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local attempts = tonumber(c[3] or '0')
+if attempts >= max_attempts then
+  local reason = 'crashed ' .. attempts .. ' workers'
+""" + _BURY + """
+  return 'buried'
+end
+redis.call('HSET', KEYS[1], 'state', 'queued', 'owner', '')
+redis.call('HDEL', KEYS[2], rid)
+return 'requeue'
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: str  # claimed | busy | done | dead | gone
+    epoch: int
+    attempts: int
+
+
+class ClaimStore:
+    def __init__(self, client: redis.Redis, stream_maxlen: int, stream_ttl_s: int, max_attempts: int, dlq_max: int):
+        self.redis = client
+        self.stream_maxlen = stream_maxlen
+        self.ttl = stream_ttl_s
+        self.max_attempts = max_attempts
+        self.dlq_max = dlq_max
+        self._claim = client.register_script(_CLAIM)
+        self._publish = client.register_script(_PUBLISH)
+        self._release = client.register_script(_RELEASE)
+        self._reap = client.register_script(_REAP)
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings) -> "ClaimStore":
+        return cls(client, settings.stream_maxlen, settings.stream_ttl_s, settings.max_attempts, settings.dlq_max)
+
+    def _keys(self, rid: str) -> list[str]:
+        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS]
+
+    def claim(self, rid: str, me: str) -> Claim:
+        outcome, epoch, attempts = self._claim(
+            keys=self._keys(rid),
+            args=[rid, me, self.max_attempts, keys.WORKER_PREFIX, self.ttl, time.time(), self.dlq_max],
+        )
+        return Claim(_text(outcome), int(epoch), int(attempts))
+
+    def publish(self, events: list[tuple[str, ReplyEvent]]) -> set[str]:
+        """Publish and log (channel, event) pairs whose claim still holds the event's epoch, in one
+        round trip. Returns the request ids that were fenced (their events went nowhere)."""
+        if not events:
+            return set()
+        script_keys, args = [keys.CLAIMS], [self.stream_maxlen, self.ttl]
+        for channel, event in events:
+            script_keys += [keys.claim(event.request_id), keys.stream(event.request_id)]
+            final = "1" if event.type != "token" else "0"
+            args += [event.request_id, event.epoch, channel, event.model_dump_json(exclude_none=True), final]
+        return {_text(r) for r in self._publish(keys=script_keys, args=args)}
+
+    def publish_unfenced(self, channel: str, event: ReplyEvent) -> None:
+        """For the final word on a request nobody holds any more (buried, expired)."""
+        data = event.model_dump_json(exclude_none=True)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.publish(channel, data)
+        pipe.xadd(keys.stream(event.request_id), {"event": data}, maxlen=self.stream_maxlen, approximate=True)
+        pipe.expire(keys.stream(event.request_id), self.ttl)
+        pipe.execute()
+
+    def release(self, rid: str, me: str, epoch: int) -> bool:
+        return bool(self._release(keys=[keys.claim(rid), keys.CLAIMS], args=[rid, me, epoch]))
+
+    def reap(self, rid: str, dead_owner: str) -> str:
+        """skip | requeue | buried"""
+        return _text(self._reap(keys=self._keys(rid), args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
+
+    def owners(self) -> dict[str, str]:
+        """Every running claim: request id -> owner instance."""
+        return {_text(k): _text(v) for k, v in self.redis.hgetall(keys.CLAIMS).items()}
+
+    def alive(self, instances: set[str]) -> set[str]:
+        pipe = self.redis.pipeline(transaction=False)
+        ordered = sorted(instances)
+        for instance in ordered:
+            pipe.exists(keys.worker(instance))
+        return {i for i, up in zip(ordered, pipe.execute()) if up}
+
+    def queued_request(self, rid: str) -> QueuedRequest | None:
+        raw = self.redis.get(keys.request(rid))
+        return QueuedRequest.model_validate_json(raw) if raw else None
+
+    def generated(self, rid: str) -> list[int]:
+        """The token ids already delivered for a request, in index order, from its replay log. Only
+        the claim holder calls this, after claiming: nobody else can still be writing the log."""
+        ids: list[int] = []
+        for _, fields in self.redis.xrange(keys.stream(rid)):
+            event = json.loads(fields[b"event"] if b"event" in fields else fields["event"])
+            if event.get("type") == "token" and event.get("index") == len(ids) and event.get("token_id") is not None:
+                ids.append(event["token_id"])
+        return ids
+
+
+    # ---- the dead-letter list (`brigade dlq`) --------------------------------------------------------
+
+    def dead_letters(self) -> list[dict]:
+        return [json.loads(raw) for raw in self.redis.lrange(keys.DEAD_LETTERS, 0, -1)]
+
+    def _take_dead_letter(self, rid: str) -> dict | None:
+        for raw in self.redis.lrange(keys.DEAD_LETTERS, 0, -1):
+            entry = json.loads(raw)
+            if entry["request_id"] == rid and self.redis.lrem(keys.DEAD_LETTERS, 1, raw):
+                return entry
+        return None
+
+    def drop_dead_letter(self, rid: str) -> bool:
+        return self._take_dead_letter(rid) is not None
+
+    def retry_dead_letter(self, rid: str) -> QueuedRequest | None:
+        """Make a buried request claimable again (attempts from zero), with its progress kept;
+        returns it for the caller to queue. Its client may follow it with `resume`."""
+        entry = self._take_dead_letter(rid)
+        if entry is None or not entry.get("request"):
+            return None
+        queued = QueuedRequest.model_validate_json(entry["request"])
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.request(rid), entry["request"], ex=self.ttl)
+        pipe.hset(keys.claim(rid), mapping={"state": QUEUED, "owner": "", "attempts": 0})
+        pipe.expire(keys.claim(rid), self.ttl)
+        pipe.execute()
+        # The burial's error event would end a resumed stream early: the request is alive again.
+        for entry_id, fields in self.redis.xrange(keys.stream(rid)):
+            raw = fields[b"event"] if b"event" in fields else fields["event"]
+            if json.loads(raw).get("type") != "token":
+                self.redis.xdel(keys.stream(rid), entry_id)
+        return queued
+
+
+def worker_failed(rid: str, attempts: int) -> ReplyEvent:
+    return ReplyEvent(
+        type="error", request_id=rid, code="worker_failed",
+        message=f"this request crashed {attempts} workers and was set aside (dead-letter list); it will not be retried "
+                "automatically",
+    )
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
