@@ -39,18 +39,22 @@ def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "co
 
 
 class RedisServer:
-    def __init__(self, tmp: Path):
-        binary = shutil.which("redis-server")
-        if binary is None:
+    """A real redis-server on a free port. `persistent` keeps an append-only file, so that a
+    restart brings the data back as a production Redis would."""
+
+    def __init__(self, tmp: Path, persistent: bool = False):
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )
+        self.args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                     "--appendonly", "yes" if persistent else "no", "--dir", str(tmp)]
         self.client = redis.Redis.from_url(self.url, decode_responses=True)
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_until(self._answers, 10, what="redis-server to answer")
 
     def _answers(self) -> bool:

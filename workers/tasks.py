@@ -15,11 +15,13 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
+from workers import broker_patches
 from workers.app import GENERATE_TASK, app
 from workers.engine_host import EngineHost
 
 log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None
+broker_patches.apply()  # survive a broker restart (see the module)
 
 
 @worker_init.connect
