@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
@@ -21,6 +20,7 @@ from cache.query import CacheQuery
 from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
 from cache.verifier import WEIGHTS, Verifier
 from ops import keys
+from ops.redis_pool import shared_client
 from ops.settings import Settings
 
 log = logging.getLogger("brigade.cache")
@@ -58,9 +58,8 @@ class Judgement:
 class AnswerCache:
     def __init__(self, settings: Settings, embedder: Embedder | None = None, verifier: Verifier | None = None):
         self.settings = settings
-        self.redis = aioredis.Redis.from_url(
-            settings.cache_redis, socket_timeout=2, socket_connect_timeout=2, decode_responses=True
-        )
+        self.redis = shared_client(settings.cache_redis, socket_timeout=2, socket_connect_timeout=2,
+                                   decode_responses=True)
         self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
         self.embedder = embedder or Embedder(
             settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8

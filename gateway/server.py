@@ -34,6 +34,7 @@ from gateway.protocol import (
 )
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
+from ops.redis_pool import shared_client
 from ops.settings import Settings
 from workers.app import enqueue
 
@@ -83,7 +84,7 @@ class Gateway:
         self.reply_channel = keys.reply_channel(self.id)
         # Commands time out instead of hanging a request (or /readyz) on a stuck Redis; the
         # subscriber has no read timeout (it idles between events) but checks its connection.
-        self.redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.redis = shared_client(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
         self.protocol = ClientProtocol(settings)
         self.routes: dict[str, Route] = {}  # live through pub/sub
@@ -171,7 +172,7 @@ class Gateway:
             # time; after it, its requests stop: queued ones never run, running ones free their slot.
             left_at = time.time()
             for client_id, rid in list(session.active.items()):
-                self._forget(rid)
+                self._forget(rid, session)
                 task = asyncio.create_task(self._cancel_unless_resumed(rid, left_at))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -317,7 +318,7 @@ class Gateway:
         rid = session.active.get(client_id)
         if rid is None:
             return
-        self._forget(rid)
+        self._forget(rid, session)
         await self._stop_request(rid)
         log.info("event=cancelled request_id=%s client_id=%s notify=%s", rid, client_id, notify)
         if notify:
@@ -330,10 +331,12 @@ class Gateway:
         except aioredis.RedisError as exc:
             log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
 
-    def _forget(self, rid: str) -> None:
+    def _forget(self, rid: str, session: ClientSession | None = None) -> None:
+        """Stop routing a request (to `session` only, when given: another connection may follow it too)."""
         for table in (self.routes, self.followed):
-            route = table.pop(rid, None)
-            if route is not None:
+            route = table.get(rid)
+            if route is not None and (session is None or route.session is session):
+                del table[rid]
                 route.session.active.pop(route.client_id, None)
 
     # ---- events from workers ----------------------------------------------------------------------------

@@ -192,6 +192,10 @@ def cmd_bench(args) -> int:
 
         engine = Engine.load(engine_config(settings))
         report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens)
+    elif args.target == "soak":
+        from ops.soak import run
+
+        report = run(args.clients, args.seconds, args.kill_every, args.max_tokens if args.max_tokens != 128 else 16)
     else:
         from cache.bench import run
 
@@ -236,13 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache"])
+    p.add_argument("target", choices=["engine", "cache", "soak"])
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
-    p.add_argument("--max-tokens", type=int, default=128, help="engine: new tokens per request")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (engine: 128, soak: 16)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
     p.add_argument("--pairs", default="../shared/data/qqp_train.jsonl", help="cache: duplicate pairs for semantic hits")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
     p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
+    p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")
+    p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
+    p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(fn=cmd_bench)
     from ops.cache_commands import add_parser

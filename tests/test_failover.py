@@ -196,6 +196,8 @@ def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expe
     try:
         assert affected, "the killed worker held none of the requests"
         assert_complete(clients, expected, fleet)
+        gaps = {c.id: round(min(t for t in c.times if t > killed_at) - killed_at, 3) for c in affected}
+        print(f"\nkill-to-next-token seconds per affected client: {json.dumps(gaps)}")
         for c in affected:
             after = [t for t in c.times if t > killed_at]
             assert after, f"{c.id}: no token after the kill"

@@ -1,0 +1,185 @@
+"""`brigade bench soak`: many WebSocket clients for minutes while workers are killed.
+
+It starts its own fleet on free ports (redis-server, the gateway, a reaper and two workers), so
+that it may SIGKILL workers: every `kill_every_s` one worker is killed and started again. Each
+client loops over one connection: ask, read to the end, ask again. The report (JSON) counts
+requests completed and failed (by error code), checks every answer's indexes for gaps and
+repeats, and gives time to first token and the gateway's memory before and after.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+QUESTIONS = [
+    "What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Give me a tip for sleeping well.",
+    "What is 12 times 7?", "Write a haiku about rain.", "Name a famous painter.", "What do bees make?",
+    "Translate 'hello' into Spanish.", "What is the largest ocean?", "Suggest a name for a cat.",
+    "How many legs does a spider have?",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+
+class Fleet:
+    def __init__(self, workdir: Path, workers: int):
+        self.workdir = workdir
+        self.redis_port, self.port = _free_port(), _free_port()
+        self.env = dict(os.environ, BRIGADE_REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
+                        BRIGADE_GATEWAY_PORT=str(self.port), BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
+        server = shutil.which("redis-server")
+        if server is None:
+            raise SystemExit("redis-server is not installed: sudo apt-get install -y redis-server")
+        self.redis = subprocess.Popen([server, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
+                                       "--dir", str(workdir)], stdout=subprocess.DEVNULL)
+        self.gateway = self._start("gateway")
+        self.reaper = self._start("reaper")
+        self.workers = {f"soak{i}@bench": self._start("worker", "--name", f"soak{i}@bench") for i in range(workers)}
+        self.kills = 0
+
+    def _start(self, *args: str) -> subprocess.Popen:
+        log = open(self.workdir / f"{args[-1].replace('@', '_')}-{time.monotonic_ns()}.log", "w")
+        return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r:
+                return json.loads(r.read())["workers"] >= len(self.workers)
+        except OSError:
+            return False
+
+    def kill_one(self) -> str:
+        name = random.choice(sorted(self.workers))
+        self.workers[name].kill()
+        self.workers[name].wait(10)
+        self.workers[name] = self._start("worker", "--name", name)
+        self.kills += 1
+        return name
+
+    def stop(self) -> None:
+        for p in [*self.workers.values(), self.gateway, self.reaper]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.workers.values(), self.gateway, self.reaper]:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.redis.terminate()
+        self.redis.wait(10)
+
+
+async def _client(url: str, n: int, until: float, max_tokens: int, stats: dict) -> None:
+    from websockets.asyncio.client import connect
+
+    rng = random.Random(n)
+    while time.monotonic() < until:
+        try:
+            async with connect(url, open_timeout=30, max_size=None) as ws:
+                while time.monotonic() < until:
+                    cid = f"s{n}-{stats['sent']}"
+                    stats["sent"] += 1
+                    sent = time.monotonic()
+                    await ws.send(json.dumps({"type": "generate", "id": cid, "prompt": rng.choice(QUESTIONS),
+                                              "max_tokens": max_tokens, "cache": "off"}))
+                    indexes, first = [], None
+                    while True:
+                        event = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                        if event.get("id") != cid:
+                            continue
+                        if event["type"] == "token":
+                            first = first or time.monotonic()
+                            indexes.append(event["index"])
+                        elif event["type"] == "done":
+                            stats["completed"] += 1
+                            stats["ttft"].append((first or time.monotonic()) - sent)
+                            stats["e2e"].append(time.monotonic() - sent)
+                            if indexes != list(range(len(indexes))):
+                                stats["broken_streams"] += 1
+                            break
+                        elif event["type"] == "error":
+                            stats["failed"][event.get("code", "?")] = stats["failed"].get(event.get("code", "?"), 0) + 1
+                            break
+        except Exception as exc:  # a connection problem is a failure to report, not a crash of the soak
+            key = f"connection:{type(exc).__name__}"
+            stats["failed"][key] = stats["failed"].get(key, 0) + 1
+            await asyncio.sleep(1)
+
+
+async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float, max_tokens: int) -> dict:
+    stats = {"sent": 0, "completed": 0, "failed": {}, "ttft": [], "e2e": [], "broken_streams": 0}
+    url = f"ws://127.0.0.1:{fleet.port}/v1/ws"
+    rss_before = _rss_mb(fleet.gateway.pid)
+    started = time.monotonic()
+    until = started + seconds
+    tasks = [asyncio.create_task(_client(url, n, until, max_tokens, stats)) for n in range(clients)]
+    killed = []
+    while time.monotonic() < until:
+        await asyncio.sleep(min(kill_every_s, max(0.0, until - time.monotonic())))
+        if time.monotonic() < until - 5:
+            killed.append(await asyncio.to_thread(fleet.kill_one))
+    # Requests in flight at the deadline are finished, not abandoned.
+    await asyncio.wait_for(asyncio.gather(*tasks), 600)
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "workers": len(fleet.workers),
+        "worker_kills": len(killed),
+        "requests_sent": stats["sent"],
+        "requests_completed": stats["completed"],
+        "requests_failed": stats["failed"],
+        "broken_streams": stats["broken_streams"],
+        "ttft_s": {"p50": _pct(stats["ttft"], 0.5), "p99": _pct(stats["ttft"], 0.99)},
+        "e2e_s": {"p50": _pct(stats["e2e"], 0.5), "p99": _pct(stats["e2e"], 0.99),
+                  "mean": round(statistics.fmean(stats["e2e"]), 4) if stats["e2e"] else None},
+        "wall_s": round(time.monotonic() - started, 1),
+        "gateway_rss_mb": {"before": rss_before, "after": _rss_mb(fleet.gateway.pid)},
+        "max_tokens": max_tokens,
+    }
+
+
+def run(clients: int = 200, seconds: float = 120, kill_every_s: float = 30, max_tokens: int = 16,
+        workers: int = 2) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="brigade-soak-"))
+    fleet = Fleet(workdir, workers)
+    try:
+        deadline = time.monotonic() + 180
+        while not fleet.ready():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the fleet did not become ready; logs in {workdir}")
+            time.sleep(0.5)
+        report = asyncio.run(_soak(fleet, clients, seconds, kill_every_s, max_tokens))
+        report["logs"] = str(workdir)
+        return report
+    finally:
+        fleet.stop()
