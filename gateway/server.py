@@ -247,7 +247,10 @@ class Gateway:
 
     async def _refuse_if_overloaded(self, cmd: Generate) -> None:
         try:
-            depth = await self.redis.llen(keys.interactive_queue(cmd.model))
+            pipe = self.redis.pipeline(transaction=False)
+            for name in keys.queue_lists(cmd.model):
+                pipe.llen(name)
+            depth = sum(await pipe.execute())
         except aioredis.RedisError:
             return  # the enqueue just after says `unavailable`
         limit = self.settings.max_queue_depth

@@ -66,8 +66,20 @@ WORKER_PATTERN = f"{PREFIX}:worker:*"
 
 
 def interactive_queue(model_name: str) -> str:
-    """The Celery queue (a Redis list) of a model's interactive requests."""
+    """The Celery queue of a model's interactive requests."""
     return f"{PREFIX}.{model_name}.interactive"
+
+
+# kombu's Redis transport keeps one list per priority step (0, 3, 6, 9), the step after this
+# separator, and step 0 under the plain queue name; workers pop lower steps first.
+KOMBU_PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def queue_lists(model_name: str) -> list[str]:
+    """Every Redis list holding a model's queued interactive requests (for the queue depth)."""
+    q = interactive_queue(model_name)
+    return [q if step == 0 else f"{q}{KOMBU_PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------

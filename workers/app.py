@@ -42,9 +42,16 @@ def make_app(redis_url: str | None = None) -> Celery:
 app = make_app()
 
 
+# Redis priorities (kombu): lower is served first. A request continued after a crash or a drain
+# has a client mid-answer, so it goes ahead of new work instead of behind the whole queue.
+NEW_PRIORITY = 6
+CONTINUED_PRIORITY = 0
+
+
 def enqueue(queued: QueuedRequest, first: bool = False) -> None:
     """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
     Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
     rid = queued.request_id
     app.send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")], queue=interactive_queue(queued.model),
-                  task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}")
+                  task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                  priority=NEW_PRIORITY if first else CONTINUED_PRIORITY)
