@@ -87,7 +87,9 @@ def fleet(model_dir, tmp_path_factory):
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
     )
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
+    # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
     reaper = BrigadeProcess("reaper", env, logs / "reaper.log")
+    second_reaper = BrigadeProcess("reaper", env, logs / "reaper-2.log")
     other_env = dict(env, BRIGADE_GATEWAY_PORT=str(other_port), BRIGADE_MODEL_NAME="no-worker-model",
                      BRIGADE_MAX_QUEUE_DEPTH="2")
     other = BrigadeProcess("gateway", other_env, logs / "other-gateway.log")
@@ -103,7 +105,7 @@ def fleet(model_dir, tmp_path_factory):
         print(f.tails())
         raise
     finally:
-        for p in [*f.workers.values(), gateway, other, reaper]:
+        for p in [*f.workers.values(), gateway, other, reaper, second_reaper]:
             p.stop()
         redis_server.stop()
 
@@ -345,11 +347,31 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         entries = [json.loads(line) for line in listing.stdout.splitlines()]
         assert [e["request_id"] for e in entries] == [answer.request_id], listing.stdout + listing.stderr
         assert entries[0]["attempts"] == 3 and entries[0]["messages"][0]["content"] == POISON
-        dropped = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "drop", answer.request_id], env=fleet.env,
+        fleet.wait_ready(list(fleet.workers))
+        # An operator retries it (the "poison" is gone now); the client follows it with resume.
+        retried = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "retry", answer.request_id], env=fleet.env,
+                                 capture_output=True, text=True, timeout=60)
+        assert retried.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, retried.stdout
+        rest = asyncio.run(resume(fleet.url, answer.request_id, answer.indexes[-1] if answer.tokens else -1))
+        assert rest.end["type"] == "done", rest.end
+        indexes = answer.indexes + rest.indexes
+        assert indexes == list(range(len(indexes))) and len(indexes) == rest.end["usage"]["completion_tokens"]
+        # And `drop` forgets an entry.
+        fleet.redis.client.lpush(keys.DEAD_LETTERS, json.dumps({"request_id": "x", "attempts": 3, "reason": "t", "at": 0}))
+        dropped = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "drop", "x"], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
         assert dropped.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, dropped.stdout
     finally:
         fleet.wait_ready(list(fleet.workers))
+
+
+async def resume(url: str, rid: str, after_index: int) -> Answer:
+    async with connect(url) as ws:
+        await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": after_index}))
+        answers = {rid: Answer(rid)}
+        while answers[rid].end is None:
+            absorb(answers, json.loads(await asyncio.wait_for(ws.recv(), 120)))
+        return answers[rid]
 
 
 # ---- overload and deadlines ------------------------------------------------------------------------
@@ -396,6 +418,37 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_mode
     assert [e["type"] for e in seen] == ["error"] and seen[0]["code"] == "deadline_exceeded", seen
 
 
+async def ask_once(url: str) -> dict:
+    async with connect(url) as ws:
+        await ws.send(json.dumps({"type": "generate", "id": "during", "prompt": "hi", "max_tokens": 4}))
+        return json.loads(await asyncio.wait_for(ws.recv(), 30))
+
+
+# ---- Celery's redelivery is the second line: its duplicates are harmless ---------------------------
+
+def test_duplicate_deliveries_of_a_running_or_finished_request_are_skipped(fleet, expected):
+    """What Celery does after a visibility timeout: deliver the same message again."""
+    from workers.app import make_app
+
+    app = make_app(fleet.redis.url)
+
+    def fault(clients):
+        rid = clients[0].answer.request_id
+        payload = json.loads(fleet.redis.client.get(keys.request(rid)))
+        app.send_task("brigade.generate", args=[payload], queue=keys.interactive_queue("smollm2-135m-instruct"))
+        return rid, payload
+
+    clients, (rid, payload) = asyncio.run(stream_clients(fleet.url, fault, n=1))
+    assert_complete(clients, expected, fleet)
+    app.send_task("brigade.generate", args=[payload], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    logs = lambda: "".join(p.log_path.read_text() for p in fleet.workers.values())  # noqa: E731
+    wait_until(lambda: logs().count(f"event=claim_skipped request_id={rid}") >= 2, 30, what="both duplicates skipped")
+    assert f"request_id={rid} outcome=busy" in logs() and f"request_id={rid} outcome=done" in logs()
+    tokens = [json.loads(f["event"]) for _, f in fleet.redis.client.xrange(keys.stream(rid))]
+    indexes = [e["index"] for e in tokens if e["type"] == "token"]
+    assert indexes == list(range(len(indexes))) and [e["type"] for e in tokens].count("done") == 1
+
+
 # ---- Redis restart -----------------------------------------------------------------------------------
 
 def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(fleet, expected):
@@ -403,7 +456,9 @@ def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(flee
 
     def fault(clients):
         fleet.redis.stop()
-        time.sleep(3.0)
+        timings["refused"] = asyncio.run(ask_once(fleet.url))  # new work while Redis is gone
+        # Down longer than the heartbeat TTL, so that readiness after the restart needs fresh beats.
+        time.sleep(HEARTBEAT_TTL_S + 1)
         assert _status(fleet.port) == 503  # /readyz tells the truth while Redis is gone
         fleet.redis.start()
         back = time.monotonic()
@@ -411,7 +466,9 @@ def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(flee
         timings["ready_s"] = time.monotonic() - back
 
     clients, _ = asyncio.run(stream_clients(fleet.url, fault, n=4))
+    print(f"\nready again {timings['ready_s']:.2f}s after Redis returned")
     assert timings["ready_s"] < 10, timings
+    assert timings["refused"]["type"] == "error" and timings["refused"]["code"] == "unavailable", timings
     for c in clients:
         a = c.answer
         assert a.end is not None, f"{c.id} never ended\n{fleet.tails()}"

@@ -92,3 +92,37 @@ def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
     assert events[0]["index"] == 0 and events[0]["text"] == "Paris."
     assert all(e["cached"] == "semantic" and e["similarity"] == 0.9123 and e["id"] == "r1" for e in events)
     assert events[-1]["finish_reason"] == "stop" and events[-1]["usage"] == {"completion_tokens": 2}
+
+
+def test_estimated_wait_is_the_work_ahead_over_the_fleets_completion_rate():
+    from gateway.load import LoadMonitor
+
+    monitor = LoadMonitor(None, Settings())
+    assert monitor.estimated_wait_s(0) == 0.0
+    assert monitor.estimated_wait_s(5) is None  # nothing finished yet: no estimate, only the depth limit
+    monitor.observe([{"instance": "a", "requests_served": 10, "running": 4, "waiting": 0}], now=monitor._at + 1)
+    monitor.observe([{"instance": "a", "requests_served": 14, "running": 4, "waiting": 2}], now=monitor._at + 1)
+    assert monitor.rate == pytest.approx(4.0 * 0.3, rel=1e-6)  # first sample 0 (no completions), then 4/s smoothed
+    assert monitor.estimated_wait_s(10) == pytest.approx(12 / monitor.rate)
+    # A worker that restarted (new instance) does not count as negative completions.
+    monitor.observe([{"instance": "b", "requests_served": 0, "running": 1, "waiting": 0}], now=monitor._at + 1)
+    assert monitor.rate >= 0
+
+
+def test_resume_and_deadline_fields_are_validated(protocol):
+    from gateway.protocol import Resume
+
+    assert protocol.parse(json.dumps({"type": "resume", "id": "abc", "after_index": 4})) == Resume("abc", 4)
+    assert protocol.parse(json.dumps({"type": "resume", "id": "abc"})) == Resume("abc", -1)
+    for bad in (-2, "3", True, 2**40):
+        with pytest.raises(ProtocolError) as err:
+            protocol.parse(json.dumps({"type": "resume", "id": "abc", "after_index": bad}))
+        assert err.value.code == "invalid_field" and err.value.field == "after_index"
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(json.dumps({"type": "resume", "id": "abc", "prompt": "x"}))
+    assert err.value.code == "unknown_field"
+    assert protocol.parse(good(deadline_ms=1500)).deadline_ms == 1500
+    for bad in (0, -5, 1.5, True, "100"):
+        with pytest.raises(ProtocolError) as err:
+            protocol.parse(good(deadline_ms=bad))
+        assert err.value.field == "deadline_ms"
