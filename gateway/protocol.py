@@ -103,7 +103,7 @@ class ClientProtocol:
             raise ProtocolError("binary_frame", "binary frames are not supported: send JSON text frames")
         try:
             data = json.loads(frame)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # also ints past Python's 4300-digit limit
             raise ProtocolError("invalid_json", "the message is not valid JSON") from None
         if not isinstance(data, dict):
             raise ProtocolError("invalid_message", "a message must be a JSON object")

@@ -191,6 +191,9 @@ class Gateway:
                 await self._resume(session, command)
         except ProtocolError as err:
             session.send(err.event())
+        except Exception:  # a bug must cost this one message, not the connection and its other requests
+            log.exception("event=frame_failed")
+            session.send({"type": "error", "code": "internal_error", "message": "the gateway failed on this message"})
 
     async def _generate(self, session: ClientSession, cmd: Generate) -> None:
         if cmd.id in session.active:
