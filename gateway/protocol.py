@@ -107,6 +107,13 @@ class ClientProtocol:
             raise ProtocolError("invalid_json", "the message is not valid JSON") from None
         if not isinstance(data, dict):
             raise ProtocolError("invalid_message", "a message must be a JSON object")
+        try:
+            # JSON may escape a lone UTF-16 surrogate ("\ud800"): not Unicode text, and it breaks
+            # every encoder downstream (Redis, the tokenizer). Refused here, once, for every field.
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError("invalid_json", "the message contains an unpaired UTF-16 surrogate, "
+                                "which is not valid Unicode text") from None
         request_id = self._request_id(data)
         kind = data.get("type")
         if kind == "generate":

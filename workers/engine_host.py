@@ -150,6 +150,12 @@ class EngineHost:
                 self.inflight.pop(rid, None)
             self._refuse(entry, refused.code, refused.message)
             return refused.code
+        except Exception:  # e.g. the tokenizer failing on this input: the client must hear of it
+            log.exception("event=request_failed request_id=%s", rid)
+            with self._lock:
+                self.inflight.pop(rid, None)
+            self._refuse(entry, "internal_error", "the worker could not run this request")
+            return "internal_error"
         log.info("event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
                  claim.attempts, len(resume_ids))
         # A cancel may have landed between the check in _claim and the registration.
