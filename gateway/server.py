@@ -239,7 +239,10 @@ class Gateway:
         session.active[cmd.id] = rid
         payload = queued.model_dump(mode="json")
         try:
-            await self.redis.set(keys.request(rid), json.dumps(payload), ex=self.settings.stream_ttl_s)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.request(rid), json.dumps(payload), ex=self.settings.stream_ttl_s)
+            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            await pipe.execute()
             await asyncio.to_thread(enqueue, queued, True)
         except Exception as exc:  # Redis or broker down: this request fails, the connection lives
             self._forget(rid)

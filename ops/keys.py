@@ -8,6 +8,7 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - claim(rid): TTL Settings.stream_ttl_s
 - CLAIMS: one field per request a live worker holds; removed when it ends or is reaped
 - DEAD_LETTERS: capped at Settings.dlq_max entries
+- UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired
 - resumed(rid): TTL Settings.stream_ttl_s
 Channels hold nothing, so they need no bound.
 """
@@ -54,6 +55,10 @@ def claim(request_id: str) -> str:
 
 
 CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every running claim (the reaper's list)
+# sorted set: request id -> when it was queued (or sent again), until a worker claims it. A
+# worker killed after taking a message off the queue but before claiming it leaves no claim for
+# the reaper to find; this is how the reaper finds such requests.
+UNCLAIMED = f"{PREFIX}:unclaimed"
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
 
 

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     reaper_interval_s: float = 0.5
     # Claims of one request before it is a poison request and goes to the dead-letter list.
     max_attempts: int = 3
+    # A queued request that no worker has claimed after this long, and that is no longer on the
+    # queue, was taken by a worker that died before claiming it: the reaper queues it again.
+    unclaimed_after_s: float = 30.0
     dlq_max: int = 10_000
     # SIGTERM: running requests get this long to finish, then continue on another worker.
     drain_seconds: float = 10.0

@@ -85,6 +85,7 @@ def fleet(model_dir, tmp_path_factory):
     env = service_env(
         redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
+        BRIGADE_UNCLAIMED_AFTER_S="3",
     )
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
     # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
@@ -372,6 +373,36 @@ async def resume(url: str, rid: str, after_index: int) -> Answer:
         while answers[rid].end is None:
             absorb(answers, json.loads(await asyncio.wait_for(ws.recv(), 120)))
         return answers[rid]
+
+
+# ---- a message taken off the queue by a worker that died before claiming it ------------------------
+
+def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet):
+    """The second gateway's model has no worker, so its message stays on the queue until the test
+    takes it off, as a worker SIGKILLed right after its BRPOP would (its copy then sits in Celery's
+    unacked set for the visibility timeout, or is gone). The reaper must queue it again."""
+    lists = keys.queue_lists("no-worker-model")
+    client = fleet.redis.client
+
+    async def send():
+        async with connect(fleet.other_url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "lost", "prompt": "hello", "max_tokens": 4}))
+            event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert event["type"] == "queued", event
+            rid = event["request_id"]
+            taken = [m for name in lists for m in [client.rpop(name)] if m]
+            assert len(taken) == 1 and rid in taken[0]
+            # Within unclaimed_after_s (3 s) + a reaper pass it is back, at the continued priority.
+            resent = await asyncio.to_thread(
+                wait_until, lambda: [m for m in client.lrange(lists[0], 0, -1) if rid in m], 15, 0.2, "the resend")
+            assert f'"id": "{rid}-' in resent[0]  # a new task id for the same request
+            return rid
+
+    rid = asyncio.run(send())
+    # Leave no queue behind for the overload test: cancelled, it is no longer the reaper's concern.
+    client.set(keys.cancelled(rid), "1", ex=60)
+    wait_until(lambda: client.zscore(keys.UNCLAIMED, rid) is None, 10, what="the reaper to forget the cancelled request")
+    client.delete(*lists)
 
 
 # ---- overload and deadlines ------------------------------------------------------------------------

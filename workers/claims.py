@@ -37,10 +37,11 @@ redis.call('LPUSH', KEYS[4], entry)
 redis.call('LTRIM', KEYS[4], 0, tonumber(dlq_max) - 1)
 """
 
-# KEYS: claim, claims index, request, dead letters
+# KEYS: claim, claims index, request, dead letters, unclaimed
 # ARGV: rid, me, max_attempts, worker key prefix, ttl, now, dlq_max
 _CLAIM = """
 local rid, me, max_attempts, prefix, ttl, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+redis.call('ZREM', KEYS[5], rid)
 if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
 local c = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempts')
 local state, owner, attempts = c[1], c[2], tonumber(c[3] or '0')
@@ -118,6 +119,16 @@ return 'requeue'
 """
 
 
+# KEYS: unclaimed, claim;  ARGV: rid, cutoff, now. One reaper wins the right to send it again.
+_TAKE_UNCLAIMED = """
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('ZREM', KEYS[1], ARGV[1]) return 0 end
+local since = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not since or tonumber(since) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Claim:
     outcome: str  # claimed | busy | done | dead | gone
@@ -136,6 +147,7 @@ class ClaimStore:
         self._publish = client.register_script(_PUBLISH)
         self._release = client.register_script(_RELEASE)
         self._reap = client.register_script(_REAP)
+        self._take_unclaimed = client.register_script(_TAKE_UNCLAIMED)
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings) -> "ClaimStore":
@@ -146,10 +158,10 @@ class ClaimStore:
 
     def claim(self, rid: str, me: str) -> Claim:
         outcome, epoch, attempts = self._claim(
-            keys=self._keys(rid),
+            keys=self._keys(rid) + [keys.UNCLAIMED],
             args=[rid, me, self.max_attempts, keys.WORKER_PREFIX, self.ttl, time.time(), self.dlq_max],
         )
-        return Claim(_text(outcome), int(epoch), int(attempts))
+        return Claim(as_text(outcome), int(epoch), int(attempts))
 
     def publish(self, events: list[tuple[str, ReplyEvent]]) -> set[str]:
         """Publish and log (channel, event) pairs whose claim still holds the event's epoch, in one
@@ -161,7 +173,7 @@ class ClaimStore:
             script_keys += [keys.claim(event.request_id), keys.stream(event.request_id)]
             final = "1" if event.type != "token" else "0"
             args += [event.request_id, event.epoch, channel, event.model_dump_json(exclude_none=True), final]
-        return {_text(r) for r in self._publish(keys=script_keys, args=args)}
+        return {as_text(r) for r in self._publish(keys=script_keys, args=args)}
 
     def publish_unfenced(self, channel: str, event: ReplyEvent) -> None:
         """For the final word on a request nobody holds any more (buried, expired)."""
@@ -177,11 +189,14 @@ class ClaimStore:
 
     def reap(self, rid: str, dead_owner: str) -> str:
         """skip | requeue | buried"""
-        return _text(self._reap(keys=self._keys(rid), args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
+        return as_text(self._reap(keys=self._keys(rid), args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
+
+    def take_unclaimed(self, rid: str, cutoff: float) -> bool:
+        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid)], args=[rid, cutoff, time.time()]))
 
     def owners(self) -> dict[str, str]:
         """Every running claim: request id -> owner instance."""
-        return {_text(k): _text(v) for k, v in self.redis.hgetall(keys.CLAIMS).items()}
+        return {as_text(k): as_text(v) for k, v in self.redis.hgetall(keys.CLAIMS).items()}
 
     def alive(self, instances: set[str]) -> set[str]:
         pipe = self.redis.pipeline(transaction=False)
@@ -248,5 +263,5 @@ def worker_failed(rid: str, attempts: int) -> ReplyEvent:
     )
 
 
-def _text(value) -> str:
+def as_text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

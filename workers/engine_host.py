@@ -167,6 +167,7 @@ class EngineHost:
     def _claim(self, rid: str):
         if self.redis.exists(keys.cancelled(rid)):
             log.info("event=skipped_cancelled request_id=%s", rid)
+            self.redis.zrem(keys.UNCLAIMED, rid)
             return None
         return self.claims.claim(rid, self.instance)
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 
 import redis
 
+from ops import keys
+from ops.messages import QueuedRequest
 from ops.settings import Settings
 from workers.app import enqueue
-from workers.claims import ClaimStore, worker_failed
+from workers.claims import ClaimStore, as_text, worker_failed
 
 log = logging.getLogger("brigade.reaper")
 
@@ -35,7 +38,12 @@ class Reaper:
         self.buried = 0
 
     def sweep(self) -> dict[str, str]:
-        """One pass; returns what was done: request id -> requeue | buried."""
+        """One pass; returns what was done: request id -> requeue | buried | unclaimed."""
+        done = self._sweep_claims()
+        done.update(self._sweep_unclaimed())
+        return done
+
+    def _sweep_claims(self) -> dict[str, str]:
         owners = self.claims.owners()
         if not owners:
             return {}
@@ -60,6 +68,40 @@ class Reaper:
                 self.buried += 1
             log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome
+        return done
+
+    def _sweep_unclaimed(self) -> dict[str, str]:
+        """Requests queued long ago, never claimed, and no longer on the queue: a worker took the
+        message and died before claiming it (its copy waits in Celery's unacked set for the
+        visibility timeout, or was lost in the kill). Send them again."""
+        cutoff = time.time() - self.settings.unclaimed_after_s
+        stale = [as_text(r) for r in self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)]
+        if not stale:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in stale:
+            pipe.get(keys.request(rid))
+            pipe.exists(keys.cancelled(rid))
+        replies = pipe.execute()
+        waiting: dict[str, bytes] = {}
+        done: dict[str, str] = {}
+        for i, rid in enumerate(stale):
+            raw, cancelled = replies[2 * i], replies[2 * i + 1]
+            if raw is None or cancelled:
+                self.redis.zrem(keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
+                continue
+            queued = QueuedRequest.model_validate_json(raw)
+            if queued.model not in waiting:
+                waiting[queued.model] = b"\n".join(
+                    m for name in keys.queue_lists(queued.model) for m in self.redis.lrange(name, 0, -1))
+            if rid.encode() in waiting[queued.model]:
+                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # still waiting its turn
+                continue
+            if self.claims.take_unclaimed(rid, cutoff):
+                enqueue(queued)
+                self.requeued += 1
+                done[rid] = "unclaimed"
+                log.info("event=unclaimed_requeued request_id=%s", rid)
         return done
 
     def run(self, stop: threading.Event) -> None:
