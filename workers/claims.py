@@ -86,7 +86,7 @@ end
 return fenced
 """
 
-# KEYS: claim, claims index;  ARGV: rid, me, epoch
+# KEYS: claim, claims index, unclaimed;  ARGV: rid, me, epoch, now
 _RELEASE = """
 local c = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state')
 if c[1] ~= ARGV[2] or c[2] ~= ARGV[3] or c[3] ~= 'running' then return 0 end
@@ -94,10 +94,11 @@ redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)  -- a hand-back is not a crash
 redis.call('HSET', KEYS[1], 'state', 'queued', 'owner', '')
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 1
 """
 
-# KEYS: claim, claims index, request, dead letters
+# KEYS: claim, claims index, request, dead letters, unclaimed
 # ARGV: rid, presumed-dead owner, max_attempts, now, dlq_max
 _REAP = """
 local rid, dead_owner, max_attempts, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -115,13 +116,16 @@ if attempts >= max_attempts then
 end
 redis.call('HSET', KEYS[1], 'state', 'queued', 'owner', '')
 redis.call('HDEL', KEYS[2], rid)
+redis.call('ZADD', KEYS[5], now, rid)
 return 'requeue'
 """
 
 
 # KEYS: unclaimed, claim;  ARGV: rid, cutoff, now. One reaper wins the right to send it again.
+# A claim record in state 'queued' (reaped or handed back, sent again) may be lost the same way.
 _TAKE_UNCLAIMED = """
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('ZREM', KEYS[1], ARGV[1]) return 0 end
+local state = redis.call('HGET', KEYS[2], 'state')
+if state and state ~= 'queued' then redis.call('ZREM', KEYS[1], ARGV[1]) return 0 end
 local since = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not since or tonumber(since) > tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
@@ -185,11 +189,12 @@ class ClaimStore:
         pipe.execute()
 
     def release(self, rid: str, me: str, epoch: int) -> bool:
-        return bool(self._release(keys=[keys.claim(rid), keys.CLAIMS], args=[rid, me, epoch]))
+        return bool(self._release(keys=[keys.claim(rid), keys.CLAIMS, keys.UNCLAIMED], args=[rid, me, epoch, time.time()]))
 
     def reap(self, rid: str, dead_owner: str) -> str:
         """skip | requeue | buried"""
-        return as_text(self._reap(keys=self._keys(rid), args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
+        return as_text(self._reap(keys=self._keys(rid) + [keys.UNCLAIMED],
+                                  args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
 
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
         return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid)], args=[rid, cutoff, time.time()]))
@@ -246,6 +251,7 @@ class ClaimStore:
         pipe.set(keys.request(rid), entry["request"], ex=self.ttl)
         pipe.hset(keys.claim(rid), mapping={"state": QUEUED, "owner": "", "attempts": 0})
         pipe.expire(keys.claim(rid), self.ttl)
+        pipe.zadd(keys.UNCLAIMED, {rid: time.time()})
         pipe.execute()
         # The burial's error event would end a resumed stream early: the request is alive again.
         for entry_id, fields in self.redis.xrange(keys.stream(rid)):
