@@ -173,6 +173,11 @@ class Engine:
             self._cancels.append(request_id)
         self._wake.set()
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the engine still has this request (any thread)."""
+        with self._lock:
+            return request_id in self.sequences or any(s.request_id == request_id for s in self._inbox)
+
     def wake(self) -> None:
         """Interrupt an idle `run` loop (to notice its stop event)."""
         self._wake.set()
@@ -237,7 +242,8 @@ class Engine:
             arrivals, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
         for seq in arrivals:
-            self.sequences[seq.request_id] = seq
+            with self._lock:
+                self.sequences[seq.request_id] = seq
             detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, seq.params.stop)
             # A resumed request: replay the tokens already sent, so that text held back at the
             # hand-over (half a character, a possible stop string) is released exactly once.
@@ -280,7 +286,8 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
         self.scheduler.finish(seq, reason)
-        self.sequences.pop(seq.request_id, None)
+        with self._lock:
+            self.sequences.pop(seq.request_id, None)
         self.detoks.pop(seq.request_id, None)
         if update is None:
             update = SequenceUpdate(seq.request_id, None, None, "")

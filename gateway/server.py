@@ -50,6 +50,7 @@ class Route:
     client_id: str
     next_index: int = 0
     epoch: int = 0  # the newest claim epoch seen; older events are stale
+    since: float = field(default_factory=time.time)  # when this connection took the request on
     stream_id: str = "0-0"  # followed routes: the last replay-log entry read
     # Set when the answer may be stored in the cache once done.
     cache_query: CacheQuery | None = None
@@ -170,10 +171,13 @@ class Gateway:
         finally:
             # A client that leaves may come back with `resume` (to any gateway) within the grace
             # time; after it, its requests stop: queued ones never run, running ones free their slot.
-            left_at = time.time()
             for client_id, rid in list(session.active.items()):
+                route = self._route_of(rid, session)
                 self._forget(rid, session)
-                task = asyncio.create_task(self._cancel_unless_resumed(rid, left_at))
+                # A resume after this connection took the request on means the client is back
+                # elsewhere, even if it came back before this connection was seen to close.
+                since = route.since if route is not None else time.time()
+                task = asyncio.create_task(self._cancel_unless_resumed(rid, since))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             writer.cancel()
@@ -247,6 +251,7 @@ class Gateway:
         except Exception as exc:  # Redis or broker down: this request fails, the connection lives
             self._forget(rid)
             log.warning("event=enqueue_failed request_id=%s error=%r", rid, exc)
+            self._spawn(self._stop_request(rid))  # the client was told it failed: it must not run later
             raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id) from None
         log.info("event=enqueued request_id=%s client_id=%s", rid, cmd.id)
         session.send({"type": "queued", "id": cmd.id, "request_id": rid})
@@ -276,24 +281,36 @@ class Gateway:
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
         try:
             known = await self.redis.exists(keys.stream(rid), keys.request(rid))
-            if known:
+            cancelled = await self.redis.exists(keys.cancelled(rid))
+            if known and not cancelled:
                 await self.redis.set(keys.resumed(rid), str(time.time()), ex=self.settings.stream_ttl_s)
         except aioredis.RedisError:
             raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
         if not known:
             raise ProtocolError("unknown_request", f"no request {rid!r} is known (or its replay log expired)", rid, "id")
+        if cancelled:
+            # Its client did not come back within the grace time (or cancelled it): it will not finish.
+            session.send(done_event(rid, "cancelled", None, None))
+            return
         self.followed[rid] = Route(session, rid, next_index=cmd.after_index + 1)
         session.active[rid] = rid
         self._follow_changed.set()
         log.info("event=resumed request_id=%s after_index=%d", rid, cmd.after_index)
 
-    async def _cancel_unless_resumed(self, rid: str, left_at: float) -> None:
+    def _route_of(self, rid: str, session: ClientSession) -> Route | None:
+        for table in (self.routes, self.followed):
+            route = table.get(rid)
+            if route is not None and route.session is session:
+                return route
+        return None
+
+    async def _cancel_unless_resumed(self, rid: str, since: float) -> None:
         await asyncio.sleep(self.settings.resume_grace_s)
         try:
             resumed_at = await self.redis.get(keys.resumed(rid))
         except aioredis.RedisError:
             resumed_at = None
-        if resumed_at is not None and float(resumed_at) >= left_at:
+        if resumed_at is not None and float(resumed_at) > since:
             return
         await self._stop_request(rid)
         log.info("event=abandoned request_id=%s", rid)
@@ -336,6 +353,7 @@ class Gateway:
     async def _stop_request(self, rid: str) -> None:
         try:
             await self.redis.set(keys.cancelled(rid), "1", ex=self.settings.cancel_ttl_s)
+            await self.redis.zrem(keys.UNCLAIMED, rid)
             await self.redis.publish(keys.CANCEL_CHANNEL, rid)
         except aioredis.RedisError as exc:
             log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
@@ -378,7 +396,7 @@ class Gateway:
                         self._spawn(self._catch_up([event.request_id]))
                         continue
                     self._forward(self.routes, route, event)
-            except (aioredis.RedisError, OSError) as exc:
+            except Exception as exc:  # Redis, or anything else: the router must outlive it
                 down_since = down_since or time.monotonic()
                 log.warning("event=reply_router_reconnect error=%r retry_s=%.2f", exc, delay)
                 if time.monotonic() - down_since > self.settings.redis_outage_grace_s:
@@ -397,7 +415,9 @@ class Gateway:
             for _, fields in entries:
                 if self.routes.get(rid) is not route:
                     break
-                self._forward(self.routes, route, ReplyEvent.model_validate_json(fields[b"event"]))
+                event = _logged_event(fields)
+                if event is not None:
+                    self._forward(self.routes, route, event)
             if self.routes.get(rid) is route and not entries and not await self.redis.exists(keys.request(rid)):
                 self._end_with_error(self.routes, route, rid, "unavailable",
                                      "the request was lost while Redis was unavailable; resend it")
@@ -426,6 +446,8 @@ class Gateway:
             self._follow_changed.clear()
             streams = {keys.stream(rid): route.stream_id for rid, route in self.followed.items()}
             try:
+                if delay > 0.25:  # back from an error: a log that vanished (Redis lost its data) ends its follow
+                    await self._end_vanished_follows()
                 replies = await self.follower.xread(streams, count=1000, block=250)
                 delay = 0.25
             except (aioredis.RedisError, OSError) as exc:
@@ -440,7 +462,15 @@ class Gateway:
                     if route is None:
                         break
                     route.stream_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    self._forward(self.followed, route, ReplyEvent.model_validate_json(fields[b"event"]))
+                    event = _logged_event(fields)
+                    if event is not None:
+                        self._forward(self.followed, route, event)
+
+    async def _end_vanished_follows(self) -> None:
+        for rid, route in list(self.followed.items()):
+            if not await self.follower.exists(keys.stream(rid), keys.request(rid)):
+                self._end_with_error(self.followed, route, rid, "unavailable",
+                                     "the request was lost while Redis was unavailable; resend it")
 
     def _forward(self, table: dict[str, Route], route: Route, event: ReplyEvent) -> None:
         """Send one worker event to its client, unless stale or already sent; ends the route on done/error."""
@@ -467,6 +497,15 @@ class Gateway:
             route.session.send(
                 {"type": "error", "id": route.client_id, "code": event.code or "error", "message": event.message or ""}
             )
+
+
+def _logged_event(fields: dict) -> ReplyEvent | None:
+    """One replay-log entry as an event; a malformed entry is logged and skipped, never fatal."""
+    try:
+        return ReplyEvent.model_validate_json(fields[b"event"])
+    except (KeyError, ValueError):
+        log.error("event=bad_log_entry fields=%r", str(fields)[:200])
+        return None
 
 
 def _json_response(status: http.HTTPStatus, body: dict) -> Response:

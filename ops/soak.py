@@ -143,11 +143,14 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
     started = time.monotonic()
     until = started + seconds
     tasks = [asyncio.create_task(_client(url, n, until, max_tokens, stats)) for n in range(clients)]
-    killed = []
+    killed, rss = [], []
+    next_kill = started + kill_every_s
     while time.monotonic() < until:
-        await asyncio.sleep(min(kill_every_s, max(0.0, until - time.monotonic())))
-        if time.monotonic() < until - 5:
+        await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))
+        rss.append((round(time.monotonic() - started), _rss_mb(fleet.gateway.pid)))
+        if next_kill <= time.monotonic() < until - 5:
             killed.append(await asyncio.to_thread(fleet.kill_one))
+            next_kill += kill_every_s
     # Requests in flight at the deadline are finished, not abandoned.
     await asyncio.wait_for(asyncio.gather(*tasks), 600)
     return {
@@ -163,7 +166,7 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
         "e2e_s": {"p50": _pct(stats["e2e"], 0.5), "p99": _pct(stats["e2e"], 0.99),
                   "mean": round(statistics.fmean(stats["e2e"]), 4) if stats["e2e"] else None},
         "wall_s": round(time.monotonic() - started, 1),
-        "gateway_rss_mb": {"before": rss_before, "after": _rss_mb(fleet.gateway.pid)},
+        "gateway_rss_mb": {"before": rss_before, "after": _rss_mb(fleet.gateway.pid), "every_10s": rss},
         "max_tokens": max_tokens,
     }
 

@@ -119,6 +119,9 @@ class EngineHost:
             return "handed_back"
         claim = self._retrying(lambda: self._claim(rid))
         if claim is None:
+            # A client following the request (resume) must learn that it ended.
+            event = ReplyEvent(type="done", request_id=rid, finish_reason="cancelled")
+            self._retrying(lambda: self.claims.publish_unfenced(queued.reply_channel, event))
             return "cancelled"
         if claim.outcome == "dead":
             self.claims.publish_unfenced(queued.reply_channel, worker_failed(rid, claim.attempts))
@@ -129,12 +132,25 @@ class EngineHost:
             log.info("event=claim_skipped request_id=%s outcome=%s", rid, claim.outcome)
             return claim.outcome
         entry = InFlight(queued, added_at=time.time(), epoch=claim.epoch)
-        if queued.deadline_at is not None and time.time() > queued.deadline_at:
+        # Our own request, reaped while we stalled, came back to us: the old run is stale. Drop it
+        # and wait until the engine has let go of it, so none of its tokens carry the new epoch.
+        if rid in self.inflight:
+            self._drop_fenced(rid)
+        while self.engine.holds(rid) and not self._stop.is_set():
+            time.sleep(0.01)
+        # The deadline is for work not yet started; a continued request (epoch > 1) is finished.
+        if claim.epoch == 1 and queued.deadline_at is not None and time.time() > queued.deadline_at:
             self._refuse(entry, "deadline_exceeded", "the request's deadline passed while it waited in the queue")
             return "deadline_exceeded"
         resume_ids = self._retrying(lambda: self.claims.generated(rid))
         with self._lock:
-            self.inflight[rid] = entry
+            draining = self.draining.is_set()
+            if not draining:
+                self.inflight[rid] = entry
+        if draining:  # the drain began while we claimed: hand it straight back
+            if self.claims.release(rid, self.instance, entry.epoch):
+                self._requeue(queued)
+            return "handed_back"
         try:
             self.engine.add_request(
                 EngineRequest(
@@ -200,7 +216,8 @@ class EngineHost:
     def drain(self, seconds: float) -> None:
         """Take no more work, let running requests finish for `seconds`, then hand the rest back with
         their progress (the next worker continues from the replay log) and release their tasks."""
-        self.draining.set()
+        with self._lock:  # serve() registers under this lock after checking the flag
+            self.draining.set()
         log.info("event=draining running=%d seconds=%.1f", len(self.inflight), seconds)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -334,6 +351,10 @@ class EngineHost:
         interval = self.settings.heartbeat_interval_s
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
         while not self._stop.is_set():
+            if not self._threads[0].is_alive():
+                # No engine, no progress: stop beating so that the reaper hands our requests on.
+                log.error("event=engine_thread_dead heartbeat=stopped")
+                return
             now, tokens = time.monotonic(), self.engine.tokens_generated
             rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
             last_tokens, last_time = tokens, now

@@ -36,9 +36,12 @@ class Reaper:
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self.requeued = 0
         self.buried = 0
+        self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
 
     def sweep(self) -> dict[str, str]:
         """One pass; returns what was done: request id -> requeue | buried | unclaimed."""
+        if not self._heartbeats_trustworthy():
+            return {}
         done = self._sweep_claims()
         done.update(self._sweep_unclaimed())
         return done
@@ -104,6 +107,16 @@ class Reaper:
                 log.info("event=unclaimed_requeued request_id=%s", rid)
         return done
 
+    def _heartbeats_trustworthy(self) -> bool:
+        """Right after Redis (re)started, or after we lost it, a missing heartbeat says nothing:
+        live workers have not had a beat's time to write again. Reaping then would move every
+        running request and charge it an attempt."""
+        settle = self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s
+        uptime = self.redis.info("server").get("uptime_in_seconds", settle)
+        if self._up_since is None:
+            self._up_since = time.monotonic()
+        return uptime >= settle and time.monotonic() - self._up_since >= settle
+
     def run(self, stop: threading.Event) -> None:
         log.info("event=reaper_started interval_s=%.2f", self.settings.reaper_interval_s)
         delay = self.settings.reaper_interval_s
@@ -113,6 +126,7 @@ class Reaper:
                 delay = self.settings.reaper_interval_s
             except redis.RedisError as exc:
                 log.warning("event=reaper_redis_error error=%r", exc)
+                self._up_since = None
                 delay = min(max(delay * 2, 0.5), 2.0)
             except Exception:  # a bad record must not end the reaper
                 log.exception("event=reaper_error")
