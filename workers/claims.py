@@ -26,21 +26,33 @@ from ops.messages import QueuedRequest, ReplyEvent
 
 RUNNING, QUEUED, DONE, DEAD = "running", "queued", "done", "dead"
 
-# Appends a dead-letter entry and ends the claim; expects KEYS[1] claim, KEYS[2] claims index,
-# KEYS[3] request, KEYS[4] dead letters, and locals rid, attempts, reason, now, dlq_max.
+# Appends a dead-letter entry, ends the claim and tells the client (in the same atomic step, so
+# that the burial and its notice cannot come apart); expects KEYS[1] claim, KEYS[2] claims
+# index, KEYS[3] request, KEYS[4] dead letters, KEYS[6] stream, and locals rid, attempts,
+# reason, now, dlq_max, ttl, maxlen.
 _BURY = """
+local request = redis.call('GET', KEYS[3]) or ''
 local entry = cjson.encode({request_id = rid, attempts = attempts, reason = reason, at = tonumber(now),
-                            request = redis.call('GET', KEYS[3]) or ''})
+                            request = request})
 redis.call('HSET', KEYS[1], 'state', 'dead', 'owner', '')
 redis.call('HDEL', KEYS[2], rid)
 redis.call('LPUSH', KEYS[4], entry)
 redis.call('LTRIM', KEYS[4], 0, tonumber(dlq_max) - 1)
+if request ~= '' then
+  local notice = cjson.encode({type = 'error', request_id = rid, code = 'worker_failed',
+    message = 'this request crashed ' .. attempts .. ' workers and was set aside (dead-letter list); ' ..
+              'it will not be retried automatically'})
+  redis.call('PUBLISH', cjson.decode(request).reply_channel, notice)
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', maxlen, '*', 'event', notice)
+  redis.call('EXPIRE', KEYS[6], ttl)
+end
 """
 
-# KEYS: claim, claims index, request, dead letters, unclaimed
-# ARGV: rid, me, max_attempts, worker key prefix, ttl, now, dlq_max
+# KEYS: claim, claims index, request, dead letters, unclaimed, stream
+# ARGV: rid, me, max_attempts, worker key prefix, ttl, now, dlq_max, stream maxlen
 _CLAIM = """
 local rid, me, max_attempts, prefix, ttl, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local maxlen = ARGV[8]
 redis.call('ZREM', KEYS[5], rid)
 if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
 local c = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempts')
@@ -98,10 +110,11 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 1
 """
 
-# KEYS: claim, claims index, request, dead letters, unclaimed
-# ARGV: rid, presumed-dead owner, max_attempts, now, dlq_max
+# KEYS: claim, claims index, request, dead letters, unclaimed, stream
+# ARGV: rid, presumed-dead owner, max_attempts, now, dlq_max, ttl, stream maxlen
 _REAP = """
 local rid, dead_owner, max_attempts, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local ttl, maxlen = ARGV[6], ARGV[7]
 local c = redis.call('HMGET', KEYS[1], 'owner', 'state', 'attempts')
 if c[1] ~= dead_owner or c[2] ~= 'running' then
   if redis.call('HGET', KEYS[2], rid) == dead_owner then redis.call('HDEL', KEYS[2], rid) end
@@ -158,12 +171,13 @@ class ClaimStore:
         return cls(client, settings.stream_maxlen, settings.stream_ttl_s, settings.max_attempts, settings.dlq_max)
 
     def _keys(self, rid: str) -> list[str]:
-        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS]
+        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.UNCLAIMED, keys.stream(rid)]
 
     def claim(self, rid: str, me: str) -> Claim:
         outcome, epoch, attempts = self._claim(
-            keys=self._keys(rid) + [keys.UNCLAIMED],
-            args=[rid, me, self.max_attempts, keys.WORKER_PREFIX, self.ttl, time.time(), self.dlq_max],
+            keys=self._keys(rid),
+            args=[rid, me, self.max_attempts, keys.WORKER_PREFIX, self.ttl, time.time(), self.dlq_max,
+                  self.stream_maxlen],
         )
         return Claim(as_text(outcome), int(epoch), int(attempts))
 
@@ -193,8 +207,8 @@ class ClaimStore:
 
     def reap(self, rid: str, dead_owner: str) -> str:
         """skip | requeue | buried"""
-        return as_text(self._reap(keys=self._keys(rid) + [keys.UNCLAIMED],
-                                  args=[rid, dead_owner, self.max_attempts, time.time(), self.dlq_max]))
+        return as_text(self._reap(keys=self._keys(rid), args=[rid, dead_owner, self.max_attempts, time.time(),
+                                                             self.dlq_max, self.ttl, self.stream_maxlen]))
 
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
         return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid)], args=[rid, cutoff, time.time()]))
@@ -259,14 +273,6 @@ class ClaimStore:
             if json.loads(raw).get("type") != "token":
                 self.redis.xdel(keys.stream(rid), entry_id)
         return queued
-
-
-def worker_failed(rid: str, attempts: int) -> ReplyEvent:
-    return ReplyEvent(
-        type="error", request_id=rid, code="worker_failed",
-        message=f"this request crashed {attempts} workers and was set aside (dead-letter list); it will not be retried "
-                "automatically",
-    )
 
 
 def as_text(value) -> str:

@@ -23,7 +23,7 @@ from engine.model_files import prepare_default_model
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
-from workers.claims import ClaimStore, worker_failed
+from workers.claims import ClaimStore
 from workers.publisher import TokenPublisher
 
 log = logging.getLogger("brigade.worker")
@@ -123,8 +123,7 @@ class EngineHost:
             event = ReplyEvent(type="done", request_id=rid, finish_reason="cancelled")
             self._retrying(lambda: self.claims.publish_unfenced(queued.reply_channel, event))
             return "cancelled"
-        if claim.outcome == "dead":
-            self.claims.publish_unfenced(queued.reply_channel, worker_failed(rid, claim.attempts))
+        if claim.outcome == "dead":  # buried by the claim script, which also told the client
             log.warning("event=dead_lettered request_id=%s attempts=%d", rid, claim.attempts)
             return "dead"
         if claim.outcome != "claimed":

@@ -24,7 +24,7 @@ from ops import keys
 from ops.messages import QueuedRequest
 from ops.settings import Settings
 from workers.app import enqueue
-from workers.claims import ClaimStore, as_text, worker_failed
+from workers.claims import ClaimStore, as_text
 
 log = logging.getLogger("brigade.reaper")
 
@@ -65,9 +65,7 @@ class Reaper:
             if outcome == "requeue":
                 enqueue(queued)
                 self.requeued += 1
-            else:
-                attempts = self.settings.max_attempts
-                self.claims.publish_unfenced(queued.reply_channel, worker_failed(rid, attempts))
+            else:  # buried by the reap script, which also told the client
                 self.buried += 1
             log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome
