@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
 from ops import keys
-from tests.clients import Answer, ask, collect, collect_one, start_long_request
+from tests.clients import Answer, absorb, ask, collect, collect_one, start_long_request
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
 
 QUESTIONS = [
@@ -163,6 +163,35 @@ def test_resume_after_the_grace_time_ends_with_cancelled_instead_of_waiting(stac
 
     event = asyncio.run(main())
     assert event["type"] == "done" and event["finish_reason"] == "cancelled", event
+
+
+def test_a_client_that_resumes_before_its_old_connection_closes_keeps_its_request(stack):
+    """The old connection's grace timer (1 s here) must not cancel a request already resumed elsewhere."""
+    async def main():
+        async with connect(stack.url) as old:
+            answers = await start_long_request(old, "kept", LONG_QUESTION)
+            rid = answers["kept"].request_id
+            new = await connect(stack.url)
+            await new.send(json.dumps({"type": "resume", "id": rid, "after_index": answers["kept"].indexes[-1]}))
+            first = json.loads(await asyncio.wait_for(new.recv(), 30))
+        # The old connection is closed now, after the resume; outlive its grace time.
+        rest = {rid: Answer(rid)}
+        absorb(rest, first)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and rest[rid].end is None:
+            absorb(rest, json.loads(await asyncio.wait_for(new.recv(), 30)))
+        await new.send(json.dumps({"type": "cancel", "id": rid}))
+        while rest[rid].end is None:
+            absorb(rest, json.loads(await asyncio.wait_for(new.recv(), 30)))
+        await new.close()
+        return answers["kept"], rest[rid]
+
+    first, rest = asyncio.run(main())
+    # Still streaming after the grace time; it ended only because this client cancelled it.
+    assert rest.end["finish_reason"] == "cancelled" and rest.end["usage"] == {}, rest.end
+    indexes = first.indexes + [i for i in rest.indexes if i > first.indexes[-1]]
+    assert rest.indexes[0] == first.indexes[-1] + 1 and indexes == list(range(len(indexes)))
+    assert len(rest.tokens) > 10
 
 
 BAD_FRAMES = {
