@@ -238,12 +238,11 @@ class Engine:
     # ---- internals -----------------------------------------------------------------------------
 
     def _take_inbox(self) -> list[SequenceUpdate]:
-        with self._lock:
+        with self._lock:  # inbox to sequences in one step, so that holds() never misses a request
             arrivals, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
+            self.sequences.update((seq.request_id, seq) for seq in arrivals)
         for seq in arrivals:
-            with self._lock:
-                self.sequences[seq.request_id] = seq
             detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, seq.params.stop)
             # A resumed request: replay the tokens already sent, so that text held back at the
             # hand-over (half a character, a possible stop string) is released exactly once.

@@ -41,6 +41,7 @@ from workers.app import enqueue
 log = logging.getLogger("brigade.gateway")
 
 WS_PATH = "/v1/ws"
+LOST_WITH_REDIS = "the request was lost while Redis was unavailable; resend it"
 OUTBOX_LIMIT = 10_000  # events waiting for one slow client before it is disconnected
 
 
@@ -177,9 +178,7 @@ class Gateway:
                 # A resume after this connection took the request on means the client is back
                 # elsewhere, even if it came back before this connection was seen to close.
                 since = route.since if route is not None else time.time()
-                task = asyncio.create_task(self._cancel_unless_resumed(rid, since))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._spawn(self._cancel_unless_resumed(rid, since))
             writer.cancel()
 
     async def _on_frame(self, session: ClientSession, frame: str | bytes) -> None:
@@ -333,12 +332,10 @@ class Gateway:
 
     def _store_answer(self, route: Route, event: ReplyEvent) -> None:
         usage = event.usage or {}
-        task = asyncio.ensure_future(self.cache.insert(
+        self._spawn(self.cache.insert(
             route.cache_query, route.cache_vector, route.chunks, event.finish_reason,
             usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
         ))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _cancel(self, session: ClientSession, client_id: str, notify: bool) -> None:
         rid = session.active.get(client_id)
@@ -419,8 +416,7 @@ class Gateway:
                 if event is not None:
                     self._forward(self.routes, route, event)
             if self.routes.get(rid) is route and not entries and not await self.redis.exists(keys.request(rid)):
-                self._end_with_error(self.routes, route, rid, "unavailable",
-                                     "the request was lost while Redis was unavailable; resend it")
+                self._end_with_error(self.routes, route, rid, "unavailable", LOST_WITH_REDIS)
 
     def _fail_all(self, code: str, message: str) -> None:
         for table in (self.routes, self.followed):
@@ -444,6 +440,7 @@ class Gateway:
                 await self._follow_changed.wait()
                 continue
             self._follow_changed.clear()
+            rid_of = {keys.stream(rid).encode(): rid for rid in self.followed}
             streams = {keys.stream(rid): route.stream_id for rid, route in self.followed.items()}
             try:
                 if delay > 0.25:  # back from an error: a log that vanished (Redis lost its data) ends its follow
@@ -456,12 +453,12 @@ class Gateway:
                 delay = min(delay * 2, 2.0)
                 continue
             for stream_key, entries in replies or []:
-                rid = (stream_key.decode() if isinstance(stream_key, bytes) else stream_key).rsplit(":", 1)[1]
+                rid = rid_of[stream_key]
                 for entry_id, fields in entries:
                     route = self.followed.get(rid)
                     if route is None:
                         break
-                    route.stream_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    route.stream_id = entry_id.decode()
                     event = _logged_event(fields)
                     if event is not None:
                         self._forward(self.followed, route, event)
@@ -469,8 +466,7 @@ class Gateway:
     async def _end_vanished_follows(self) -> None:
         for rid, route in list(self.followed.items()):
             if not await self.follower.exists(keys.stream(rid), keys.request(rid)):
-                self._end_with_error(self.followed, route, rid, "unavailable",
-                                     "the request was lost while Redis was unavailable; resend it")
+                self._end_with_error(self.followed, route, rid, "unavailable", LOST_WITH_REDIS)
 
     def _forward(self, table: dict[str, Route], route: Route, event: ReplyEvent) -> None:
         """Send one worker event to its client, unless stale or already sent; ends the route on done/error."""

@@ -149,13 +149,14 @@ def cmd_up(args) -> int:
         while not stopping and all(c.poll() is None for c in children):
             time.sleep(0.2)
     finally:
-        _stop_all(children)
+        stop_processes(children)
         if redis_child is not None:
-            _stop_all([redis_child])
+            stop_processes([redis_child])
     return 0
 
 
-def _stop_all(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+    """SIGTERM them all (workers drain), then wait together; whoever outlives the grace is killed."""
     for p in processes:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -191,11 +192,11 @@ def cmd_bench(args) -> int:
         from workers.engine_host import engine_config
 
         engine = Engine.load(engine_config(settings))
-        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens)
+        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128)
     elif args.target == "soak":
         from ops.soak import run
 
-        report = run(args.clients, args.seconds, args.kill_every, args.max_tokens if args.max_tokens != 128 else 16)
+        report = run(args.clients, args.seconds, args.kill_every, args.max_tokens or 16)
     else:
         from cache.bench import run
 
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     p.add_argument("target", choices=["engine", "cache", "soak"])
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (engine: 128, soak: 16)")
+    p.add_argument("--max-tokens", type=int, help="new tokens per request (default: engine 128, soak 16)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
     p.add_argument("--pairs", default="../shared/data/qqp_train.jsonl", help="cache: duplicate pairs for semantic hits")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")

@@ -87,16 +87,10 @@ class Fleet:
         return name
 
     def stop(self) -> None:
-        for p in [*self.workers.values(), self.gateway, self.reaper]:
-            if p.poll() is None:
-                p.terminate()
-        for p in [*self.workers.values(), self.gateway, self.reaper]:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        self.redis.terminate()
-        self.redis.wait(10)
+        from ops.cli import stop_processes
+
+        stop_processes([*self.workers.values(), self.gateway, self.reaper], grace_s=20)
+        stop_processes([self.redis])
 
 
 async def _client(url: str, n: int, until: float, max_tokens: int, stats: dict) -> None:

@@ -24,7 +24,7 @@ import redis
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 
-RUNNING, QUEUED, DONE, DEAD = "running", "queued", "done", "dead"
+QUEUED = "queued"  # claim state of a request sent to the queue again (the others live in the scripts)
 
 # Appends a dead-letter entry, ends the claim and tells the client (in the same atomic step, so
 # that the burial and its notice cannot come apart); expects KEYS[1] claim, KEYS[2] claims
@@ -154,6 +154,8 @@ class Claim:
 
 
 class ClaimStore:
+    """Over a client without decode_responses: replies are bytes."""
+
     def __init__(self, client: redis.Redis, stream_maxlen: int, stream_ttl_s: int, max_attempts: int, dlq_max: int):
         self.redis = client
         self.stream_maxlen = stream_maxlen
@@ -194,7 +196,7 @@ class ClaimStore:
         return {as_text(r) for r in self._publish(keys=script_keys, args=args)}
 
     def publish_unfenced(self, channel: str, event: ReplyEvent) -> None:
-        """For the final word on a request nobody holds any more (buried, expired)."""
+        """For the final word on a request nobody claimed (skipped because it was cancelled)."""
         data = event.model_dump_json(exclude_none=True)
         pipe = self.redis.pipeline(transaction=False)
         pipe.publish(channel, data)
@@ -233,11 +235,10 @@ class ClaimStore:
         the claim holder calls this, after claiming: nobody else can still be writing the log."""
         ids: list[int] = []
         for _, fields in self.redis.xrange(keys.stream(rid)):
-            event = json.loads(fields[b"event"] if b"event" in fields else fields["event"])
+            event = json.loads(fields[b"event"])
             if event.get("type") == "token" and event.get("index") == len(ids) and event.get("token_id") is not None:
                 ids.append(event["token_id"])
         return ids
-
 
     # ---- the dead-letter list (`brigade dlq`) --------------------------------------------------------
 
@@ -269,8 +270,7 @@ class ClaimStore:
         pipe.execute()
         # The burial's error event would end a resumed stream early: the request is alive again.
         for entry_id, fields in self.redis.xrange(keys.stream(rid)):
-            raw = fields[b"event"] if b"event" in fields else fields["event"]
-            if json.loads(raw).get("type") != "token":
+            if json.loads(fields[b"event"]).get("type") != "token":
                 self.redis.xdel(keys.stream(rid), entry_id)
         return queued
 

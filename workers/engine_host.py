@@ -23,6 +23,7 @@ from engine.model_files import prepare_default_model
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
+from workers.app import enqueue
 from workers.claims import ClaimStore
 from workers.publisher import TokenPublisher
 
@@ -115,7 +116,7 @@ class EngineHost:
         """Run one request to its end; returns how it ended (finish reason, refusal code or skip)."""
         rid = queued.request_id
         if self.draining.is_set():
-            self._requeue(queued)  # taken from the queue while draining: back it goes, untouched
+            enqueue(queued)  # taken from the queue while draining: back it goes, untouched
             return "handed_back"
         claim = self._retrying(lambda: self._claim(rid))
         if claim is None:
@@ -147,8 +148,7 @@ class EngineHost:
             if not draining:
                 self.inflight[rid] = entry
         if draining:  # the drain began while we claimed: hand it straight back
-            if self.claims.release(rid, self.instance, entry.epoch):
-                self._requeue(queued)
+            self._hand_back(entry)
             return "handed_back"
         try:
             self.engine.add_request(
@@ -205,11 +205,6 @@ class EngineHost:
         self._publish([(entry.queued.reply_channel, event)], [])
         log.info("event=refused request_id=%s code=%s", rid, code)
 
-    def _requeue(self, queued: QueuedRequest) -> None:
-        from workers.app import enqueue  # the Celery app; imported late so tests can use the host alone
-
-        enqueue(queued)
-
     # ---- graceful drain (SIGTERM) ----------------------------------------------------------------------
 
     def drain(self, seconds: float) -> None:
@@ -228,17 +223,21 @@ class EngineHost:
             rest = list(self.inflight.values())
             self.inflight.clear()
         for entry in rest:
-            rid = entry.queued.request_id
-            self.engine.cancel(rid)
-            try:
-                if self.claims.release(rid, self.instance, entry.epoch):
-                    self._requeue(entry.queued)
-                    log.info("event=handed_back request_id=%s", rid)
-            except Exception as exc:  # Redis down: the reaper hands it over once the heartbeat stops
-                log.warning("event=hand_back_failed request_id=%s error=%r", rid, exc)
+            self.engine.cancel(entry.queued.request_id)
+            self._hand_back(entry)
             entry.finish_reason = "handed_back"
             entry.finished.set()
         log.info("event=drained handed_back=%d", len(rest))
+
+    def _hand_back(self, entry: InFlight) -> None:
+        """Release our claim (fencing ourselves) and queue the request again with its progress."""
+        rid = entry.queued.request_id
+        try:
+            if self.claims.release(rid, self.instance, entry.epoch):
+                enqueue(entry.queued)
+                log.info("event=handed_back request_id=%s", rid)
+        except Exception as exc:  # Redis down: the reaper hands it over once the heartbeat stops
+            log.warning("event=hand_back_failed request_id=%s error=%r", rid, exc)
 
     # ---- the engine thread's callback ------------------------------------------------------------
 

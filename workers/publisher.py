@@ -8,7 +8,6 @@ order, and go out with the next step or heartbeat once it answers again.
 from __future__ import annotations
 
 import logging
-import threading
 
 import redis
 
@@ -23,36 +22,36 @@ MAX_PENDING_EVENTS = 200_000
 
 
 class TokenPublisher:
+    """Not thread-safe: the engine host calls it under its publish lock (engine step or heartbeat)."""
+
     def __init__(self, claims: ClaimStore):
         self.claims = claims
         self._pending: list[tuple[str, ReplyEvent]] = []
-        self._lock = threading.Lock()
         self._failing = False
 
     def publish(self, events: list[tuple[str, ReplyEvent]]) -> set[str] | None:
         """Send (reply_channel, event) pairs, after any still waiting. Returns the fenced request
         ids, or None when Redis did not answer (the events are kept for the next call)."""
-        with self._lock:
-            self._pending.extend(events)
-            if not self._pending:
-                return set()
-            try:
-                fenced = self.claims.publish(self._pending)
-            except redis.RedisError as exc:
-                if not self._failing:
-                    log.warning("event=publish_failed pending=%d error=%r", len(self._pending), exc)
-                self._failing = True
-                if len(self._pending) > MAX_PENDING_EVENTS:
-                    abandoned = {e.request_id for _, e in self._pending}
-                    self._pending = []
-                    log.error("event=publish_abandoned requests=%d", len(abandoned))
-                    return abandoned
-                return None
-            if self._failing:
-                log.info("event=publish_recovered events=%d", len(self._pending))
-                self._failing = False
-            self._pending = []
-            return fenced
+        self._pending.extend(events)
+        if not self._pending:
+            return set()
+        try:
+            fenced = self.claims.publish(self._pending)
+        except redis.RedisError as exc:
+            if not self._failing:
+                log.warning("event=publish_failed pending=%d error=%r", len(self._pending), exc)
+            self._failing = True
+            if len(self._pending) > MAX_PENDING_EVENTS:
+                abandoned = {e.request_id for _, e in self._pending}
+                self._pending = []
+                log.error("event=publish_abandoned requests=%d", len(abandoned))
+                return abandoned
+            return None
+        if self._failing:
+            log.info("event=publish_recovered events=%d", len(self._pending))
+            self._failing = False
+        self._pending = []
+        return fenced
 
     @property
     def waiting(self) -> int:

@@ -34,8 +34,6 @@ class Reaper:
         self.settings = settings
         self.redis = client or redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.claims = ClaimStore.from_settings(self.redis, settings)
-        self.requeued = 0
-        self.buried = 0
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
 
     def sweep(self) -> dict[str, str]:
@@ -55,18 +53,15 @@ class Reaper:
         for rid, owner in owners.items():
             if owner in alive:
                 continue
-            outcome = self.claims.reap(rid, owner)
+            outcome = self.claims.reap(rid, owner)  # "buried": the script also told the client
             if outcome == "skip":
                 continue
-            queued = self.claims.queued_request(rid)
-            if queued is None:
-                log.warning("event=reaped_without_request request_id=%s", rid)
-                continue
             if outcome == "requeue":
+                queued = self.claims.queued_request(rid)
+                if queued is None:
+                    log.warning("event=reaped_without_request request_id=%s", rid)
+                    continue
                 enqueue(queued)
-                self.requeued += 1
-            else:  # buried by the reap script, which also told the client
-                self.buried += 1
             log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome
         return done
@@ -100,7 +95,6 @@ class Reaper:
                 continue
             if self.claims.take_unclaimed(rid, cutoff):
                 enqueue(queued)
-                self.requeued += 1
                 done[rid] = "unclaimed"
                 log.info("event=unclaimed_requeued request_id=%s", rid)
         return done

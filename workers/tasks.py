@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-
 import threading
 
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
