@@ -9,21 +9,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
 from cache.guards import conflicts
-from cache.index import Neighbour, VectorIndex
+from cache.hit_rule import Candidate, OperatingPoint, choose
+from cache.index import VectorIndex
+from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
 from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
-from cache.verifier import WEIGHTS, Verifier
 from ops import keys
 from ops.redis_pool import shared_client
 from ops.settings import Settings
 
 log = logging.getLogger("brigade.cache")
+
+# What the semantic layer does: the pair model decides ("pair"), the conservative cosine rule
+# decides ("cosine", only when asked for by BRIGADE_CACHE_FALLBACK), or no semantic hits ("off").
+SEMANTIC_MODES = ("pair", "cosine", "off")
 
 
 @dataclass
@@ -31,7 +37,7 @@ class Hit:
     entry: Entry
     layer: str  # "exact" or "semantic"
     similarity: float  # cosine of the questions (1.0 for exact)
-    score: float | None = None  # the verifier's probability (semantic hits)
+    score: float | None = None  # the pair model's probability (semantic hits)
 
 
 @dataclass
@@ -40,36 +46,34 @@ class Lookup:
     vector: np.ndarray | None = None  # the question's embedding, reused when the answer is stored
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """Why a semantic candidate was or was not served (for eval and logs)."""
-
-    neighbour: Neighbour
-    vetoes: tuple[str, ...]
-    score: float | None  # the verifier's probability, when the verifier is on
-    accepted: bool = False
-
-    @property
-    def value(self) -> float:
-        """What the threshold and the ambiguity rule compare: the verifier's score, else the cosine."""
-        return self.score if self.score is not None else self.neighbour.similarity
-
-
 class AnswerCache:
-    def __init__(self, settings: Settings, embedder: Embedder | None = None, verifier: Verifier | None = None):
+    def __init__(self, settings: Settings, embedder: Embedder | None = None, pair_model: PairModel | None = None,
+                 connect: bool = True):
         self.settings = settings
         self.redis = shared_client(settings.cache_redis, socket_timeout=2, socket_connect_timeout=2,
-                                   decode_responses=True)
-        self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
+                                   decode_responses=True) if connect else None
+        self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries,
+                                settings.cache_log_maxlen) if connect else None
         self.embedder = embedder or Embedder(
             settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
         )
-        if verifier is None and settings.cache_verifier == "on" and WEIGHTS.exists():
-            verifier = Verifier.load()
-        self.verifier = verifier
+        self.pair_model = pair_model if pair_model is not None else self._load_pair_model()
         self.indexes: dict[str, VectorIndex] = {}
+        self.namespace_of: dict[str, str] = {}  # entry id -> namespace, for deletes that name none
+        self._rebuilding: set[str] = set()
         self._log_cursor = "0-0"
         self._pending: set[asyncio.Task] = set()  # bookkeeping writes kept off the hit path
+
+    def _load_pair_model(self) -> PairModel | None:
+        if not self.settings.cache_verifier:
+            return None
+        path = Path(self.settings.cache_pair_model) if self.settings.cache_pair_model else PAIR_WEIGHTS
+        try:
+            return PairModel.shared(path, threads=self.settings.embedding_threads)
+        except Exception as exc:  # missing or unreadable weights: the fallback rule decides, loudly
+            log.error("event=pair_model_unavailable path=%s error=%r semantic=%s", path, exc,
+                      self.settings.cache_fallback)
+            return None
 
     def _later(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -77,20 +81,29 @@ class AnswerCache:
         task.add_done_callback(self._pending.discard)
 
     @property
-    def ambiguity(self) -> float:
-        if self.settings.cache_ambiguity is not None:
-            return self.settings.cache_ambiguity
-        if self.verifier is not None:
-            return self.verifier.default_ambiguity
-        return self.settings.cache_cosine_ambiguity
+    def semantic_mode(self) -> str:
+        if self.pair_model is not None:
+            return "pair"
+        return self.settings.cache_fallback
 
     @property
-    def threshold(self) -> float:
-        if self.settings.cache_threshold is not None:
-            return self.settings.cache_threshold
-        if self.verifier is not None:
-            return self.verifier.default_threshold
-        return self.settings.cache_cosine_threshold
+    def operating_point(self) -> OperatingPoint | None:
+        """The semantic rule's numbers: the pair model's tuned ones (or the conservative cosine
+        rule's), each overridable from settings; None when the semantic layer is off."""
+        s = self.settings
+        if self.semantic_mode == "pair":
+            tuned = self.pair_model.info.get("operating_point", {})
+            return OperatingPoint(
+                threshold=s.cache_threshold if s.cache_threshold is not None else tuned.get("threshold", 0.9),
+                min_cosine=s.cache_min_cosine if s.cache_min_cosine is not None else tuned.get("min_cosine", 0.0),
+                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else tuned.get("ambiguity", 1.01),
+            )
+        if self.semantic_mode == "cosine":
+            return OperatingPoint(
+                threshold=s.cache_threshold if s.cache_threshold is not None else s.cache_cosine_threshold,
+                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else s.cache_cosine_ambiguity,
+            )
+        return None
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -103,7 +116,7 @@ class AnswerCache:
             if entry is not None:
                 self._later(self._record(entry.entry_id, "exact"))
                 return Lookup(Hit(entry, "exact", 1.0))
-            if query.mode == "exact" or not query.question:
+            if query.mode == "exact" or not query.question or self.semantic_mode == "off":
                 self._later(self._count("misses"))
                 return Lookup(None)
             vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
@@ -114,47 +127,48 @@ class AnswerCache:
             log.warning("event=cache_lookup_failed error=%r", exc)
             return Lookup(None, vector)
 
-    def judge(self, query: CacheQuery, vector: np.ndarray) -> list[Judgement]:
-        """Every candidate of the question's namespace, best first, with the guards' and verifier's say."""
-        index = self.indexes.get(query.namespace)
+    def candidates(self, index: VectorIndex | None, question: str, vector: np.ndarray) -> list[Candidate]:
+        """The nearest stored questions above the cosine floor, with the guards' vetoes (cheap)."""
         if index is None:
             return []
-        threshold = query.threshold if query.threshold is not None else self.threshold
-        neighbours = [n for n in index.search(vector, self.settings.cache_candidates)
-                      if n.similarity >= self.settings.cache_min_similarity]
-        if not neighbours:
-            return []
-        if self.verifier is not None:
-            scores = [float(x) for x in self.verifier.score(
-                np.repeat(vector[None], len(neighbours), 0), np.stack([n.vector for n in neighbours]),
-                [query.question] * len(neighbours), [n.question for n in neighbours],
-            )]
-        else:
-            scores = [None] * len(neighbours)
-        rated = sorted((Judgement(n, tuple(conflicts(query.question, n.question)), sc) for n, sc in zip(neighbours, scores)),
-                       key=lambda j: j.value, reverse=True)
-        contenders = [j for j in rated if not j.vetoes]
-        out = []
-        for j in rated:
-            # Ambiguous: another unvetoed question scores almost as well, so which answer applies is unclear.
-            rival = next((r for r in contenders if r.neighbour.entry_id != j.neighbour.entry_id
-                          and not _same_text(r.neighbour.question, j.neighbour.question)), None)
-            accepted = not j.vetoes and j.value >= threshold and (rival is None or rival.value < self.ambiguity)
-            out.append(replace(j, accepted=accepted))
-        out.sort(key=lambda j: j.accepted, reverse=True)  # stable: best first within each group
-        return out
+        return [Candidate(n.entry_id, n.question, n.similarity, tuple(conflicts(question, n.question)))
+                for n in index.search(vector, self.settings.cache_candidates)
+                if n.similarity >= self.settings.cache_min_similarity]
+
+    def scored(self, question: str, candidates: list[Candidate], min_cosine: float = 0.0) -> list[Candidate]:
+        """The pair model's say on the unvetoed candidates that reach the cosine floor (slow: about
+        5-10 ms a candidate on one core, so run it off the event loop). The others keep no score,
+        and the rule ranks them by cosine, below any scored one that it could serve."""
+        open_ = [c for c in candidates if not c.vetoes and c.cosine >= min_cosine]
+        if self.pair_model is None or not open_:
+            return candidates
+        scores = iter(self.pair_model.score(question, [c.question for c in open_]).tolist())
+        return [replace(c, score=next(scores)) if not c.vetoes and c.cosine >= min_cosine else c for c in candidates]
+
+    def point_for(self, query: CacheQuery) -> OperatingPoint | None:
+        point = self.operating_point
+        if point is not None and query.threshold is not None:
+            point = replace(point, threshold=query.threshold)
+        return point
 
     async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> Hit | None:
-        for judgement in self.judge(query, vector):
-            if not judgement.accepted:
-                break
-            n = judgement.neighbour
-            entry = await self.store.get(n.entry_id)
-            if entry is None:  # expired in Redis before the sweep reached it
-                self._forget(query.namespace, n.entry_id)
-                continue
-            return Hit(entry, "semantic", n.similarity, judgement.score)
-        return None
+        point = self.point_for(query)
+        candidates = self.candidates(self.indexes.get(query.namespace), query.question, vector)
+        if point is None or not any(not c.vetoes and c.cosine >= point.min_cosine for c in candidates):
+            return None
+        try:
+            candidates = await asyncio.to_thread(self.scored, query.question, candidates, point.min_cosine)
+        except Exception as exc:  # the pair model failed: no semantic hit rather than an unverified one
+            log.error("event=pair_model_failed error=%r", exc)
+            return None
+        chosen = choose(candidates, point)
+        if chosen is None:
+            return None
+        entry = await self.store.get(chosen.entry_id)
+        if entry is None:  # expired in Redis before the sweep reached it
+            self._forget(chosen.entry_id)
+            return None
+        return Hit(entry, "semantic", chosen.cosine, chosen.score)
 
     async def _record(self, entry_id: str, layer: str) -> None:
         try:
@@ -175,9 +189,13 @@ class AnswerCache:
         """Store a finished answer; returns the entry id (None when not stored)."""
         if query.mode == "off" or not query.storable:
             return None
+        # The same request gets the same deterministic answer, so the exact layer keeps any
+        # finished one; only answers fit to serve to a rewording get a vector (the semantic layer).
+        if not reusable_for_rewordings("".join(chunks), finish_reason):
+            vector = None
+        elif vector is None and query.question:
+            vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
         try:
-            if vector is None and query.question:
-                vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
             entry = Entry(new_entry_id(), query.question, chunks, finish_reason, prompt_tokens, completion_tokens,
                           query.namespace, query.exact_key, vector)
             evicted = await self.store.insert(entry)
@@ -187,25 +205,63 @@ class AnswerCache:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
         if vector is not None and query.question:
-            self._index(query.namespace).add(entry.entry_id, vector, query.question)
+            self._add(query.namespace, entry.entry_id, vector, query.question)
         for entry_id in evicted:
-            self._forget_everywhere(entry_id)
+            self._forget(entry_id)
         return entry.entry_id
 
-    def _index(self, namespace: str) -> VectorIndex:
+    async def forget(self, entry_id: str, asked: str | None = None) -> bool:
+        """A user said this entry's answer was wrong: evict it everywhere, learn from it."""
+        removed = await self.store.forget(entry_id, asked, self.settings.cache_hard_negatives_max)
+        self._forget(entry_id)
+        log.info("event=cache_entry_forgotten entry=%s removed=%s", entry_id, removed)
+        return removed
+
+    # ---- the local indexes -------------------------------------------------------------------
+
+    def _add(self, namespace: str, entry_id: str, vector: np.ndarray, question: str) -> None:
         index = self.indexes.get(namespace)
         if index is None:
             index = self.indexes[namespace] = VectorIndex(self.embedder.dim, hnsw_from=self.settings.cache_hnsw_from)
-        return index
+        index.add(entry_id, vector, question)
+        self.namespace_of[entry_id] = namespace
+        self._maybe_rebuild(namespace, index)
 
-    def _forget(self, namespace: str, entry_id: str) -> None:
-        index = self.indexes.get(namespace)
-        if index is not None:
-            index.remove(entry_id)
+    def _forget(self, entry_id: str) -> None:
+        namespace = self.namespace_of.pop(entry_id, None)
+        index = self.indexes.get(namespace) if namespace is not None else None
+        if index is None:
+            return
+        index.remove(entry_id)
+        if not len(index) and namespace not in self._rebuilding:
+            del self.indexes[namespace]  # every conversation makes a namespace: drop the empty ones
+        else:
+            self._maybe_rebuild(namespace, index)
 
-    def _forget_everywhere(self, entry_id: str) -> None:
-        for index in self.indexes.values():
-            index.remove(entry_id)
+    def _maybe_rebuild(self, namespace: str, index: VectorIndex) -> None:
+        if not index.rebuild_due or namespace in self._rebuilding:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # offline (no event loop to keep responsive): rebuild here
+            index.compact()
+            return
+        self._rebuilding.add(namespace)
+        self._later(self._rebuild_index(namespace, index))
+
+    async def _rebuild_index(self, namespace: str, index: VectorIndex) -> None:
+        """Build on a worker thread (seconds at 100k entries) while lookups use the old index."""
+        try:
+            ids, vectors = index.snapshot()
+            built = await asyncio.to_thread(VectorIndex.build, index.dim, vectors, index.hnsw_from, index.hnsw_m,
+                                            index.ef_search)
+            index.install(ids, built)
+            log.info("event=cache_index_rebuilt_in_background namespace=%s entries=%d kind=%s", namespace[:12],
+                     len(index), index.kind)
+        finally:
+            self._rebuilding.discard(namespace)
+            if not len(index) and self.indexes.get(namespace) is index:
+                del self.indexes[namespace]
 
     # ---- staying in step with the other gateways ---------------------------------------------------
 
@@ -213,10 +269,10 @@ class AnswerCache:
         """Load every entry from Redis into fresh indexes; remember where the log stood."""
         last = await self.redis.xrevrange(keys.CACHE_LOG, count=1)
         self._log_cursor = last[0][0] if last else "0-0"
-        self.indexes = {}
+        self.indexes, self.namespace_of = {}, {}
         n = 0
         async for entry_id, namespace, question, vector in self.store.scan_entries():
-            self._index(namespace).add(entry_id, vector, question)
+            self._add(namespace, entry_id, vector, question)
             n += 1
         log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.indexes))
         return n
@@ -228,7 +284,10 @@ class AnswerCache:
                 replies = await self.redis.xread({keys.CACHE_LOG: self._log_cursor}, block=block_ms, count=1000)
                 for _, events in replies or []:
                     for event_id, fields in events:
-                        self._apply(fields)
+                        try:
+                            self._apply(fields)
+                        except Exception:  # one bad log entry must not stop this gateway following
+                            log.exception("event=cache_log_entry_failed entry=%s", event_id)
                         self._log_cursor = event_id
                 await self._check_not_trimmed()
             except (RedisError, OSError) as exc:
@@ -237,12 +296,9 @@ class AnswerCache:
 
     def _apply(self, event: dict) -> None:
         if event.get("op") == "add" and event.get("vector"):
-            self._index(event["namespace"]).add(event["id"], decode_vector(event["vector"]), event.get("question", ""))
+            self._add(event["namespace"], event["id"], decode_vector(event["vector"]), event.get("question", ""))
         elif event.get("op") == "del":
-            if event.get("namespace"):
-                self._forget(event["namespace"], event["id"])
-            else:
-                self._forget_everywhere(event["id"])
+            self._forget(event["id"])
 
     async def _check_not_trimmed(self) -> None:
         # A gateway that fell further behind than the capped log reaches must start over.
@@ -257,7 +313,7 @@ class AnswerCache:
         for entry_id in await self.store.expired():
             if await self.store.delete(entry_id, "expirations"):
                 removed += 1
-            self._forget_everywhere(entry_id)
+            self._forget(entry_id)
         return removed
 
     async def sweep_forever(self) -> None:
@@ -280,8 +336,19 @@ class AnswerCache:
         return sum(len(i) for i in self.indexes.values())
 
 
-def _same_text(a: str, b: str) -> bool:
-    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+def reusable_for_rewordings(answer: str, finish_reason: str) -> bool:
+    """Only answers that ended on their own and do not loop. A reply cut off by `max_tokens` and
+    repeating one phrase was once served to three rewordings; the exact layer still keeps it."""
+    if finish_reason != "stop" or not answer.strip():
+        return False
+    return not repetitive(answer)
+
+
+def repetitive(text: str, n: int = 4, share: float = 0.25) -> bool:
+    """More than `share` of the answer's runs of `n` words are repeats: a model stuck in a loop."""
+    words = text.lower().split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return len(grams) >= 2 * n and (len(grams) - len(set(grams))) / len(grams) > share
 
 
 def _id_lt(a: str, b: str) -> bool:

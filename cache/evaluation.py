@@ -1,89 +1,121 @@
-"""`brigade cache eval`: precision and recall of semantic hits on labelled pairs.
+"""`brigade cache eval`: how often a semantic hit answers the question that was asked. Offline.
 
-Every q1 is stored in a throwaway namespace through the real cache (Redis, FAISS), every q2 is
-looked up through the same judgement a live lookup uses (embedding, FAISS neighbours, guards,
-verifier). A hit is correct only when a duplicate pair's q2 returns that pair's own q1 entry
-(an entry with the same question text); every other hit is a false hit.
+Every q1 of a labelled file is stored in an in-memory FAISS index, every q2 is looked up through
+the same steps a live lookup takes (embedding, nearest stored questions above the cosine floor,
+guards, the pair model, `hit_rule.choose`). No Redis and no gateway are needed.
+
+Three kinds of file, three questions (strict counting throughout: a hit is correct only when a
+q2 returns its own q1; a stored rewording labelled nowhere cannot be shown to be right):
+- duplicates (QQP): precision and recall of hits;
+- look-alikes (PAWS): the share of look-ups whose pair means something else that were served a
+  stored answer at all;
+- paraphrases (every pair a rewording, like GPTCache's documentation benchmark): recall, and the
+  share of look-ups served another entry's answer.
 """
 from __future__ import annotations
 
-import uuid
+import statistics
+import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from cache.answer_cache import AnswerCache
+from cache.hit_rule import Candidate, OperatingPoint, choose
+from cache.index import VectorIndex
 from cache.pairs import Pair
-from cache.query import CacheQuery
 
-SWEEP = [0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98]
+SWEEP = [0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99]
 
 
 @dataclass
 class Outcome:
-    """The best candidate that no guard vetoed, for one looked-up q2."""
+    """One looked-up q2: its scored candidates, and which stored entry is its own q1."""
 
-    score: float  # -1 when there was none
-    correct: bool
-    runner_up: float = -1.0  # the next unvetoed candidate's score (the ambiguity rule looks at it)
-    duplicate: bool = False  # the pair's label
+    candidates: list[Candidate]
+    own_id: str
+    duplicate: bool  # the pair's label
+
+    def served(self, point: OperatingPoint) -> Candidate | None:
+        return choose(self.candidates, point)
 
 
-def metrics(outcomes: list[Outcome], pairs: list[Pair], threshold: float, ambiguity: float = 1.01) -> dict:
-    hits = [o for o in outcomes if o.score >= threshold and o.runner_up < ambiguity]
-    correct = sum(o.correct for o in hits)
-    duplicates = sum(p.duplicate for p in pairs)
+@dataclass
+class Scored:
+    outcomes: list[Outcome]
+    decision_ms: list[float]  # guards + pair model, per look-up (embedding excluded)
+
+
+def score_pairs(cache, pairs: list[Pair]) -> Scored:
+    """Store every distinct q1, look up every q2; the cache supplies embedder, verifier and settings."""
+    texts = sorted({p.q1 for p in pairs} | {p.q2 for p in pairs})
+    vectors = dict(zip(texts, cache.embedder.embed(texts, batch_size=128)))
+    index = VectorIndex(cache.embedder.dim, hnsw_from=cache.settings.cache_hnsw_from)
+    ids: dict[str, str] = {}
+    for p in pairs:
+        if p.q1 not in ids:
+            ids[p.q1] = str(len(ids))
+            index.add(ids[p.q1], vectors[p.q1], p.q1)
+    index.compact()
+    outcomes, times = [], []
+    for p in pairs:
+        started = time.perf_counter()
+        candidates = cache.candidates(index, p.q2, vectors[p.q2])
+        candidates = cache.scored(p.q2, candidates)
+        times.append((time.perf_counter() - started) * 1000)
+        outcomes.append(Outcome(candidates, ids[p.q1], p.duplicate))
+    return Scored(outcomes, times)
+
+
+def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
+    served = [(o, o.served(point)) for o in outcomes]
+    hits = [(o, c) for o, c in served if c is not None]
+    correct = sum(o.duplicate and c.entry_id == o.own_id for o, c in hits)
+    duplicates = sum(o.duplicate for o in outcomes)
     precision = correct / len(hits) if hits else 1.0
     recall = correct / duplicates if duplicates else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {
-        "threshold": threshold, "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
-        "false_hit_rate": round((len(hits) - correct) / len(pairs), 4) if pairs else 0.0,
-        "hits": len(hits), "n_pairs": len(pairs), "ambiguity": ambiguity,
+        "precision": round(precision, 4), "recall": round(recall, 4), "hits": len(hits), "pairs": len(outcomes),
         # Where the false hits come from: a duplicate's q2 served another stored question (often an
         # equally good rewording), or a pair labelled different.
-        "false_hits_on_duplicates": sum(o.duplicate and not o.correct for o in hits),
-        "false_hits_on_non_duplicates": sum(not o.duplicate for o in hits),
+        "false_hits_on_duplicates": sum(o.duplicate and c.entry_id != o.own_id for o, c in hits),
+        "false_hits_on_non_duplicates": sum(not o.duplicate for o, _ in hits),
     }
 
 
-async def outcomes_for(cache: AnswerCache, pairs: list[Pair], vectors: dict[str, np.ndarray] | None = None) -> list[Outcome]:
-    """Store every q1, look up every q2; the namespace is removed afterwards."""
-    namespace = "eval-" + uuid.uuid4().hex[:12]
-    if vectors is None:
-        texts = sorted({p.q1 for p in pairs} | {p.q2 for p in pairs})
-        vectors = dict(zip(texts, cache.embedder.embed(texts)))
-
-    def query(question: str) -> CacheQuery:
-        return CacheQuery(exact_key=f"{namespace}:{question}", namespace=namespace, question=question,
-                          storable=True, mode="auto", threshold=-1.0)
-
-    try:
-        stored = set()
-        for p in pairs:
-            if p.q1 not in stored:
-                stored.add(p.q1)
-                await cache.insert(query(p.q1), vectors[p.q1], ["(eval)"], "stop", 0, 1)
-        out = []
-        for p in pairs:
-            judgements = sorted((j for j in cache.judge(query(p.q2), vectors[p.q2]) if not j.vetoes),
-                                key=lambda j: j.value, reverse=True)
-            if not judgements:
-                out.append(Outcome(-1.0, False, duplicate=p.duplicate))
-                continue
-            best = judgements[0]
-            runner_up = judgements[1].value if len(judgements) > 1 else -1.0
-            out.append(Outcome(best.value, p.duplicate and best.neighbour.question == p.q1, runner_up, p.duplicate))
-        return out
-    finally:
-        await cache.store.clear(namespace)
-        cache.indexes.pop(namespace, None)
-
-
-async def evaluate(cache: AnswerCache, pairs: list[Pair], thresholds: list[float] = SWEEP) -> dict:
-    outcomes = await outcomes_for(cache, pairs)
+def lookalike_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
+    different = [o for o in outcomes if not o.duplicate]
+    same = [o for o in outcomes if o.duplicate]
+    served_different = sum(o.served(point) is not None for o in different)
+    own = sum((c := o.served(point)) is not None and c.entry_id == o.own_id for o in same)
     return {
-        "default": metrics(outcomes, pairs, cache.threshold, cache.ambiguity),
-        "sweep": [metrics(outcomes, pairs, t, cache.ambiguity) for t in thresholds],
-        "verifier": cache.verifier is not None,
+        "served_when_different": round(served_different / len(different), 4) if different else 0.0,
+        "different_lookups": len(different),
+        "paraphrase_recall": round(own / len(same), 4) if same else 0.0,
     }
+
+
+def paraphrase_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
+    served = [(o, o.served(point)) for o in outcomes]
+    correct = sum(c is not None and c.entry_id == o.own_id for o, c in served)
+    wrong = sum(c is not None and c.entry_id != o.own_id for o, c in served)
+    n = len(outcomes)
+    return {"recall": round(correct / n, 4) if n else 0.0, "wrong": round(wrong / n, 4) if n else 0.0, "pairs": n}
+
+
+METRICS = {"duplicates": duplicate_metrics, "lookalikes": lookalike_metrics, "paraphrases": paraphrase_metrics}
+
+
+def evaluate(cache, files: dict[str, list[Pair]]) -> dict:
+    """`files` maps a kind (duplicates, lookalikes, paraphrases) to its pairs."""
+    point = cache.operating_point
+    report: dict = {"semantic": cache.semantic_mode, "operating_point": point.__dict__ if point else None}
+    for kind, pairs in files.items():
+        scored = score_pairs(cache, pairs)
+        measure = METRICS[kind]
+        section = {"default": measure(scored.outcomes, point) if point else None,
+                   "decision_ms_p50": round(statistics.median(scored.decision_ms), 3) if scored.decision_ms else None}
+        if point is not None:
+            section["sweep"] = [{"threshold": t, **measure(scored.outcomes, OperatingPoint(t, point.min_cosine,
+                                                                                            point.ambiguity))}
+                                for t in SWEEP]
+        report[kind] = section
+    return report
+

@@ -28,6 +28,14 @@ if not id then return nil end
 return {id, redis.call('HMGET', ARGV[1] .. id, unpack(ARGV, 2))}
 """
 
+_RECORD_HIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'hits', 1)
+redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1])
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+return 1
+"""
+
 
 @dataclass
 class Entry:
@@ -88,6 +96,7 @@ class EntryStore:
         self.max_entries = max_entries
         self.log_maxlen = log_maxlen
         self._get_exact = client.register_script(_GET_EXACT)  # EVALSHA: sent to Redis once
+        self._record_hit = client.register_script(_RECORD_HIT)
 
     async def get(self, entry_id: str) -> Entry | None:
         raw = await self.redis.hgetall(keys.cache_entry(entry_id))
@@ -104,11 +113,29 @@ class EntryStore:
         return _entry(_s(entry_id), {f: _s(v) for f, v in zip(_SERVED_FIELDS, values) if v is not None})
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(keys.cache_entry(entry_id), "hits", 1)
-        pipe.zadd(keys.CACHE_LRU, {entry_id: time.time()}, xx=True)
-        pipe.hincrby(keys.CACHE_STATS, f"{layer}_hits", 1)
+        # Only while the entry exists: HINCRBY on an expired entry would recreate its hash
+        # without a TTL, and nothing would ever delete it.
+        await self._record_hit(keys=[keys.cache_entry(entry_id), keys.CACHE_LRU, keys.CACHE_STATS],
+                               args=[entry_id, time.time(), f"{layer}_hits"])
+
+    async def question_of(self, entry_id: str) -> str | None:
+        return _s(await self.redis.hget(keys.cache_entry(entry_id), "question"))
+
+    async def add_hard_negative(self, asked: str, stored: str, entry_id: str, cap: int) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lpush(keys.CACHE_HARD_NEGATIVES, json.dumps({"asked": asked, "stored": stored, "entry": entry_id,
+                                                          "at": time.time()}))
+        pipe.ltrim(keys.CACHE_HARD_NEGATIVES, 0, cap - 1)
         await pipe.execute()
+
+    async def forget(self, entry_id: str, asked: str | None, hard_negatives_max: int) -> bool:
+        """Evict an entry whose answer was reported wrong; with the question that was asked, keep
+        the pair as a hard negative for the next `train-verifier`. False: no such entry (now)."""
+        stored = await self.question_of(entry_id)
+        removed = await self.delete(entry_id, "reported_wrong")
+        if asked and stored is not None:
+            await self.add_hard_negative(asked, stored, entry_id, hard_negatives_max)
+        return removed
 
     async def count(self, counter: str, n: int = 1) -> None:
         await self.redis.hincrby(keys.CACHE_STATS, counter, n)
@@ -134,6 +161,7 @@ class EntryStore:
         pipe.zadd(keys.CACHE_LRU, {entry.entry_id: now})
         pipe.zadd(keys.CACHE_EXPIRY, {entry.entry_id: now + self.ttl_s})
         pipe.sadd(keys.cache_namespace(entry.namespace), entry.entry_id)
+        pipe.hset(keys.CACHE_ENTRY_NAMESPACE, entry.entry_id, entry.namespace)
         pipe.xadd(keys.CACHE_LOG, {"op": "add", "id": entry.entry_id, "namespace": entry.namespace,
                                    "question": entry.question, "vector": mapping["vector"]},
                   maxlen=self.log_maxlen, approximate=True)
@@ -159,8 +187,11 @@ class EntryStore:
     async def _purge(self, entry_id: str, reason: str) -> None:
         raw = await self.redis.hmget(keys.cache_entry(entry_id), ["exact_key", "namespace"])
         exact_key, namespace = (v.decode() if isinstance(v, bytes) else v for v in raw)
+        # An expired entry's hash is gone already: its namespace is still on record here.
+        namespace = namespace or _s(await self.redis.hget(keys.CACHE_ENTRY_NAMESPACE, entry_id))
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.cache_entry(entry_id))
+        pipe.hdel(keys.CACHE_ENTRY_NAMESPACE, entry_id)
         pipe.zrem(keys.CACHE_EXPIRY, entry_id)
         pipe.zrem(keys.CACHE_LRU, entry_id)
         if namespace:

@@ -62,12 +62,22 @@ class Resume:
     after_index: int
 
 
-Command = Generate | Cancel | Resume
+@dataclass(frozen=True)
+class Feedback:
+    """The cached answer to request `id` (on this connection) was wrong: evict it, learn from it."""
+
+    id: str
+    verdict: str
+
+
+Command = Generate | Cancel | Resume | Feedback
+FEEDBACK_VERDICTS = ("wrong",)
 
 _GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache", "cache_threshold", "deadline_ms"} | set(
     GenerateParams.model_fields
 )
 _RESUME_FIELDS = {"type", "id", "after_index"}
+_FEEDBACK_FIELDS = {"type", "id", "verdict"}
 MAX_DEADLINE_MS = 24 * 3600 * 1000
 
 
@@ -80,7 +90,7 @@ def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: d
 
 
 def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
-                  similarity: float, elapsed_s: float) -> list[dict[str, Any]]:
+                  similarity: float, elapsed_s: float, entry_id: str | None = None) -> list[dict[str, Any]]:
     """A cached answer in the same shapes as a generated one, each event marked with its layer.
 
     The whole stored text goes in one `token` event (index 0): it is all there already, and one
@@ -88,7 +98,8 @@ def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: 
     mark = {"cached": layer, "similarity": round(similarity, 4)}
     events = [{**token_event(client_id, 0, "".join(chunks)), **mark}] if chunks else []
     timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
-    events.append({**done_event(client_id, finish_reason, usage, timing), **mark})
+    # The entry id lets a client (`feedback`) or an operator (`brigade cache forget`) evict it.
+    events.append({**done_event(client_id, finish_reason, usage, timing), **mark, "entry": entry_id})
     return events
 
 
@@ -122,6 +133,8 @@ class ClientProtocol:
             return Cancel(request_id)
         if kind == "resume":
             return self._resume(data, request_id)
+        if kind == "feedback":
+            return self._feedback(data, request_id)
         if kind is None:
             raise ProtocolError("missing_field", "the message has no `type`", request_id, "type")
         raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}", request_id, "type")
@@ -171,6 +184,17 @@ class ClientProtocol:
                                 rid, "deadline_ms")
         params = self._params(data, rid)
         return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline)
+
+    def _feedback(self, data: dict, rid: str) -> Feedback:
+        unknown = set(data) - _FEEDBACK_FIELDS
+        if unknown:
+            field = sorted(unknown)[0]
+            raise ProtocolError("unknown_field", f"unknown field {field[:40]!r}", rid, field[:40])
+        verdict = data.get("verdict", "wrong")
+        if verdict not in FEEDBACK_VERDICTS:
+            raise ProtocolError("invalid_field", f"`verdict` must be one of {', '.join(FEEDBACK_VERDICTS)}", rid,
+                                "verdict")
+        return Feedback(rid, verdict)
 
     def _resume(self, data: dict, rid: str) -> Resume:
         unknown = sorted(set(data) - _RESUME_FIELDS)

@@ -18,6 +18,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ from websockets.http11 import Request, Response
 from cache.query import CacheQuery, make_query
 from gateway.load import LoadMonitor
 from gateway.protocol import (
-    Cancel, ClientProtocol, Generate, ProtocolError, Resume, cached_events, done_event, token_event,
+    Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume, cached_events, done_event, token_event,
 )
 from ops import keys
 from ops.messages import QueuedRequest, ReplyEvent
@@ -43,6 +44,7 @@ log = logging.getLogger("brigade.gateway")
 WS_PATH = "/v1/ws"
 LOST_WITH_REDIS = "the request was lost while Redis was unavailable; resend it"
 OUTBOX_LIMIT = 10_000  # events waiting for one slow client before it is disconnected
+SERVED_FROM_CACHE_KEPT = 256  # cached answers per connection that `feedback` can still name
 
 
 @dataclass
@@ -64,6 +66,14 @@ class ClientSession:
     ws: ServerConnection
     outbox: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT))
     active: dict[str, str] = field(default_factory=dict)  # client id -> server request id
+    # Recent cached answers: client id -> (entry id, the question asked), for `feedback`.
+    served_from_cache: OrderedDict = field(default_factory=OrderedDict)
+
+    def remember_cached(self, client_id: str, entry_id: str, asked: str) -> None:
+        self.served_from_cache[client_id] = (entry_id, asked)
+        self.served_from_cache.move_to_end(client_id)
+        while len(self.served_from_cache) > SERVED_FROM_CACHE_KEPT:
+            self.served_from_cache.popitem(last=False)
 
     def send(self, event: dict) -> None:
         try:
@@ -192,6 +202,8 @@ class Gateway:
                 await self._cancel(session, command.id, notify=True)
             elif isinstance(command, Resume):
                 await self._resume(session, command)
+            elif isinstance(command, Feedback):
+                await self._feedback(session, command)
         except ProtocolError as err:
             session.send(err.event())
         except Exception:  # a bug must cost this one message, not the connection and its other requests
@@ -216,6 +228,7 @@ class Gateway:
                 lookup = await self.cache.lookup(query)
                 if lookup.hit is not None:
                     self._send_hit(session, cmd.id, lookup.hit, time.perf_counter() - started)
+                    session.remember_cached(cmd.id, lookup.hit.entry.entry_id, query.question)
                     return
                 vector = lookup.vector
         await self._refuse_if_overloaded(cmd)
@@ -325,10 +338,27 @@ class Gateway:
     def _send_hit(self, session: ClientSession, client_id: str, hit, elapsed: float) -> None:
         entry = hit.entry
         usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
-        for event in cached_events(client_id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity, elapsed):
+        for event in cached_events(client_id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
+                                   elapsed, entry.entry_id):
             session.send(event)
         log.info("event=cache_hit client_id=%s layer=%s similarity=%.4f entry=%s", client_id, hit.layer,
                  hit.similarity, entry.entry_id)
+
+    async def _feedback(self, session: ClientSession, cmd: Feedback) -> None:
+        served = session.served_from_cache.pop(cmd.id, None)
+        if served is None or self.cache is None:
+            raise ProtocolError("unknown_request", f"no cached answer to {cmd.id!r} on this connection "
+                                "(feedback names the id of a request answered from the cache)", cmd.id, "id")
+        entry_id, asked = served
+        try:
+            evicted = await self.cache.forget(entry_id, asked)
+        except Exception as exc:  # Redis down: say so; the client may send it again
+            session.served_from_cache[cmd.id] = served
+            log.warning("event=cache_feedback_failed client_id=%s entry=%s error=%r", cmd.id, entry_id, exc)
+            raise ProtocolError("unavailable", "the feedback could not be recorded; try again shortly", cmd.id) from None
+        log.info("event=cache_feedback client_id=%s entry=%s verdict=%s evicted=%s", cmd.id, entry_id, cmd.verdict,
+                 evicted)
+        session.send({"type": "feedback_recorded", "id": cmd.id, "entry": entry_id, "evicted": evicted})
 
     def _store_answer(self, route: Route, event: ReplyEvent) -> None:
         usage = event.usage or {}

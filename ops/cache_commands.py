@@ -1,9 +1,11 @@
-"""`brigade cache ...`: warm, stats, clear, eval, train-verifier."""
+"""`brigade cache ...`: warm, stats, clear, forget, eval, train-verifier."""
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
+from pathlib import Path
 
 from ops.settings import Settings
 
@@ -94,6 +96,44 @@ async def warm(settings: Settings, path: str, concurrency: int) -> dict:
     return result
 
 
+PAIR_WEIGHTS_DEFAULT = Path(__file__).resolve().parent.parent / "cache" / "pair_model.safetensors"
+
+
+async def forget(settings: Settings, entries: list[str], asked: str | None) -> int:
+    """Evict entries through the same path as a user's feedback (no embedding model needed)."""
+    store = _store(settings)
+    out = {}
+    for entry_id in entries:
+        out[entry_id] = await store.forget(entry_id, asked, settings.cache_hard_negatives_max)
+    print(json.dumps({"forgotten": out}))
+    return 0 if all(out.values()) else 1
+
+
+def evaluate(settings: Settings, args) -> int:
+    from cache.answer_cache import AnswerCache
+    from cache.evaluation import evaluate as run_eval
+    from cache.pairs import read_pairs, split_of
+
+    files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
+    if not files:
+        print("brigade cache eval needs at least one labelled file: --duplicates, --lookalikes or --paraphrases "
+              '(JSONL lines {"q1": ..., "q2": ..., "duplicate": true|false})', file=sys.stderr)
+        return 2
+    pairs = {}
+    for kind, path in files.items():
+        chosen = [p for p in read_pairs(path) if args.split == "all" or split_of(p) == args.split]
+        pairs[kind] = chosen[:args.limit] if args.limit else chosen
+    report = run_eval(AnswerCache(settings, connect=False), pairs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"semantic layer: {report['semantic']}  operating point: {report['operating_point']}")
+    for kind in pairs:
+        section = report[kind]
+        print(f"{kind}: {json.dumps(section['default'])}  decision p50 {section['decision_ms_p50']} ms")
+    return 0
+
+
 def run(args, settings: Settings) -> int:
     if args.cache_command == "stats":
         print(json.dumps(asyncio.run(stats(settings)), indent=2))
@@ -103,32 +143,23 @@ def run(args, settings: Settings) -> int:
         print(json.dumps({"removed": removed, "namespace": args.namespace}))
     elif args.cache_command == "warm":
         print(json.dumps(asyncio.run(warm(settings, args.file, args.concurrency))))
+    elif args.cache_command == "forget":
+        return asyncio.run(forget(settings, args.entries, args.asked))
     elif args.cache_command == "eval":
-        from cache.evaluation import evaluate
-        from cache.pairs import read_pairs
-
-        cache = _cache(settings)
-        report = asyncio.run(evaluate(cache, read_pairs(args.pairs, args.limit)))
-        if args.json:
-            print(json.dumps(report, indent=2))
-        else:
-            print(f"{'threshold':>9} {'precision':>9} {'recall':>7} {'f1':>6} {'false_hit_rate':>14} {'hits':>6}")
-            for row in report["sweep"] + [dict(report["default"], threshold=f"{report['default']['threshold']}*")]:
-                print(f"{row['threshold']!s:>9} {row['precision']:>9} {row['recall']:>7} {row['f1']:>6} "
-                      f"{row['false_hit_rate']:>14} {row['hits']:>6}")
-            print("* the default settings")
+        return evaluate(settings, args)
     elif args.cache_command == "train-verifier":
-        from cache.training import train_and_save
+        from cache.training import train_verifier
 
-        cache = _cache(settings)
-        cache.verifier = None
-        report = train_and_save(cache, args.data, args.limit, args.min_recall, args.epochs, args.out)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
+                                args.paraphrases, args.hard_negatives, args.min_precision, args.max_served_different,
+                                skip_training=args.tune_only)
         print(json.dumps(report, indent=2))
     return 0
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cache", help="the answer cache: warm, stats, clear, eval, train-verifier")
+    p = sub.add_parser("cache", help="the answer cache: warm, stats, clear, forget, eval, train-verifier")
     cs = p.add_subparsers(dest="cache_command", required=True)
     w = cs.add_parser("warm", help="answer a JSONL list of questions through the workers ahead of traffic")
     w.add_argument("file", help='lines of {"question": ...} or {"messages": [...]} (+ optional sampling fields)')
@@ -136,13 +167,27 @@ def add_parser(sub) -> None:
     cs.add_parser("stats", help="entries, hits by layer, hit rate, memory")
     c = cs.add_parser("clear", help="remove every entry, or one namespace's")
     c.add_argument("--namespace")
-    e = cs.add_parser("eval", help="precision/recall of semantic hits on labelled pairs")
-    e.add_argument("pairs", help='JSONL lines {"q1": ..., "q2": ..., "duplicate": true|false}')
+    f = cs.add_parser("forget", help="evict entries whose answers were wrong (and learn from it)")
+    f.add_argument("entries", nargs="+", help="entry ids (a cached answer's `done` event names its `entry`)")
+    f.add_argument("--asked", help="the question that got the wrong answer: kept as a hard negative for "
+                                   "the next train-verifier")
+    e = cs.add_parser("eval", help="how often semantic hits answer the question asked (offline; no Redis)")
+    e.add_argument("--duplicates", help='JSONL {"q1","q2","duplicate"}: duplicate questions (precision, recall)')
+    e.add_argument("--lookalikes", help="JSONL pairs of look-alike texts (share served when they differ)")
+    e.add_argument("--paraphrases", help="JSONL pairs that all mean the same (recall, share served wrong)")
+    e.add_argument("--split", choices=["all", "test", "tune"], default="all",
+                   help="evaluate every pair, or only the held-out split train-verifier never trained on")
+    e.add_argument("--limit", type=int, help="at most this many pairs per file")
     e.add_argument("--json", action="store_true")
-    e.add_argument("--limit", type=int)
-    t = cs.add_parser("train-verifier", help="fit the hit verifier on labelled pairs")
-    t.add_argument("--data", default="../shared/data/qqp_train.jsonl")
-    t.add_argument("--limit", type=int)
-    t.add_argument("--min-recall", type=float, default=0.52, help="recall the chosen operating point keeps")
-    t.add_argument("--epochs", type=int, default=15)
-    t.add_argument("--out")
+    t = cs.add_parser("train-verifier", help="fine-tune the pair model and tune the hit rule (offline; hours on CPU)")
+    t.add_argument("--duplicates", required=True, help="JSONL duplicate-question pairs (e.g. QQP)")
+    t.add_argument("--lookalikes", required=True, help="JSONL look-alike pairs (e.g. PAWS)")
+    t.add_argument("--paraphrases", help="JSONL paraphrase pairs, reported only (never trained or tuned on)")
+    t.add_argument("--hard-negatives", help='JSONL {"q1","q2","duplicate": false}; default: those users '
+                                            "reported, read from Redis when it answers")
+    t.add_argument("--steps", type=int, default=6500, help="optimizer steps of 32 pairs")
+    t.add_argument("--min-precision", type=float, default=0.87, help="duplicate precision the operating point keeps")
+    t.add_argument("--max-served-different", type=float, default=0.03,
+                   help="share of differing look-alikes the operating point may serve")
+    t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
+    t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))

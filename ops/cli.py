@@ -200,6 +200,11 @@ def cmd_bench(args) -> int:
     else:
         from cache.bench import run
 
+        if not args.pairs:
+            print("brigade bench cache needs --pairs FILE: labelled question pairs, one JSON object a line "
+                  '({"q1": ..., "q2": ..., "duplicate": true|false}); its duplicates are asked as rewordings',
+                  file=sys.stderr)
+            return 2
         report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n])
     text = json.dumps(report, indent=2)
     print(text)
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
     p.add_argument("--max-tokens", type=int, help="new tokens per request (default: engine 128, soak 16)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
-    p.add_argument("--pairs", default="../shared/data/qqp_train.jsonl", help="cache: duplicate pairs for semantic hits")
+    p.add_argument("--pairs", help="cache (required): JSONL question pairs whose duplicates are asked as rewordings")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
     p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
     p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")

@@ -88,8 +88,9 @@ def queue_lists(model_name: str) -> list[str]:
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------
-# Entries and exact keys carry Settings.cache_ttl_s; the sorted sets and the namespace sets hold
-# at most Settings.cache_max_entries members (LRU eviction); the log stream is capped.
+# Entries and exact keys carry Settings.cache_ttl_s; the sorted sets, the namespace sets and the
+# entry-namespace hash hold at most Settings.cache_max_entries members (LRU eviction, and the
+# sweep removes expired ids from all of them); the log stream and hard negatives are capped.
 
 
 def cache_entry(entry_id: str) -> str:
@@ -115,3 +116,9 @@ CACHE_LRU = f"{PREFIX}:cache:lru"  # sorted set: entry id -> last use (unix seco
 CACHE_EXPIRY = f"{PREFIX}:cache:expiry"  # sorted set: entry id -> expiry (unix seconds)
 CACHE_LOG = f"{PREFIX}:cache:log"  # stream of adds and deletes that every gateway's index follows
 CACHE_STATS = f"{PREFIX}:cache:stats"  # hash of counters
+# hash: entry id -> namespace, written with the entry and removed when it is purged. The entry hash
+# itself expires at the same moment as its expiry score, so the sweep finds the namespace here.
+CACHE_ENTRY_NAMESPACE = f"{PREFIX}:cache:entry_namespace"
+# list of JSON {asked, stored, entry, at}: answers users reported wrong, capped at
+# Settings.cache_hard_negatives_max; read by `brigade cache train-verifier`.
+CACHE_HARD_NEGATIVES = f"{PREFIX}:cache:hard_negatives"

@@ -85,20 +85,29 @@ class Settings(BaseSettings):
     cache_enabled: bool = True
     cache_ttl_s: int = 86_400
     cache_max_entries: int = 100_000
-    # Semantic layer: candidates from FAISS above a cosine floor, then the verifier decides.
+    # Semantic layer: candidates from FAISS above a cosine floor; guards veto, then the pair model
+    # (a cross-encoder, cache/pair_model.safetensors) decides.
     cache_candidates: int = 4
     cache_min_similarity: float = 0.55
-    # The score a semantic hit needs: cosine similarity, or the verifier's probability when the
-    # verifier is on. Empty: cache_cosine_threshold, or the verifier's tuned value.
+    # The pair model decides semantic hits. Off, or when its weights are missing or fail to load
+    # (logged as event=pair_model_unavailable), `cache_fallback` decides instead.
+    cache_verifier: bool = True
+    cache_pair_model: str = ""  # a trained pair-model file; empty: the one shipped in cache/
+    # Without a pair model: "off" (exact hits only) or "cosine" (cosine + guards + ambiguity at
+    # cache_cosine_threshold / cache_cosine_ambiguity). "off" by default: no cosine threshold
+    # reached the required precision on held-out pairs (docs/cache.md).
+    cache_fallback: str = Field(default="off", pattern="^(off|cosine)$")
+    # The rule's numbers (hit_rule.OperatingPoint). Empty: the values tuned with the pair model
+    # (stored in its file), or the cosine rule's below.
     cache_threshold: float | None = None
-    # Refuse a semantic hit when a second, different entry also scores this high: the cache cannot
-    # tell which stored answer applies. Empty: cache_cosine_ambiguity, or the verifier's tuned value.
+    cache_min_cosine: float | None = None
+    # Refuse a semantic hit when a second, different stored question also scores this high: the
+    # cache cannot tell which stored answer applies.
     cache_ambiguity: float | None = None
-    # "on" adds the learned verifier (cache/verifier.safetensors). Off by default: on held-out
-    # QQP pairs it did not beat cosine + guards + ambiguity (docs/cache.md).
-    cache_verifier: str = "off"
-    cache_cosine_threshold: float = 0.85
+    cache_cosine_threshold: float = 0.95
     cache_cosine_ambiguity: float = 0.9
+    # Pairs reported wrong (feedback, `brigade cache forget --asked`) kept for train-verifier.
+    cache_hard_negatives_max: int = 10_000
     cache_hnsw_from: int = 10_000
     cache_sweep_interval_s: float = 5.0
     cache_log_maxlen: int = 200_000

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+import os
 import time
 
 import pytest
@@ -77,6 +79,10 @@ GUARD_CASES = [
     ("What was the population of India in 1998?", "What was the population of India in 2008?", "numbers"),
     ("What are the best flights from London on Monday?", "What are the best flights from London on Friday?", "dates"),
     ("How do I install Python on Windows?", "How do I install Python on Ubuntu?", "entities"),
+    ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", "order"),
+    ("Cheap flights from Paris to London", "Cheap flights from London to Paris", "order"),
+    ("How do I turn on dark mode on my iPhone?", "How do I turn off dark mode on my iPhone?", "opposites"),
+    ("Is coffee good for you?", "Is coffee bad for you?", "opposites"),
 ]
 
 
@@ -87,13 +93,13 @@ def test_questions_that_embed_close_but_differ_do_not_hit(settings, embedder, re
         await stored(cache, ask(renderer, stored_q))
         query = ask(renderer, asked_q)
         vector = embedder.embed_one(asked_q)
-        return await cache.lookup(query), cache.judge(query, vector)
+        return await cache.lookup(query), cache.candidates(cache.indexes.get(query.namespace), asked_q, vector)
 
-    lookup, judgements = run(main())
+    lookup, candidates = run(main())
     assert lookup.hit is None
     # The guard matters: the stored question is a near neighbour, vetoed by the named guard.
-    assert judgements and judgements[0].neighbour.similarity > 0.7
-    assert guard in conflicts(asked_q, stored_q) and not judgements[0].accepted
+    assert candidates and candidates[0].cosine > 0.7
+    assert guard in conflicts(asked_q, stored_q) and guard in candidates[0].vetoes
 
 
 def test_namespaces_keep_system_prompt_model_and_temperature_apart(settings, embedder, renderer):
@@ -149,6 +155,120 @@ def test_ttl_expiry_removes_the_entry_from_redis_and_every_index(redis_server, e
     assert in_b_before == 1 and a_after == 0 and b_after == 0 and hit is None
     assert not redis_server.client.exists(keys.cache_entry(entry_id))
     assert redis_server.client.zcard(keys.CACHE_LRU) == 0
+    # Nothing of the entry is left to grow: its namespace set and its namespace record are gone.
+    assert list(redis_server.client.scan_iter(match=keys.CACHE_NAMESPACE_PATTERN)) == []
+    assert redis_server.client.hlen(keys.CACHE_ENTRY_NAMESPACE) == 0
+
+
+def test_expired_entries_leave_no_empty_index_behind(settings, embedder, renderer):
+    """Every conversation makes a namespace: an index whose last entry went must go too."""
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        ids = [await stored(cache, ask(renderer, f"Question number {n} about volcanoes?", system=f"turn {n}"))
+               for n in range(3)]
+        namespaces = len(cache.indexes)
+        for entry_id in ids:
+            await cache.forget(entry_id)
+        return namespaces, len(cache.indexes), cache.namespace_of
+
+    before, after, namespace_of = run(main())
+    assert before == 3 and after == 0 and namespace_of == {}
+
+
+def test_a_hit_on_an_expired_entry_does_not_recreate_it_without_a_ttl(settings, embedder, renderer, redis_server):
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        entry_id = await stored(cache, ask(renderer, "Why is the sea salty?"))
+        redis_server.client.delete(keys.cache_entry(entry_id))  # as when its TTL ran out
+        await cache.store.record_hit(entry_id, "semantic")
+        return entry_id
+
+    entry_id = run(main())
+    assert not redis_server.client.exists(keys.cache_entry(entry_id))
+
+
+def test_index_rebuilds_happen_off_the_event_loop_and_lookups_go_on(settings, embedder, renderer):
+    """Switching to HNSW (or compacting) is built on a worker thread and swapped in."""
+    settings = settings.model_copy(update={"cache_hnsw_from": 40})
+    questions = [f"How many moons does planet number {n} have?" for n in range(41)]
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        vectors = embedder.embed(questions)
+        query = ask(renderer, questions[0])
+        index_kinds = []
+        for q, v in zip(questions, vectors):
+            cache._add(query.namespace, q, v, q)
+            index_kinds.append(cache.indexes[query.namespace].kind)
+        # The 40th add made a rebuild due; it was handed to a thread, not done inside add().
+        building = query.namespace in cache._rebuilding
+        found_meanwhile = cache.candidates(cache.indexes[query.namespace], questions[5], vectors[5])
+        while cache._rebuilding:
+            await asyncio.sleep(0.01)
+        index = cache.indexes[query.namespace]
+        return index_kinds, building, found_meanwhile, index.kind, len(index), index.search(vectors[7], 1)
+
+    kinds, building, found_meanwhile, kind, size, nearest = run(main())
+    assert set(kinds) == {"flat"} and building
+    assert found_meanwhile and found_meanwhile[0].entry_id == questions[5]
+    assert kind == "hnsw" and size == 41 and nearest[0].entry_id == questions[7]
+
+
+def test_cut_off_or_looping_answers_serve_only_the_same_request(settings, embedder, renderer):
+    from cache.answer_cache import repetitive
+
+    loop = "The answer is the answer is the answer is the answer is the answer is the answer is"
+    assert repetitive(loop) and not repetitive("Paris is the capital of France, and it is on the Seine.")
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        out = {}
+        for name, q, answer, finish in (("cut", "Describe the water cycle.", "Water evaporates and", "length"),
+                                        ("loop", "Describe photosynthesis.", loop, "stop")):
+            await cache.insert(ask(renderer, q), None, [answer], finish, 5, 20)
+            out[name] = ((await cache.lookup(ask(renderer, q))).hit,
+                         (await cache.lookup(ask(renderer, q.replace("Describe", "Explain")))).hit)
+        return out, cache.size()
+
+    out, indexed = run(main())
+    for exact, reworded in out.values():
+        assert exact is not None and exact.layer == "exact"
+        assert reworded is None
+    assert indexed == 0
+
+
+def test_without_the_pair_model_the_semantic_layer_stays_off_not_loose(settings, embedder, renderer, caplog):
+    settings = settings.model_copy(update={"cache_pair_model": "/nonexistent/pair_model.safetensors"})
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        await stored(cache, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
+        return (cache.semantic_mode, (await cache.lookup(ask(renderer, "How far away is the Moon?"))).hit,
+                (await cache.lookup(ask(renderer, "What is the distance to the Moon?"))).hit)
+
+    with caplog.at_level(logging.ERROR, logger="brigade.cache"):
+        mode, exact, reworded = run(main())
+    assert mode == "off" and exact is not None and exact.layer == "exact" and reworded is None
+    assert any("pair_model_unavailable" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_pair_model_gives_a_miss_never_an_unverified_hit(settings, embedder, renderer, caplog):
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        await stored(cache, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
+        healthy = (await cache.lookup(ask(renderer, "What is the distance to the Moon?"))).hit
+
+        def broken(question, candidates):
+            raise RuntimeError("pair model broke")
+
+        cache.pair_model = copy.copy(cache.pair_model)  # the loaded model is shared by the process
+        cache.pair_model.score = broken
+        return healthy, (await cache.lookup(ask(renderer, "What's the distance to the Moon?"))).hit
+
+    with caplog.at_level(logging.ERROR, logger="brigade.cache"):
+        healthy, broken = run(main())
+    assert healthy is not None and healthy.layer == "semantic" and broken is None
+    assert any("pair_model_failed" in r.getMessage() for r in caplog.records)
 
 
 def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_server, embedder, renderer):
@@ -239,24 +359,53 @@ def test_redis_down_degrades_to_a_miss_with_a_warning(embedder, renderer, caplog
     assert any("cache_lookup_failed" in r.getMessage() for r in caplog.records)
 
 
-def test_eval_counts_a_hit_correct_only_when_a_duplicates_q2_returns_its_own_q1(settings, embedder, redis_server):
-    from cache.evaluation import Outcome, evaluate, metrics
-    from cache.pairs import Pair
+def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
+    from cache.evaluation import Outcome, duplicate_metrics, lookalike_metrics, paraphrase_metrics
+    from cache.hit_rule import Candidate, OperatingPoint
 
-    pairs = [
-        Pair("How far away is the Moon?", "What is the distance to the Moon?", True),
-        Pair("How do I enable 2FA on my Google account?", "How do I disable 2FA on my Google account?", False),
-        Pair("How do I reset my password?", "What should I do to reset my password?", True),
-        Pair("Who wrote Hamlet?", "What is the boiling point of water?", False),
+    def seen(own: str, duplicate: bool, *cands: tuple[str, float]) -> Outcome:
+        return Outcome([Candidate(e, f"question {e}", 0.9, score=v) for e, v in cands], own, duplicate)
+
+    outcomes = [
+        seen("1", True, ("1", 0.95)),  # a duplicate served its own q1: correct
+        seen("2", True, ("9", 0.95)),  # a duplicate served another stored question: false
+        seen("3", False, ("3", 0.95)),  # a pair labelled different, served: false
+        seen("4", True, ("4", 0.2)),  # below the threshold: a miss
     ]
-    report = run(evaluate(AnswerCache(settings, embedder), pairs))
-    d = report["default"]
-    assert (d["n_pairs"], d["hits"], d["precision"], d["recall"], d["false_hit_rate"]) == (4, 2, 1.0, 1.0, 0.0)
-    assert redis_server.client.zcard(keys.CACHE_LRU) == 0, "the throwaway namespace was not removed"
-
-    # The counting itself: a duplicate served another entry is a false hit, like a non-duplicate's hit.
-    outcomes = [Outcome(0.9, True, duplicate=True), Outcome(0.9, False, duplicate=True),
-                Outcome(0.9, False, duplicate=False), Outcome(0.2, False, duplicate=True)]
-    m = metrics(outcomes, [Pair("a", "b", o.duplicate) for o in outcomes], 0.5)
-    assert (m["hits"], m["precision"], m["recall"], m["false_hit_rate"]) == (3, 0.3333, 0.3333, 0.5)
+    point = OperatingPoint(0.5)
+    m = duplicate_metrics(outcomes, point)
+    assert (m["hits"], m["precision"], m["recall"]) == (3, 0.3333, 0.3333)
     assert (m["false_hits_on_duplicates"], m["false_hits_on_non_duplicates"]) == (1, 1)
+    assert lookalike_metrics(outcomes, point)["served_when_different"] == 1.0
+    p = paraphrase_metrics(outcomes, point)
+    assert (p["recall"], p["wrong"]) == (0.5, 0.25)
+
+
+def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
+    """`brigade cache eval` is offline work: it must not need a running Redis."""
+    import json
+    import subprocess
+    import sys
+
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [("How far away is the Moon?", "What is the distance to the Moon?", True),
+            ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", False),
+            ("How do I reset my password?", "How can I reset my password?", True),
+            ("Who wrote Hamlet?", "What is the boiling point of water?", False)]
+    pairs.write_text("".join(json.dumps({"q1": a, "q2": b, "duplicate": d}) + "\n" for a, b, d in rows))
+    env = {**os.environ, "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
+                          "--lookalikes", str(pairs), "--paraphrases", str(pairs), "--json"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["semantic"] == "pair"
+    d = report["duplicates"]["default"]
+    # The two rewordings are served their own q1; the mirror image and the unrelated one are not.
+    assert (d["hits"], d["precision"], d["recall"]) == (2, 1.0, 1.0)
+    assert report["lookalikes"]["default"]["served_when_different"] == 0.0
+    assert report["duplicates"]["decision_ms_p50"] > 0
+
+    missing = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert missing.returncode == 2 and "--duplicates" in missing.stderr

