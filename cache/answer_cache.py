@@ -92,11 +92,12 @@ class AnswerCache:
         rule's), each overridable from settings; None when the semantic layer is off."""
         s = self.settings
         if self.semantic_mode == "pair":
-            tuned = self.pair_model.info.get("operating_point", {})
-            return OperatingPoint(
-                threshold=s.cache_threshold if s.cache_threshold is not None else tuned.get("threshold", 0.9),
-                min_cosine=s.cache_min_cosine if s.cache_min_cosine is not None else tuned.get("min_cosine", 0.0),
-                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else tuned.get("ambiguity", 1.01),
+            tuned = OperatingPoint(**self.pair_model.info.get("operating_point", {"threshold": 0.9}))
+            return replace(
+                tuned,
+                threshold=s.cache_threshold if s.cache_threshold is not None else tuned.threshold,
+                min_cosine=s.cache_min_cosine if s.cache_min_cosine is not None else tuned.min_cosine,
+                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else tuned.ambiguity,
             )
         if self.semantic_mode == "cosine":
             return OperatingPoint(
@@ -136,9 +137,9 @@ class AnswerCache:
                 if n.similarity >= self.settings.cache_min_similarity]
 
     def scored(self, question: str, candidates: list[Candidate], min_cosine: float = 0.0) -> list[Candidate]:
-        """The pair model's say on the unvetoed candidates that reach the cosine floor (slow: about
-        5-10 ms a candidate on one core, so run it off the event loop). The others keep no score,
-        and the rule ranks them by cosine, below any scored one that it could serve."""
+        """The pair model's say on the contenders: unvetoed, at or above the cosine floor (slow:
+        about 5-10 ms a candidate on one core, so run it off the event loop). The others are no
+        contenders for the rule and are not scored."""
         open_ = [c for c in candidates if not c.vetoes and c.cosine >= min_cosine]
         if self.pair_model is None or not open_:
             return candidates

@@ -23,7 +23,7 @@ from cache.guards import OPPOSITE_OF, STOPWORDS
 
 _STOP = STOPWORDS
 _AUX = re.compile(r"\b(is|are|can|does|do|should|will|was|were|could|would|did|has|have)\b", re.I)
-_NEGATED = re.compile(r"\b(not|never|n't)\b|\b(cannot)\b", re.I)
+_NEGATED = re.compile(r"n't\b|\b(not|never|cannot)\b", re.I)
 _FROM_TO = re.compile(r"\bfrom ((?:[\w$%.-]+ ){0,2}[\w$%.-]+) to ((?:[\w$%.-]+ ){0,2}[\w$%.-]+)", re.I)
 _X_TO_Y = re.compile(r"\b([\w$%.-]+) (to|into|than|vs\.?|versus|over) ([\w$%.-]+)", re.I)
 _X_OR_Y = re.compile(r"\b([A-Za-z]+) (or|and) ([A-Za-z]+)\b")
@@ -89,7 +89,10 @@ def _flip_negation(q: str, rng: random.Random) -> str | None:
     if m:
         word = m.group(0).lower()
         if word == "n't":
-            return q[:m.start()] + q[m.end():]
+            head = q[:m.start()]
+            head = head[:-2] + "can" if head.lower().endswith("ca") else head[:-2] + "will" if head.lower().endswith(
+                "wo") else head
+            return head + q[m.end():]
         if word == "cannot":
             return q[:m.start()] + "can" + q[m.end():]
         return (q[:m.start()] + q[m.end():]).replace("  ", " ")

@@ -15,6 +15,14 @@ class Pair:
 
 
 def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
+    """JSONL lines {"q1", "q2", "duplicate"}; or a JSON list of {"origin", "similar"} (the shape of
+    GPTCache's benchmark file `mock_data.json`), read as paraphrase pairs."""
+    with open(path) as fh:
+        head = fh.read(1)
+        fh.seek(0)
+        if head == "[":
+            rows = [Pair(str(d["origin"]), str(d["similar"]), True) for d in json.load(fh)]
+            return rows[:limit] if limit is not None else rows
     pairs = []
     with open(path) as fh:
         for line in fh:
@@ -31,3 +39,13 @@ def split_of(pair: Pair) -> str:
     """A stable split by content: 80% train, 10% tune (threshold), 10% test (reported figures)."""
     bucket = int(hashlib.sha256((pair.q1 + "\x00" + pair.q2).encode()).hexdigest()[:8], 16) % 10
     return "tune" if bucket == 8 else "test" if bucket == 9 else "train"
+
+
+def paraphrase_split_of(pair: Pair) -> str:
+    """Paraphrase files are never trained on: half tune, half test, by the stored text alone, so
+    that a text repeated with several rewordings falls on one side only."""
+    return "tune" if int(hashlib.sha256(pair.q1.encode()).hexdigest()[:8], 16) % 2 == 0 else "test"
+
+
+def split_for(kind: str):
+    return paraphrase_split_of if kind == "paraphrases" else split_of

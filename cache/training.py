@@ -16,15 +16,15 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from cache.evaluation import Outcome, evaluate, score_pairs
-from cache.hit_rule import OperatingPoint, ranked, same_text
+from cache.hit_rule import OperatingPoint, best_and_rival
 from cache.lookalikes import generate
-from cache.pairs import Pair, read_pairs, split_of
+from cache.pairs import Pair, read_pairs, split_for, split_of
 from ops import keys
 
 log = logging.getLogger("brigade.cache")
@@ -116,72 +116,86 @@ def fine_tune(pair_model, examples: list[Example], steps: int, batch_size: int =
 
 @dataclass
 class RuleArrays:
-    """Per look-up: the best unvetoed candidate's value and cosine, whether it is the look-up's own
-    q1, and the best rival's value; the rule (hit_rule.choose) then vectorises over a grid."""
+    """Per look-up: the best contender's value, whether it is the look-up's own q1, and the best
+    rival's value; the rule (hit_rule.choose) then vectorises over thresholds and ambiguity."""
 
     best: np.ndarray
-    cosine: np.ndarray
     own: np.ndarray
     rival: np.ndarray
     duplicate: np.ndarray
 
     @classmethod
-    def of(cls, outcomes: list[Outcome], min_cosine: float = 0.0) -> "RuleArrays":
+    def of(cls, outcomes: list[Outcome], point: OperatingPoint) -> "RuleArrays":
+        """For `point`'s floor and rescue (threshold and ambiguity are left to `served`)."""
         rows = []
         for o in outcomes:
-            contenders = ranked(o.candidates, min_cosine)
-            if not contenders:
-                rows.append((-1.0, -1.0, False, -1.0, o.duplicate))
-                continue
-            b = contenders[0]
-            rival = next((c.value for c in contenders[1:] if not same_text(c.question, b.question)), -1.0)
-            rows.append((b.value, b.cosine, b.entry_id == o.own_id, rival, o.duplicate))
-        cols = list(zip(*rows)) if rows else [[]] * 5
-        return cls(*(np.array(c) for c in cols))
+            best_value, best, rival = best_and_rival(o.candidates, point)
+            rows.append((best_value, best is not None and best.entry_id == o.own_id, rival, o.duplicate))
+        cols = list(zip(*rows)) if rows else [[]] * 4
+        best, own, rival, duplicate = (np.array(c) for c in cols)
+        return cls(best, own.astype(bool), rival, duplicate.astype(bool))
 
-    def served(self, point: OperatingPoint) -> np.ndarray:
-        """hit_rule.choose for every look-up (the arrays were built for this point's floor)."""
-        return (self.best >= point.threshold) & (self.rival < point.ambiguity)
+    def served(self, threshold: float, ambiguity: float) -> np.ndarray:
+        """hit_rule.choose for every look-up."""
+        return (self.best >= threshold) & (self.rival < ambiguity)
 
 
-FLOORS = (0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85)
+FLOORS = (0.0, 0.6, 0.7, 0.8)
+RESCUES = [(1.01, 0.0)] + [(c, s) for c in (0.85, 0.9, 0.93, 0.96) for s in (0.05, 0.1, 0.2)]
+COSINE_WEIGHTS = (0.0, 5.0, 10.0, 20.0, 30.0)
+THRESHOLDS = [round(float(x), 3) for x in np.arange(0.3, 0.996, 0.01)] + [0.997, 0.999]
+AMBIGUITIES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 
 
-def choose_operating_point(dup: list[Outcome], look: list[Outcome], min_precision: float,
-                           max_served_different: float) -> tuple[OperatingPoint, dict]:
-    """The point with the most duplicate recall among those that keep duplicate precision and
-    look-alike safety on the tune splits; ties go to higher precision."""
-    best, best_key = None, None
-    for floor in FLOORS:
-        d, l_ = RuleArrays.of(dup, floor), RuleArrays.of(look, floor)
-        point, key = _best_at_floor(d, l_, floor, min_precision, max_served_different)
-        if key is not None and (best_key is None or key > best_key):
-            best, best_key = point, key
-    if best is None:
-        best = OperatingPoint(0.999, 0.85, 0.5)  # nothing qualifies: as strict as the grid goes
-    return best, {"tune_precision": round(best_key[1], 4) if best_key else None,
-                  "tune_recall": best_key[0] if best_key else None}
+@dataclass(frozen=True)
+class Targets:
+    """What the operating point must keep on the tune splits."""
+
+    min_precision: float = 0.87  # duplicates
+    max_served_different: float = 0.03  # look-alikes that mean something else
+    min_paraphrase_recall: float = 0.62  # paraphrases (when given)
+    max_paraphrase_wrong: float = 0.025
 
 
-def _best_at_floor(dup: RuleArrays, look: RuleArrays, floor: float, min_precision: float,
-                   max_served_different: float):
-    best, best_key = None, None
-    duplicates = max(1, int(dup.duplicate.sum()))
-    is_dup, is_different = dup.duplicate.astype(bool), ~look.duplicate.astype(bool)
-    different = max(1, int(is_different.sum()))
-    for t in [round(x, 3) for x in np.arange(0.5, 0.996, 0.01)] + [0.997, 0.999]:
-        for amb in (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01):
-            point = OperatingPoint(t, floor, amb)
-            hits = dup.served(point)
-            correct = int((hits & dup.own & is_dup).sum())
-            precision = correct / hits.sum() if hits.sum() else 1.0
-            served_different = (look.served(point) & is_different).sum() / different
-            if precision < min_precision or served_different > max_served_different:
-                continue
-            key = (round(correct / duplicates, 4), precision)
-            if best_key is None or key > best_key:
-                best, best_key = point, key
-    return best, best_key
+def choose_operating_point(dup: list[Outcome], look: list[Outcome], para: list[Outcome] | None,
+                           targets: Targets) -> tuple[OperatingPoint, dict]:
+    """The point with the most duplicate recall among those that keep every target on the tune
+    splits; ties go to higher precision. Without a point that keeps them all, the paraphrase
+    targets are dropped (and the report says so)."""
+    for use_para in ([True, False] if para else [False]):
+        best, best_key = None, None
+        for shape in (OperatingPoint(0.0, f, 1.01, rc, rs, w) for f in FLOORS for rc, rs in RESCUES
+                      for w in COSINE_WEIGHTS):
+            arrays = [RuleArrays.of(o, shape) for o in (dup, look, para if use_para else [])]
+            for t in THRESHOLDS:
+                for amb in AMBIGUITIES:
+                    key = _keeps(arrays, t, amb, targets)
+                    if key is not None and (best_key is None or key > best_key):
+                        best, best_key = replace(shape, threshold=t, ambiguity=amb), key
+        if best is not None:
+            return best, {"tune_recall": best_key[0], "tune_precision": round(best_key[1], 4),
+                          "paraphrase_targets_kept": use_para}
+    return OperatingPoint(0.999, 0.85, 0.5), {"tune_recall": None, "tune_precision": None,
+                                               "paraphrase_targets_kept": False}
+
+
+def _keeps(arrays: list[RuleArrays], t: float, amb: float, targets: Targets) -> tuple[float, float] | None:
+    dup, look, para = arrays
+    hits = dup.served(t, amb)
+    correct = int((hits & dup.own & dup.duplicate).sum())
+    precision = correct / hits.sum() if hits.sum() else 1.0
+    if precision < targets.min_precision:
+        return None
+    different = ~look.duplicate
+    if (look.served(t, amb) & different).sum() / max(1, different.sum()) > targets.max_served_different:
+        return None
+    if len(para.best):
+        served = para.served(t, amb)
+        if (served & para.own).mean() < targets.min_paraphrase_recall:
+            return None
+        if (served & ~para.own).mean() > targets.max_paraphrase_wrong:
+            return None
+    return round(correct / max(1, int(dup.duplicate.sum())), 4), precision
 
 
 def hard_negatives_from_redis(settings) -> list[Pair]:
@@ -206,51 +220,56 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
 
 def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: int, out: Path,
                    paraphrases_file: str | None = None, hard_negatives_file: str | None = None,
-                   min_precision: float = 0.87, max_served_different: float = 0.03, skip_training: bool = False,
-                   threads: int = 2) -> dict:
+                   targets: Targets = Targets(), skip_training: bool = False, threads: int = 2,
+                   init: Path | None = None, lr: float = 5e-5) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
     from cache.answer_cache import AnswerCache
     from cache.pair_model import PairModel
 
     started = time.time()
-    duplicates, lookalikes = read_pairs(duplicates_file), read_pairs(lookalikes_file)
+    files = {"duplicates": read_pairs(duplicates_file), "lookalikes": read_pairs(lookalikes_file)}
+    if paraphrases_file:
+        files["paraphrases"] = read_pairs(paraphrases_file)
     hard = read_pairs(hard_negatives_file) if hard_negatives_file else hard_negatives_from_redis(settings)
-    report: dict = {"duplicates": duplicates_file, "lookalikes": lookalikes_file, "hard_negatives": len(hard)}
+    report: dict = {"files": {"duplicates": duplicates_file, "lookalikes": lookalikes_file,
+                              "paraphrases": paraphrases_file}, "hard_negatives": len(hard)}
     if skip_training:
         pm = PairModel.load(out, threads=threads)
     else:
-        examples = training_examples(duplicates, lookalikes, hard_negatives=hard)
-        pm = PairModel.base()
-        report["training"] = fine_tune(pm, examples, steps, checkpoint=out, threads=threads)
+        examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard)
+        pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
+        report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
+                                       seed=1 if init else 0)
     cache = AnswerCache(settings.model_copy(update={"cache_threshold": None, "cache_min_cosine": None,
                                                     "cache_ambiguity": None}), pair_model=pm, connect=False)
-    tune = {kind: score_pairs(cache, [p for p in pairs if split_of(p) == "tune"]).outcomes
-            for kind, pairs in (("duplicates", duplicates), ("lookalikes", lookalikes))}
-    point, tuned = choose_operating_point(tune["duplicates"], tune["lookalikes"], min_precision,
-                                          max_served_different)
-    pm.info = {**pm.info, "operating_point": point.__dict__, **tuned}
+    split = {kind: {name: [p for p in pairs if split_for(kind)(p) == name] for name in ("tune", "test")}
+             for kind, pairs in files.items()}
+    tune = {kind: score_pairs(cache, parts["tune"]).outcomes for kind, parts in split.items()}
+    point, tuned = choose_operating_point(tune["duplicates"], tune["lookalikes"], tune.get("paraphrases"), targets)
+    pm.info = {**pm.info, "operating_point": point.__dict__, "tuned": tuned, "targets": targets.__dict__}
     pm.save(out)
-    test_files = {"duplicates": [p for p in duplicates if split_of(p) == "test"],
-                  "lookalikes": [p for p in lookalikes if split_of(p) == "test"]}
-    if paraphrases_file:
-        test_files["paraphrases"] = read_pairs(paraphrases_file)
-    report.update(operating_point=point.__dict__, tune=tuned, test=evaluate(cache, test_files),
+    log.info("event=operating_point point=%s tuned=%s", point, tuned)
+    report.update(operating_point=point.__dict__, tune=tuned,
+                  test=evaluate(cache, {kind: parts["test"] for kind, parts in split.items()}),
                   seconds=round(time.time() - started, 1))
     return report
 
 
-def main_fine_tune(duplicates: str, lookalikes: str, steps: int, out: str, threads: int = 2) -> dict:
-    """Build the examples and fine-tune from the base model (the long part of train-verifier)."""
+def main_fine_tune(duplicates: str, lookalikes: str, steps: int, out: str, threads: int = 2,
+                   init: str | None = None, lr: float = 5e-5) -> dict:
+    """Build the examples and fine-tune (the long part of train-verifier), for a background run."""
     from cache.pair_model import PairModel
 
     examples = training_examples(read_pairs(duplicates), read_pairs(lookalikes))
     log.info("event=pair_model_examples n=%d positives=%d", len(examples), sum(e.label > 0.5 for e in examples))
-    pm = PairModel.base()
-    return fine_tune(pm, examples, steps, checkpoint=Path(out), threads=threads)
+    pm = PairModel.load(Path(init)) if init else PairModel.base()
+    return fine_tune(pm, examples, steps, lr=lr, checkpoint=Path(out), threads=threads, seed=1 if init else 0)
 
 
-if __name__ == "__main__":  # the background run: python -m cache.training DUP LOOK STEPS OUT
+if __name__ == "__main__":  # the background run: python -m cache.training DUP LOOK STEPS OUT [INIT LR]
     import sys
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    print(main_fine_tune(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+    print(main_fine_tune(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4],
+                         init=sys.argv[5] if len(sys.argv) > 5 else None,
+                         lr=float(sys.argv[6]) if len(sys.argv) > 6 else 5e-5))

@@ -112,7 +112,7 @@ async def forget(settings: Settings, entries: list[str], asked: str | None) -> i
 def evaluate(settings: Settings, args) -> int:
     from cache.answer_cache import AnswerCache
     from cache.evaluation import evaluate as run_eval
-    from cache.pairs import read_pairs, split_of
+    from cache.pairs import read_pairs, split_for
 
     files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
     if not files:
@@ -121,7 +121,7 @@ def evaluate(settings: Settings, args) -> int:
         return 2
     pairs = {}
     for kind, path in files.items():
-        chosen = [p for p in read_pairs(path) if args.split == "all" or split_of(p) == args.split]
+        chosen = [p for p in read_pairs(path) if args.split == "all" or split_for(kind)(p) == args.split]
         pairs[kind] = chosen[:args.limit] if args.limit else chosen
     report = run_eval(AnswerCache(settings, connect=False), pairs)
     if args.json:
@@ -148,12 +148,14 @@ def run(args, settings: Settings) -> int:
     elif args.cache_command == "eval":
         return evaluate(settings, args)
     elif args.cache_command == "train-verifier":
-        from cache.training import train_verifier
+        from cache.training import Targets, train_verifier
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        targets = Targets(args.min_precision, args.max_served_different, args.min_paraphrase_recall,
+                          args.max_paraphrase_wrong)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
-                                args.paraphrases, args.hard_negatives, args.min_precision, args.max_served_different,
-                                skip_training=args.tune_only)
+                                args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
+                                init=Path(args.init) if args.init else None, lr=args.lr)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -174,7 +176,8 @@ def add_parser(sub) -> None:
     e = cs.add_parser("eval", help="how often semantic hits answer the question asked (offline; no Redis)")
     e.add_argument("--duplicates", help='JSONL {"q1","q2","duplicate"}: duplicate questions (precision, recall)')
     e.add_argument("--lookalikes", help="JSONL pairs of look-alike texts (share served when they differ)")
-    e.add_argument("--paraphrases", help="JSONL pairs that all mean the same (recall, share served wrong)")
+    e.add_argument("--paraphrases", help="pairs that all mean the same, JSONL or GPTCache's mock_data.json "
+                                         "(recall, share served another entry)")
     e.add_argument("--split", choices=["all", "test", "tune"], default="all",
                    help="evaluate every pair, or only the held-out split train-verifier never trained on")
     e.add_argument("--limit", type=int, help="at most this many pairs per file")
@@ -182,12 +185,18 @@ def add_parser(sub) -> None:
     t = cs.add_parser("train-verifier", help="fine-tune the pair model and tune the hit rule (offline; hours on CPU)")
     t.add_argument("--duplicates", required=True, help="JSONL duplicate-question pairs (e.g. QQP)")
     t.add_argument("--lookalikes", required=True, help="JSONL look-alike pairs (e.g. PAWS)")
-    t.add_argument("--paraphrases", help="JSONL paraphrase pairs, reported only (never trained or tuned on)")
+    t.add_argument("--paraphrases", help="paraphrase pairs (JSONL, or GPTCache's mock_data.json): never trained "
+                                         "on; half tunes the operating point, half is reported")
     t.add_argument("--hard-negatives", help='JSONL {"q1","q2","duplicate": false}; default: those users '
                                             "reported, read from Redis when it answers")
     t.add_argument("--steps", type=int, default=6500, help="optimizer steps of 32 pairs")
+    t.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
+    t.add_argument("--init", help="start from this trained pair-model file instead of the base model "
+                                  "(a second round)")
     t.add_argument("--min-precision", type=float, default=0.87, help="duplicate precision the operating point keeps")
     t.add_argument("--max-served-different", type=float, default=0.03,
                    help="share of differing look-alikes the operating point may serve")
+    t.add_argument("--min-paraphrase-recall", type=float, default=0.62)
+    t.add_argument("--max-paraphrase-wrong", type=float, default=0.025)
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
