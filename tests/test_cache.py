@@ -244,7 +244,7 @@ def test_without_the_pair_model_the_semantic_layer_stays_off_not_loose(settings,
         cache = AnswerCache(settings, embedder)
         await stored(cache, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
         return (cache.semantic_mode, (await cache.lookup(ask(renderer, "How far away is the Moon?"))).hit,
-                (await cache.lookup(ask(renderer, "What is the distance to the Moon?"))).hit)
+                (await cache.lookup(ask(renderer, "how far away is the moon"))).hit)
 
     with caplog.at_level(logging.ERROR, logger="brigade.cache"):
         mode, exact, reworded = run(main())
@@ -256,14 +256,14 @@ def test_a_failing_pair_model_gives_a_miss_never_an_unverified_hit(settings, emb
     async def main():
         cache = AnswerCache(settings, embedder)
         await stored(cache, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
-        healthy = (await cache.lookup(ask(renderer, "What is the distance to the Moon?"))).hit
+        healthy = (await cache.lookup(ask(renderer, "how far away is the moon"))).hit
 
         def broken(question, candidates):
             raise RuntimeError("pair model broke")
 
         cache.pair_model = copy.copy(cache.pair_model)  # the loaded model is shared by the process
         cache.pair_model.score = broken
-        return healthy, (await cache.lookup(ask(renderer, "What's the distance to the Moon?"))).hit
+        return healthy, (await cache.lookup(ask(renderer, "How far away is the Moon"))).hit
 
     with caplog.at_level(logging.ERROR, logger="brigade.cache"):
         healthy, broken = run(main())
@@ -308,7 +308,7 @@ def test_second_gateway_sees_inserts_and_deletions(settings, embedder, renderer)
         entry_id = await stored(a, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
         await asyncio.sleep(0.5)
         seen = b.size()
-        reworded = (await b.lookup(ask(renderer, "What is the distance to the Moon?"))).hit
+        reworded = (await b.lookup(ask(renderer, "how far away is the moon"))).hit
         await a.store.delete(entry_id)
         await asyncio.sleep(0.5)
         follower.cancel()
@@ -388,7 +388,7 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     import sys
 
     pairs = tmp_path / "pairs.jsonl"
-    rows = [("How far away is the Moon?", "What is the distance to the Moon?", True),
+    rows = [("How far away is the Moon?", "how far away is the moon", True),
             ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", False),
             ("How do I reset my password?", "How can I reset my password?", True),
             ("Who wrote Hamlet?", "What is the boiling point of water?", False)]
