@@ -389,7 +389,10 @@ async def _converse(url: str, messages: list[tuple[str, dict]]) -> list[list[dic
 
 
 def _question(text: str) -> dict:
-    return {"type": "generate", "messages": [{"role": "user", "content": text}], "max_tokens": 96}
+    # Short answers: only an answer that ended with `stop` is served to rewordings.
+    return {"type": "generate", "max_tokens": 160,
+            "messages": [{"role": "system", "content": "Answer in one short sentence."},
+                         {"role": "user", "content": text}]}
 
 
 def test_lookalike_questions_are_not_served_each_others_answers(stack):
