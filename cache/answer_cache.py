@@ -27,10 +27,6 @@ from ops.settings import Settings
 
 log = logging.getLogger("brigade.cache")
 
-# What the semantic layer does: the pair model decides ("pair"), the conservative cosine rule
-# decides ("cosine", only when asked for by BRIGADE_CACHE_FALLBACK), or no semantic hits ("off").
-SEMANTIC_MODES = ("pair", "cosine", "off")
-
 
 @dataclass
 class Hit:
@@ -82,6 +78,8 @@ class AnswerCache:
 
     @property
     def semantic_mode(self) -> str:
+        """Who decides semantic hits: the pair model ("pair"), the cosine rule ("cosine", only when
+        BRIGADE_CACHE_FALLBACK asks for it), or nobody ("off": exact hits only)."""
         if self.pair_model is not None:
             return "pair"
         return self.settings.cache_fallback
@@ -140,11 +138,11 @@ class AnswerCache:
         """The pair model's say on the contenders: unvetoed, at or above the cosine floor (slow:
         about 5-10 ms a candidate on one core, so run it off the event loop). The others are no
         contenders for the rule and are not scored."""
-        open_ = [c for c in candidates if not c.vetoes and c.cosine >= min_cosine]
+        open_ = [c for c in candidates if c.contends(min_cosine)]
         if self.pair_model is None or not open_:
             return candidates
         scores = iter(self.pair_model.score(question, [c.question for c in open_]).tolist())
-        return [replace(c, score=next(scores)) if not c.vetoes and c.cosine >= min_cosine else c for c in candidates]
+        return [replace(c, score=next(scores)) if c.contends(min_cosine) else c for c in candidates]
 
     def point_for(self, query: CacheQuery) -> OperatingPoint | None:
         point = self.operating_point
@@ -155,7 +153,7 @@ class AnswerCache:
     async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> Hit | None:
         point = self.point_for(query)
         candidates = self.candidates(self.indexes.get(query.namespace), query.question, vector)
-        if point is None or not any(not c.vetoes and c.cosine >= point.min_cosine for c in candidates):
+        if point is None or not any(c.contends(point.min_cosine) for c in candidates):
             return None
         try:
             candidates = await asyncio.to_thread(self.scored, query.question, candidates, point.min_cosine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import VectorIndex
@@ -113,8 +113,7 @@ def evaluate(cache, files: dict[str, list[Pair]]) -> dict:
         section = {"default": measure(scored.outcomes, point) if point else None,
                    "decision_ms_p50": round(statistics.median(scored.decision_ms), 3) if scored.decision_ms else None}
         if point is not None:
-            section["sweep"] = [{"threshold": t, **measure(scored.outcomes, OperatingPoint(t, point.min_cosine,
-                                                                                            point.ambiguity))}
+            section["sweep"] = [{"threshold": t, **measure(scored.outcomes, replace(point, threshold=t))}
                                 for t in SWEEP]
         report[kind] = section
     return report

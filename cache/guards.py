@@ -37,7 +37,7 @@ _OPPOSITES = [
     ("good", "bad"), ("better", "worse"), ("healthy", "unhealthy"), ("benefits", "risks"), ("strong", "weak"),
     ("rich", "poor"), ("old", "young"), ("older", "younger"), ("big", "small"), ("bigger", "smaller"),
     ("long", "short"), ("longer", "shorter"), ("heavy", "light"), ("early", "late"), ("above", "below"),
-    ("over", "under"), ("push", "pull"), ("send", "receive"), ("borrow", "lend"), ("import", "export"),
+    ("over", "under"), ("push", "pull"), ("send", "receive"), ("borrow", "lend"),
     ("encode", "decode"), ("join", "leave"), ("connect", "disconnect"), ("show", "hide"), ("visible", "hidden"),
 ]
 OPPOSITE_OF: dict[str, set[str]] = {}

@@ -42,6 +42,10 @@ class Candidate:
     def value(self) -> float:
         return self.score if self.score is not None else self.cosine
 
+    def contends(self, min_cosine: float) -> bool:
+        """No guard vetoed it and it reaches the cosine floor: the rule considers it."""
+        return not self.vetoes and self.cosine >= min_cosine
+
 
 def same_text(a: str, b: str) -> bool:
     return " ".join(a.lower().split()) == " ".join(b.lower().split())
@@ -64,7 +68,7 @@ def value(c: Candidate, point: OperatingPoint) -> float:
 
 def ranked(candidates: list[Candidate], point: OperatingPoint) -> list[tuple[float, Candidate]]:
     """The contenders with their values: unvetoed, at or above the cosine floor, best first."""
-    return sorted(((value(c, point), c) for c in candidates if not c.vetoes and c.cosine >= point.min_cosine),
+    return sorted(((value(c, point), c) for c in candidates if c.contends(point.min_cosine)),
                   key=lambda vc: vc[0], reverse=True)
 
 

@@ -31,14 +31,13 @@ def _frozen(name: str) -> bool:
 
 
 class PairModel:
-    def __init__(self, model, tokenizer, info: dict | None = None, threads: int | None = None):
+    def __init__(self, model, tokenizer, info: dict | None = None):
         import torch
 
         self.torch = torch
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.info = info or {}
-        self.threads = threads
         self._lock = threading.Lock()  # one forward pass at a time: threads are sized to the cores
 
     @classmethod

@@ -7,8 +7,9 @@
    Each example is shown in a random order of its two texts.
 3. Fine-tune the cross-encoder (cache/pair_model.py): AdamW, linear warm-up and decay, batches
    of similar length (little padding), fixed seeds. Checkpoints every `checkpoint_every` steps.
-4. The operating point (pair score threshold, cosine floor, ambiguity limit) is chosen on the
-   tune splits with the eval counting (cache/evaluation.py); the test splits are reported.
+4. The operating point (hit_rule.OperatingPoint: threshold, cosine floor, ambiguity limit,
+   cosine weight, rescue) is chosen on the tune splits with the eval counting
+   (cache/evaluation.py); the test splits are reported.
 """
 from __future__ import annotations
 
@@ -253,23 +254,3 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                   test=evaluate(cache, {kind: parts["test"] for kind, parts in split.items()}),
                   seconds=round(time.time() - started, 1))
     return report
-
-
-def main_fine_tune(duplicates: str, lookalikes: str, steps: int, out: str, threads: int = 2,
-                   init: str | None = None, lr: float = 5e-5) -> dict:
-    """Build the examples and fine-tune (the long part of train-verifier), for a background run."""
-    from cache.pair_model import PairModel
-
-    examples = training_examples(read_pairs(duplicates), read_pairs(lookalikes))
-    log.info("event=pair_model_examples n=%d positives=%d", len(examples), sum(e.label > 0.5 for e in examples))
-    pm = PairModel.load(Path(init)) if init else PairModel.base()
-    return fine_tune(pm, examples, steps, lr=lr, checkpoint=Path(out), threads=threads, seed=1 if init else 0)
-
-
-if __name__ == "__main__":  # the background run: python -m cache.training DUP LOOK STEPS OUT [INIT LR]
-    import sys
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    print(main_fine_tune(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4],
-                         init=sys.argv[5] if len(sys.argv) > 5 else None,
-                         lr=float(sys.argv[6]) if len(sys.argv) > 6 else 5e-5))

@@ -152,9 +152,7 @@ class ClientProtocol:
 
     def _generate(self, data: dict, rid: str) -> Generate:
         s = self.settings
-        unknown = sorted(set(data) - _GENERATE_FIELDS)
-        if unknown:
-            raise ProtocolError("unknown_field", f"unknown field {unknown[0]!r}", rid, unknown[0])
+        _refuse_unknown(data, _GENERATE_FIELDS, rid)
         prompt, messages = data.get("prompt"), data.get("messages")
         if (prompt is None) == (messages is None):
             raise ProtocolError("missing_field", "give exactly one of `prompt` or `messages`", rid, "prompt")
@@ -186,10 +184,7 @@ class ClientProtocol:
         return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline)
 
     def _feedback(self, data: dict, rid: str) -> Feedback:
-        unknown = set(data) - _FEEDBACK_FIELDS
-        if unknown:
-            field = sorted(unknown)[0]
-            raise ProtocolError("unknown_field", f"unknown field {field[:40]!r}", rid, field[:40])
+        _refuse_unknown(data, _FEEDBACK_FIELDS, rid)
         verdict = data.get("verdict", "wrong")
         if verdict not in FEEDBACK_VERDICTS:
             raise ProtocolError("invalid_field", f"`verdict` must be one of {', '.join(FEEDBACK_VERDICTS)}", rid,
@@ -197,9 +192,7 @@ class ClientProtocol:
         return Feedback(rid, verdict)
 
     def _resume(self, data: dict, rid: str) -> Resume:
-        unknown = sorted(set(data) - _RESUME_FIELDS)
-        if unknown:
-            raise ProtocolError("unknown_field", f"unknown field {unknown[0]!r}", rid, unknown[0])
+        _refuse_unknown(data, _RESUME_FIELDS, rid)
         after = data.get("after_index", -1)
         if isinstance(after, bool) or not isinstance(after, int) or not -1 <= after < 2**31:
             raise ProtocolError("invalid_field", "`after_index` must be an integer >= -1 (the last index received)",
@@ -253,6 +246,12 @@ class ClientProtocol:
                 rid, "stop",
             )
         return params
+
+
+def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProtocolError("unknown_field", f"unknown field {unknown[0]!r}", rid, unknown[0])
 
 
 def _first_error(exc: ValidationError) -> str:

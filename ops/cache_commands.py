@@ -10,12 +10,6 @@ from pathlib import Path
 from ops.settings import Settings
 
 
-def _cache(settings: Settings):
-    from cache.answer_cache import AnswerCache
-
-    return AnswerCache(settings)
-
-
 def _store(settings: Settings):
     """The entries alone, for commands that need no embedding model."""
     import redis.asyncio as aioredis
