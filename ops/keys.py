@@ -10,6 +10,14 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - DEAD_LETTERS: capped at Settings.dlq_max entries
 - UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired
 - resumed(rid): TTL Settings.stream_ttl_s
+- api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
+  are created by an operator only (`brigade keys create`), never by a request, so they are bounded
+  by operator action; revoke keeps the record (revoked=1) so that the key's usage stays visible.
+- key_requests(id): admissions of the last window (trimmed by every admission), TTL the window
+- key_tokens(id), key_tokens_total(id): token charges of the last window (trimmed by every
+  admission), TTL the window
+- key_in_flight(id): requests admitted and not yet released; members older than the limiter's
+  stale age are dropped by every admission, TTL the stale age
 Channels hold nothing, so they need no bound.
 """
 from __future__ import annotations
@@ -122,3 +130,39 @@ CACHE_ENTRY_NAMESPACE = f"{PREFIX}:cache:entry_namespace"
 # list of JSON {asked, stored, entry, at}: answers users reported wrong, capped at
 # Settings.cache_hard_negatives_max; read by `brigade cache train-verifier`.
 CACHE_HARD_NEGATIVES = f"{PREFIX}:cache:hard_negatives"
+
+
+# ---- API keys (gateway/api_keys.py, gateway/limits.py) -----------------------------------------
+# The records live as long as the operator keeps them (see the docstring above); the limiter's
+# state is short-lived: trimmed to its window by each admission and expiring when a key goes idle.
+API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id ever created (for `brigade keys list`)
+
+
+def api_key(key_id: str) -> str:
+    """One API key (hash: name, digest of the whole key, rpm, tpm, max_concurrent, created, revoked)."""
+    return f"{PREFIX}:apikey:{key_id}"
+
+
+def api_key_usage(key_id: str) -> str:
+    """An API key's counters (hash: requests, prompt_tokens, completion_tokens, cache_hits)."""
+    return f"{PREFIX}:apikey:{key_id}:usage"
+
+
+def key_requests(key_id: str) -> str:
+    """Sorted set: request id -> admission time, the key's admissions in the last window (rpm)."""
+    return f"{PREFIX}:limit:{key_id}:requests"
+
+
+def key_tokens(key_id: str) -> str:
+    """Sorted set: "tokens:nonce" -> time charged, the key's answers in the last window (tpm)."""
+    return f"{PREFIX}:limit:{key_id}:tokens"
+
+
+def key_tokens_total(key_id: str) -> str:
+    """The sum of the tokens in key_tokens(key_id), kept beside it so admission reads one number."""
+    return f"{PREFIX}:limit:{key_id}:tokens_total"
+
+
+def key_in_flight(key_id: str) -> str:
+    """Sorted set: request id -> admission time, the key's requests still running (max_concurrent)."""
+    return f"{PREFIX}:limit:{key_id}:in_flight"
