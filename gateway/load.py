@@ -30,6 +30,7 @@ class LoadMonitor:
         self.rate: float | None = None  # requests finished per second, all workers
         self.waiting_in_engines = 0
         self.workers = 0
+        self.observed = False  # has read the heartbeats at least once (before that, `workers` means nothing)
         self._served: dict[str, int] = {}
         self._at = time.monotonic()
 
@@ -52,6 +53,7 @@ class LoadMonitor:
         self._served, self._at = served, now
         self.waiting_in_engines = sum(int(s.get("waiting", 0)) for s in statuses)
         self.workers = len(statuses)
+        self.observed = True
 
     async def run(self) -> None:
         while True:

@@ -18,12 +18,14 @@ from ops.settings import Settings
 
 
 class ProtocolError(Exception):
-    def __init__(self, code: str, message: str, request_id: str | None = None, field: str | None = None):
+    def __init__(self, code: str, message: str, request_id: str | None = None, field: str | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
         self.field = field
+        self.retry_after_s = retry_after_s  # overloaded, rate_limited: when a retry may succeed
 
     def event(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
@@ -31,6 +33,8 @@ class ProtocolError(Exception):
             out["id"] = self.request_id
         if self.field is not None:
             out["field"] = self.field
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s, 3)
         return out
 
 
@@ -138,6 +142,10 @@ class ClientProtocol:
         if kind is None:
             raise ProtocolError("missing_field", "the message has no `type`", request_id, "type")
         raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}", request_id, "type")
+
+    def generate_from(self, data: dict) -> Generate:
+        """A `generate` given as an object (another door's translation of its own input)."""
+        return self._generate(data, self._request_id(data))
 
     def _request_id(self, data: dict) -> str:
         rid = data.get("id")

@@ -40,6 +40,8 @@ class QueuedRequest(BaseModel):
     params: GenerateParams
     # Unix seconds after which the answer is no longer wanted; a worker drops it unstarted.
     deadline_at: float | None = None
+    # The id of the API key it is charged to (never the key itself), when keys are required.
+    api_key: str | None = None
 
 
 class ReplyEvent(BaseModel):

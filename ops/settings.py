@@ -12,6 +12,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 def _default_home() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "brigade"
@@ -36,6 +39,28 @@ class Settings(BaseSettings):
     max_id_chars: int = 128
     max_tokens_limit: int = 4096  # must stay below stream_maxlen: the replay log holds every token
     max_requests_per_connection: int = 64
+    # Keepalive pings of every WebSocket: a peer that does not answer within the timeout is gone.
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
+    # SIGTERM: WebSocket clients get a close frame (1012) at once and may `resume` elsewhere; HTTP
+    # answers still streaming get this long to finish before the gateway exits.
+    gateway_shutdown_grace_s: float = 10.0
+    # API keys: "off", "required", or empty for the default: required whenever the gateway binds to
+    # an address other than loopback, so nothing listens unprotected on a network.
+    auth: str = Field(default="", pattern="^(|off|required)$")
+    # Content guards run before enqueue (prompt) and on the output stream: module:callable, comma
+    # separated (gateway/content_guards.py). Empty: none.
+    guards: str = ""
+    # The shipped pattern guard's list: one regular expression a line ('#' starts a comment);
+    # empty: the built-in list of known prompt-injection phrases.
+    guard_patterns_file: str = ""
+    # The shipped sanitizer's limit on a prompt's characters (all messages together).
+    guard_max_chars: int = 32_768
+    # OpenAI door: max_tokens when a request gives none (vLLM fills the context; a bound keeps one
+    # request from reserving the KV memory of many).
+    http_default_max_tokens: int = 1024
+    # Seconds a client is told to wait (Retry-After) when the service is overloaded or has no worker.
+    retry_after_s: int = 2
 
     # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
     model: str = ""
@@ -119,6 +144,8 @@ class Settings(BaseSettings):
     flower_port: int = 5555
     flower_user: str = "brigade"
     flower_password: str = "brigade"
+    # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
+    flower_show_prompts: bool = False
 
     @property
     def model_dir(self) -> Path:
@@ -129,6 +156,16 @@ class Settings(BaseSettings):
     @property
     def cache_redis(self) -> str:
         return self.cache_redis_url or self.redis_url
+
+    @property
+    def auth_required(self) -> bool:
+        if self.auth:
+            return self.auth == "required"
+        return self.gateway_host not in LOOPBACK_HOSTS
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.gateway_host}:{self.gateway_port}"
 
     @property
     def ws_url(self) -> str:

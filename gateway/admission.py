@@ -1,0 +1,272 @@
+"""One admission path for every door: limits, guards, cache, load, enqueue; and the settling at the end.
+
+A door (WebSocket, OpenAI HTTP, the page) turns its input into a `Generate` and calls `admit`.
+In order: the caller's key limits (rate_limited), the prompt guards (content_blocked), the
+answer cache (a hit is answered at once, after the output guards), the service's load
+(overloaded, no_workers), then the request is recorded and queued with a route registered
+first, so a fast worker's first token finds its way back. Every refusal is a ProtocolError with
+a stable code, which each door renders in its own shape.
+
+`settle` is the other end: when a route ends (done, error, cancel, abandoned) the key's
+concurrency slot is released and its usage counted, and a finished answer is stored in the cache.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from cache.query import CacheQuery, make_query
+from gateway.api_keys import ApiKey, KeyStore
+from gateway.content_guards import GuardInput, NamedGuard, first_refusal
+from gateway.limits import KeyLimiter
+from gateway.load import LoadMonitor
+from gateway.protocol import Generate, ProtocolError, cached_events
+from gateway.router import ReplyRouter, Route, Sink
+from ops import keys
+from ops.messages import QueuedRequest, ReplyEvent
+from ops.settings import Settings
+from workers.app import enqueue
+
+log = logging.getLogger("brigade.gateway")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the API key (None when keys are off) and the door it came through."""
+
+    key: ApiKey | None = None
+    door: str = "ws"
+
+
+@dataclass
+class RequestContext:
+    """What admission knows of a request, kept on its route until it is settled."""
+
+    caller: Caller
+    guard_input: GuardInput
+    cache_query: CacheQuery | None = None
+    cache_vector: np.ndarray | None = None
+    key_id: str | None = None  # the key charged at the end (the caller's, or the resumed request's)
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class Admitted:
+    request_id: str | None = None  # the server id, when queued
+    cached: list[dict] = field(default_factory=list)  # the whole answer, when the cache had it
+    hit: object | None = None  # the cache hit (entry, layer, similarity), for feedback
+    asked: str | None = None  # the question as the cache saw it, for feedback
+
+
+class Admission:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
+                 key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str):
+        self.settings = settings
+        self.redis = redis
+        self.router = router
+        self.load = load
+        self.key_store = key_store
+        self.limiter = limiter
+        self.guards = guards
+        self.reply_channel = reply_channel
+        self.cache = None  # set once the answer cache has loaded (AnswerCache)
+        self.renderer = None
+        self._background: set[asyncio.Task] = set()
+
+    # ---- in ---------------------------------------------------------------------------------------
+
+    async def admit(self, cmd: Generate, caller: Caller, sink: Sink) -> Admitted:
+        rid = uuid.uuid4().hex
+        guard_input = GuardInput(rid, cmd.model, cmd.prompt, cmd.messages, caller.key.name if caller.key else None)
+        context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None)
+        await self._within_limits(caller, rid, cmd.id)
+        try:
+            await self._check_prompt(guard_input, cmd.id)
+            hit = await self._look_up(cmd, context)
+            if hit is not None:
+                return hit
+            await self._refuse_if_overloaded(cmd)
+        except BaseException:
+            self._release(caller, rid)
+            raise
+        await self._enqueue(cmd, rid, context, sink)
+        return Admitted(request_id=rid)
+
+    async def _within_limits(self, caller: Caller, rid: str, client_id: str) -> None:
+        if caller.key is None:
+            return
+        try:
+            refusal = await self.limiter.admit(caller.key, rid)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "limits cannot be checked now; try again shortly", client_id,
+                                retry_after_s=self.settings.retry_after_s) from None
+        if refusal is not None:
+            log.info("event=rate_limited key=%s client_id=%s why=%r", caller.key.id, client_id, refusal.message)
+            raise ProtocolError(refusal.code, refusal.message, client_id, retry_after_s=refusal.retry_after_s)
+
+    async def _check_prompt(self, data: GuardInput, client_id: str) -> None:
+        if not self.guards:
+            return
+        refusal = await asyncio.to_thread(first_refusal, self.guards, data)
+        if refusal is not None:
+            log.info("event=content_blocked stage=prompt guard=%s client_id=%s", refusal.guard, client_id)
+            raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", client_id)
+
+    def output_refusal(self, route: Route, new_text: str) -> str | None:
+        """The output guards' verdict on a route's answer so far: None, or the refusal message."""
+        if not self.guards or not isinstance(route.context, RequestContext):
+            return None
+        data = route.context.guard_input
+        refusal = first_refusal(self.guards, GuardInput(
+            data.request_id, data.model, data.prompt, data.messages, data.key_name, route.text, new_text))
+        if refusal is None:
+            return None
+        log.info("event=content_blocked stage=output guard=%s request_id=%s", refusal.guard, route.request_id)
+        return f"refused by guard {refusal.guard}: {refusal.reason}"
+
+    async def _look_up(self, cmd: Generate, context: RequestContext) -> Admitted | None:
+        if self.cache is None or cmd.cache == "off":
+            return None
+        started = time.perf_counter()
+        try:
+            query = make_query(self.renderer, cmd.model, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
+                               cmd.cache_threshold)
+        except Exception as exc:  # a template that cannot render this input: no caching, no failure
+            log.warning("event=cache_query_failed client_id=%s error=%r", cmd.id, exc)
+            return None
+        if query is None:
+            return None
+        lookup = await self.cache.lookup(query)
+        context.cache_query, context.cache_vector = query, lookup.vector
+        hit = lookup.hit
+        if hit is None:
+            return None
+        entry = hit.entry
+        text = "".join(entry.chunks)
+        if self.guards:
+            data = context.guard_input
+            refusal = first_refusal(self.guards, GuardInput(data.request_id, data.model, data.prompt, data.messages,
+                                                            data.key_name, text, text))
+            if refusal is not None:
+                raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", cmd.id)
+        usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
+        events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
+                               time.perf_counter() - started, entry.entry_id)
+        log.info("event=cache_hit client_id=%s layer=%s similarity=%.4f entry=%s", cmd.id, hit.layer,
+                 hit.similarity, entry.entry_id)
+        self._spawn(self._settle_usage(context.key_id, context.guard_input.request_id, usage, cache_hit=True))
+        return Admitted(cached=events, hit=hit, asked=query.question)
+
+    async def _refuse_if_overloaded(self, cmd: Generate) -> None:
+        retry = self.settings.retry_after_s
+        if self.load.observed and self.load.workers == 0:
+            raise ProtocolError("no_workers", "no worker is serving this model now; try again shortly", cmd.id,
+                                retry_after_s=retry)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for name in keys.queue_lists(cmd.model):
+                pipe.llen(name)
+            depth = sum(await pipe.execute())
+        except aioredis.RedisError:
+            return  # the enqueue just after says `unavailable`
+        limit = self.settings.max_queue_depth
+        if depth >= limit:
+            raise ProtocolError("overloaded", f"{depth} requests are waiting (the limit is {limit}); try again shortly",
+                                cmd.id, retry_after_s=retry)
+        if cmd.deadline_ms is not None:
+            wait = self.load.estimated_wait_s(depth)
+            if wait is not None and wait * 1000 > cmd.deadline_ms:
+                raise ProtocolError(
+                    "overloaded", f"the estimated wait ({wait:.1f} s) is longer than the deadline "
+                    f"({cmd.deadline_ms} ms); try again shortly or allow more time", cmd.id, retry_after_s=retry)
+
+    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink) -> None:
+        params = cmd.params
+        if params.temperature > 0 and params.seed is None:
+            # Drawn here, once: a worker that continues this request after a crash samples the
+            # same random stream, so the answer is the one an uninterrupted run would give.
+            params = params.model_copy(update={"seed": secrets.randbits(63)})
+        now = time.time()
+        key = context.caller.key
+        queued = QueuedRequest(
+            request_id=rid, client_id=cmd.id, reply_channel=self.reply_channel, enqueued_at=now, model=cmd.model,
+            prompt=cmd.prompt, messages=cmd.messages, params=params,
+            deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
+            api_key=key.id if key else None,
+        )
+        # Route first: a fast worker's first token must find its way back.
+        keep_text = context.cache_query is not None or bool(self.guards)
+        self.router.add(Route(rid, cmd.id, sink, keep_text=keep_text, context=context))
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=self.settings.stream_ttl_s)
+            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            await pipe.execute()
+            await asyncio.to_thread(enqueue, queued, True)
+        except Exception as exc:  # Redis or broker down: this request fails, the door lives
+            self.router.remove(rid)
+            self._release(context.caller, rid)
+            log.warning("event=enqueue_failed request_id=%s error=%r", rid, exc)
+            self._spawn(self.stop(rid))  # the client was told it failed: it must not run later
+            raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id,
+                                retry_after_s=self.settings.retry_after_s) from None
+        log.info("event=enqueued request_id=%s client_id=%s door=%s", rid, cmd.id, context.caller.door)
+
+    # ---- out --------------------------------------------------------------------------------------
+
+    async def stop(self, rid: str) -> None:
+        """Cancel a request everywhere: queued, it never runs; running, it frees its slot."""
+        try:
+            await self.redis.set(keys.cancelled(rid), "1", ex=self.settings.cancel_ttl_s)
+            await self.redis.zrem(keys.UNCLAIMED, rid)
+            await self.redis.publish(keys.CANCEL_CHANNEL, rid)
+        except aioredis.RedisError as exc:
+            log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
+
+    def settle(self, route: Route, reply: ReplyEvent | None) -> None:
+        """A route ended (`reply` is its done or error event; None when cancelled or abandoned)."""
+        context = route.context
+        if not isinstance(context, RequestContext) or context.settled:
+            return
+        context.settled = True
+        usage = (reply.usage if reply is not None else None) or {}
+        if reply is not None and reply.type == "done" and context.cache_query is not None and self.cache is not None \
+                and reply.finish_reason in ("stop", "length"):
+            self._spawn(self.cache.insert(context.cache_query, context.cache_vector, route.chunks, reply.finish_reason,
+                                          usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
+        self._spawn(self._settle_usage(context.key_id, route.request_id, usage, cache_hit=False))
+
+    async def _settle_usage(self, key_id: str | None, rid: str, usage: dict, cache_hit: bool) -> None:
+        if key_id is None:
+            return
+        prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        try:
+            await self.limiter.release(key_id, rid)
+            await self.key_store.record_usage(key_id, prompt, completion, cache_hit)
+            if not cache_hit:  # a cached answer cost no compute: it does not count against tokens per minute
+                await self.limiter.charge_tokens(key_id, prompt + completion)
+        except aioredis.RedisError as exc:  # the slot expires by itself (KeyLimiter's stale age)
+            log.warning("event=usage_not_recorded key=%s request_id=%s error=%r", key_id, rid, exc)
+
+    def _release(self, caller: Caller, rid: str) -> None:
+        if caller.key is not None:
+            self._spawn(self._release_slot(caller.key.id, rid))
+
+    async def _release_slot(self, key_id: str, rid: str) -> None:
+        try:
+            await self.limiter.release(key_id, rid)
+        except aioredis.RedisError as exc:
+            log.warning("event=slot_not_released key=%s request_id=%s error=%r", key_id, rid, exc)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

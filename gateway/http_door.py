@@ -1,0 +1,203 @@
+"""The OpenAI-compatible HTTP door: /v1/chat/completions, /v1/completions (JSON or SSE), /v1/models.
+
+A thin adapter: the body becomes a `Generate` (gateway/openai_schema.py), the gateway admits it
+like any WebSocket request, and the request's events (in the WebSocket protocol's shapes) are
+rendered as an OpenAI response. A streamed response starts only with the first token, so an
+error a worker reports before any token (a prompt past the context, a deadline) still gets its
+proper status; a failure after streaming began is sent as a last `data: {"error": ...}` event.
+A client that goes away cancels its request at once: an HTTP client cannot resume.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway import openai_schema as oa
+from gateway.admission import Caller
+from gateway.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from gateway.server import Gateway
+
+log = logging.getLogger("brigade.gateway")
+
+
+class HttpAnswer:
+    """The sink of one HTTP request: its events, in order, for the response to read."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[dict] = asyncio.Queue()
+
+    def send(self, event: dict) -> None:
+        self.events.put_nowait(event)
+
+    def ended(self, client_id: str) -> None:
+        pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_response(err: ProtocolError, retry_after_s: float | None = None) -> JSONResponse:
+    status = oa.status_of(err.code)
+    headers = {}
+    retry = err.retry_after_s if err.retry_after_s is not None else retry_after_s
+    if status in (429, 503) and retry is not None:
+        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
+    return JSONResponse(oa.error_body(err.code, err.message, err.field), status_code=status, headers=headers)
+
+
+def _event_error(event: dict) -> ProtocolError:
+    return ProtocolError(event.get("code") or "internal_error", event.get("message") or "", None, event.get("field"),
+                         event.get("retry_after_s"))
+
+
+async def _next_event(answer: HttpAnswer, request: Request) -> dict:
+    """The next event of this request, unless the client leaves first."""
+    if not answer.events.empty():
+        return answer.events.get_nowait()
+    get = asyncio.ensure_future(answer.events.get())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not get.done():
+            get.cancel()
+    if get.done() and not get.cancelled():
+        return get.result()
+    raise ClientGone()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class HttpDoor:
+    def __init__(self, gateway: "Gateway"):
+        self.gateway = gateway
+        self.settings = gateway.settings
+
+    async def caller(self, request: Request) -> Caller:
+        header = request.headers.get("authorization")
+        return Caller(await self.gateway.authenticate(header), "http")
+
+    async def models(self, request: Request) -> Response:
+        try:
+            await self.caller(request)
+        except ProtocolError as err:
+            return error_response(err)
+        model = {"id": self.settings.model_name, "object": "model", "created": self.gateway.started_at,
+                 "owned_by": "brigade", "max_model_len": self.gateway.context_length()}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, chat: bool) -> Response:
+        client_id = uuid.uuid4().hex[:16]
+        try:
+            caller = await self.caller(request)
+            try:
+                body = json.loads(await request.body())
+            except (ValueError, RecursionError):
+                raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
+            cmd, opts = oa.parse(body, chat, self.gateway.protocol, self.settings.http_default_max_tokens, client_id)
+            answer = HttpAnswer()
+            admitted = await self.gateway.admission.admit(cmd, caller, answer)
+        except ProtocolError as err:
+            return error_response(err)
+        except Exception:
+            log.exception("event=http_request_failed")
+            return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+        for event in admitted.cached:
+            answer.send(event)
+        rid = admitted.request_id or client_id
+        try:
+            first = await self._first_event(answer, request, admitted.request_id)
+        except ClientGone:
+            return Response(status_code=499)
+        if first["type"] == "error":
+            return error_response(_event_error(first), self.settings.retry_after_s)
+        headers = {"x-request-id": rid}
+        if opts.stream:
+            return StreamingResponse(self._stream(request, answer, opts, rid, first, admitted.request_id),
+                                     media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, event = [], first
+        try:
+            while event["type"] == "token":
+                text.append(event["text"])
+                event = await _next_event(answer, request)
+        except ClientGone:
+            self.gateway.abandon(admitted.request_id, answer)
+            return Response(status_code=499)
+        if event["type"] == "error":
+            return error_response(_event_error(event), self.settings.retry_after_s)
+        body = oa.completion_body(opts, rid, "".join(text), event, oa.now(), admitted.request_id)
+        headers.update(_timing_headers(body["brigade"]))
+        return JSONResponse(body, headers=headers)
+
+    async def _first_event(self, answer: HttpAnswer, request: Request, rid: str | None) -> dict:
+        while True:
+            try:
+                event = await _next_event(answer, request)
+            except ClientGone:
+                self.gateway.abandon(rid, answer)
+                raise
+            if event["type"] != "queued":
+                return event
+
+    async def _stream(self, request: Request, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict,
+                      request_id: str | None):
+        created = oa.now()
+        event, ended, started = first, False, False
+        try:
+            while True:
+                if event["type"] == "token":
+                    yield _sse(oa.chunk(opts, rid, created, event["text"], first=not started))
+                    started = True
+                elif event["type"] == "done":
+                    ended = True
+                    if not started:  # an empty answer still opens the assistant's message
+                        yield _sse(oa.chunk(opts, rid, created, "", first=True))
+                    extra = oa.brigade_extra(event, request_id)
+                    yield _sse(oa.chunk(opts, rid, created, finish=oa.finish_reason(event.get("finish_reason")),
+                                        extra=extra))
+                    if opts.include_usage:
+                        yield _sse(oa.chunk(opts, rid, created, usage=oa.usage_of(event)))
+                    yield "data: [DONE]\n\n"
+                    return
+                elif event["type"] == "error":
+                    ended = True
+                    err = _event_error(event)
+                    yield _sse(oa.error_body(err.code, err.message, err.field))
+                    yield "data: [DONE]\n\n"
+                    return
+                event = await answer.events.get()
+        finally:
+            if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
+                self.gateway.abandon(request_id, answer)
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _timing_headers(extra: dict) -> dict:
+    headers = {"x-brigade-cache": extra.get("cached") or "miss"}
+    for name, value in (extra.get("timing") or {}).items():
+        if value is not None:
+            headers[f"x-brigade-{name.replace('_', '-')}"] = str(value)
+    return headers

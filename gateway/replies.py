@@ -1,0 +1,165 @@
+"""Workers' events into the reply router: this gateway's pub/sub channel, and replay logs.
+
+One subscription per gateway carries the live events of every request it queued. After a lost
+subscription, each live route catches up from its request's replay log before listening again,
+so nothing falls in the gap. Resumed requests (any gateway's) are followed through their replay
+logs with XREAD. Every event goes through the router, which decides once what its client sees;
+each resulting delivery is handed to `deliver`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+import redis.asyncio as aioredis
+
+from gateway.router import GAP, Delivery, ReplyRouter, Route
+from ops import keys
+from ops.messages import ReplyEvent
+from ops.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+LOST_WITH_REDIS = "the request was lost while Redis was unavailable; resend it"
+
+
+class ReplyIntake:
+    def __init__(self, settings: Settings, router: ReplyRouter, redis: aioredis.Redis, reply_channel: str,
+                 deliver: Callable[[Delivery], None]):
+        self.settings = settings
+        self.router = router
+        self.redis = redis
+        self.reply_channel = reply_channel
+        self.deliver = deliver
+        # The subscriber has no read timeout (it idles between events) but checks its connection.
+        self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
+        # XREAD blocks for a while: this connection's read timeout must outlast the block.
+        self.follower = aioredis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=2)
+        self.subscribed = asyncio.Event()
+        self.follow_changed = asyncio.Event()
+        self._background: set[asyncio.Task] = set()
+
+    def _send(self, delivery: Delivery | None) -> None:
+        if delivery is not None:
+            self.deliver(delivery)
+
+    async def listen(self) -> None:
+        delay, down_since, first = 0.25, None, True
+        while True:
+            try:
+                pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(self.reply_channel)
+                if not first:
+                    # Pub/sub lost whatever was published while we were away; the replay logs did not.
+                    await self.catch_up(list(self.router.live))
+                    log.info("event=reply_router_reconnected routes=%d", len(self.router.live))
+                first, delay, down_since = False, 0.25, None
+                self.subscribed.set()
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        event = ReplyEvent.model_validate_json(message["data"])
+                    except ValueError:
+                        log.error("event=bad_reply_event data=%r", message["data"][:200])
+                        continue
+                    outcome = self.router.accept(event)
+                    if outcome is GAP:
+                        # Something was missed. The replay log has it, in order.
+                        self._spawn(self.catch_up([event.request_id]))
+                    else:
+                        self._send(outcome)
+            except Exception as exc:  # Redis, or anything else: the router must outlive it
+                down_since = down_since or time.monotonic()
+                log.warning("event=reply_router_reconnect error=%r retry_s=%.2f", exc, delay)
+                if time.monotonic() - down_since > self.settings.redis_outage_grace_s:
+                    self.fail_all("unavailable", "the service lost its connection to Redis; resend the request")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def catch_up(self, rids: list[str]) -> None:
+        """Forward what each request's replay log holds beyond what its client has; a request
+        whose records are gone (Redis lost its data) ends with an error instead of waiting forever."""
+        for rid in rids:
+            route = self.router.live.get(rid)
+            if route is None:
+                continue
+            entries = await self.redis.xrange(keys.stream(rid))
+            for _, fields in entries:
+                if self.router.live.get(rid) is not route:
+                    break
+                event = logged_event(fields)
+                if event is not None:
+                    self._send(self.router.forward(route, event))
+            if self.router.live.get(rid) is route and not entries and not await self.redis.exists(keys.request(rid)):
+                self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+
+    def follow(self, route: Route) -> None:
+        self.router.add(route, followed=True)
+        self.follow_changed.set()
+
+    async def follow_streams(self) -> None:
+        """Resumed requests: read their replay logs from where each client stands, then live."""
+        delay = 0.25
+        followed = self.router.followed
+        while True:
+            if not followed:
+                self.follow_changed.clear()
+                await self.follow_changed.wait()
+                continue
+            self.follow_changed.clear()
+            rid_of = {keys.stream(rid).encode(): rid for rid in followed}
+            streams = {keys.stream(rid): route.stream_id for rid, route in followed.items()}
+            try:
+                if delay > 0.25:  # back from an error: a log that vanished (Redis lost its data) ends its follow
+                    await self._end_vanished_follows()
+                replies = await self.follower.xread(streams, count=1000, block=250)
+                delay = 0.25
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("event=stream_follower_error error=%r retry_s=%.2f", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            for stream_key, entries in replies or []:
+                rid = rid_of[stream_key]
+                for entry_id, fields in entries:
+                    route = followed.get(rid)
+                    if route is None:
+                        break
+                    route.stream_id = entry_id.decode()
+                    event = logged_event(fields)
+                    if event is not None:
+                        self._send(self.router.forward(route, event))
+
+    async def _end_vanished_follows(self) -> None:
+        for rid, route in list(self.router.followed.items()):
+            if not await self.follower.exists(keys.stream(rid), keys.request(rid)):
+                self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+
+    def fail_all(self, code: str, message: str) -> None:
+        for route in self.router.routes():
+            self.end_with_error(route, code, message)
+
+    def end_with_error(self, route: Route, code: str, message: str) -> None:
+        self._send(self.router.forward(route, ReplyEvent(type="error", request_id=route.request_id, code=code,
+                                                         message=message)))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for client in (self.subscriber, self.follower):
+            await client.aclose()
+
+
+def logged_event(fields: dict) -> ReplyEvent | None:
+    """One replay-log entry as an event; a malformed entry is logged and skipped, never fatal."""
+    try:
+        return ReplyEvent.model_validate_json(fields[b"event"])
+    except (KeyError, ValueError):
+        log.error("event=bad_log_entry fields=%r", str(fields)[:200])
+        return None

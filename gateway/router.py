@@ -1,0 +1,119 @@
+"""The reply router: which waiting client gets a worker's event, and in what shape. No sockets, no Redis.
+
+A route maps a server request id to a sink (a WebSocket connection, an HTTP response) and the
+client's own id. Live routes are fed by this gateway's pub/sub channel; followed routes (a
+client that resumed, on any gateway) by the request's replay log. For each event the router
+decides once, for every door: drop it (stale epoch, an index already forwarded, no route),
+report a gap (the replay log has what pub/sub lost), or deliver it as a client event, ending
+the route on `done` or `error`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.protocol import done_event, token_event
+from ops.messages import ReplyEvent
+
+
+class Sink(Protocol):
+    """Where a route's client events go (in the WebSocket protocol's shapes)."""
+
+    def send(self, event: dict) -> None: ...
+
+
+@dataclass
+class Route:
+    request_id: str
+    client_id: str
+    sink: Sink
+    next_index: int = 0
+    epoch: int = 0  # the newest claim epoch seen; older events are stale
+    since: float = field(default_factory=time.time)  # when this sink took the request on
+    stream_id: str = "0-0"  # followed routes: the last replay-log entry read
+    keep_text: bool = False  # the answer is needed at the end (cache, output guards)
+    chunks: list[str] = field(default_factory=list)
+    # What admission knows of the request (cache query, caller, guard input): settled at the end.
+    context: Any = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    route: Route
+    event: dict  # the client event
+    reply: ReplyEvent  # the worker's event it came from
+    ended: bool = False
+
+
+GAP = object()  # accept(): a token arrived ahead of the next index; catch up from the replay log
+
+
+class ReplyRouter:
+    def __init__(self) -> None:
+        self.live: dict[str, Route] = {}
+        self.followed: dict[str, Route] = {}
+
+    def add(self, route: Route, followed: bool = False) -> None:
+        (self.followed if followed else self.live)[route.request_id] = route
+
+    def get(self, rid: str, sink: Sink | None = None) -> Route | None:
+        for table in (self.live, self.followed):
+            route = table.get(rid)
+            if route is not None and (sink is None or route.sink is sink):
+                return route
+        return None
+
+    def remove(self, rid: str, sink: Sink | None = None) -> Route | None:
+        """Stop routing a request (to `sink` only, when given: another connection may follow it too)."""
+        for table in (self.live, self.followed):
+            route = table.get(rid)
+            if route is not None and (sink is None or route.sink is sink):
+                del table[rid]
+                return route
+        return None
+
+    def accept(self, event: ReplyEvent) -> Delivery | object | None:
+        """A live event from pub/sub: a delivery, GAP, or None (nobody waits for it, or already sent)."""
+        route = self.live.get(event.request_id)
+        if route is None:
+            return None  # cancelled, or its client left
+        if event.type == "token" and event.index is not None and event.index > route.next_index:
+            return GAP
+        return self.forward(route, event)
+
+    def forward(self, route: Route, event: ReplyEvent) -> Delivery | None:
+        """One worker event for one route, unless stale or already sent; ends the route on done/error."""
+        if event.epoch is not None:
+            if event.epoch < route.epoch:
+                return None  # from a worker whose claim was taken over
+            route.epoch = event.epoch
+        if event.type == "token":
+            if event.index is None or event.index < route.next_index:
+                return None  # already forwarded
+            route.next_index = event.index + 1
+            if route.keep_text:
+                route.chunks.append(event.text or "")
+            return Delivery(route, token_event(route.client_id, event.index, event.text or ""), event)
+        if not self._end(route):
+            return None  # already ended (a duplicate done, or a catch-up racing the live event)
+        if event.type == "done":
+            client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing)
+        else:
+            client_event = {"type": "error", "id": route.client_id, "code": event.code or "error",
+                            "message": event.message or ""}
+        return Delivery(route, client_event, event, ended=True)
+
+    def _end(self, route: Route) -> bool:
+        for table in (self.live, self.followed):
+            if table.get(route.request_id) is route:
+                del table[route.request_id]
+                return True
+        return False
+
+    def routes(self) -> list[Route]:
+        return [*self.live.values(), *self.followed.values()]

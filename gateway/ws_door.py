@@ -1,0 +1,238 @@
+"""The WebSocket door: Brigade's own streaming protocol at /v1/ws (see the README).
+
+Per connection: a reader (frames -> commands) and a writer draining an outbox, so that one slow
+client never stalls the shared reply router. A client that leaves may `resume` its requests
+(on any gateway) within the grace time; after it, they are cancelled. When the gateway itself
+stops, connections get a close frame (1012) and their requests run on, for a resume elsewhere.
+
+Browsers cannot set headers on a WebSocket: besides `Authorization: Bearer KEY`, the key may be
+offered as the subprotocol `brigade.bearer.KEY` next to `brigade`, which the gateway selects.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gateway.admission import Caller, RequestContext
+from gateway.content_guards import GuardInput
+from gateway.protocol import Cancel, Feedback, Generate, ProtocolError, Resume, done_event
+from gateway.router import Route
+from ops import keys
+from ops.messages import QueuedRequest
+
+if TYPE_CHECKING:
+    from gateway.server import Gateway
+
+log = logging.getLogger("brigade.gateway")
+
+OUTBOX_LIMIT = 10_000  # events waiting for one slow client before it is disconnected
+SERVED_FROM_CACHE_KEPT = 256  # cached answers per connection that `feedback` can still name
+SUBPROTOCOL = "brigade"
+BEARER_SUBPROTOCOL = "brigade.bearer."
+
+
+class WebSocketSession:
+    """One client connection: the sink of all its requests' events."""
+
+    def __init__(self, ws: WebSocket, caller: Caller):
+        self.ws = ws
+        self.caller = caller
+        self.outbox: asyncio.Queue = asyncio.Queue(OUTBOX_LIMIT)
+        self.active: dict[str, str] = {}  # client id -> server request id
+        # Recent cached answers: client id -> (entry id, the question asked), for `feedback`.
+        self.served_from_cache: OrderedDict = OrderedDict()
+        self._closing: asyncio.Task | None = None
+
+    def remember_cached(self, client_id: str, entry_id: str, asked: str) -> None:
+        self.served_from_cache[client_id] = (entry_id, asked)
+        self.served_from_cache.move_to_end(client_id)
+        while len(self.served_from_cache) > SERVED_FROM_CACHE_KEPT:
+            self.served_from_cache.popitem(last=False)
+
+    def send(self, event: dict) -> None:
+        try:
+            self.outbox.put_nowait(event)
+        except asyncio.QueueFull:
+            # The client reads slower than its own answers arrive; it alone pays for that.
+            if self._closing is None:
+                log.warning("event=slow_client_disconnected active=%d", len(self.active))
+                self._closing = asyncio.ensure_future(self.ws.close(1008, "client too slow"))
+
+    def ended(self, client_id: str) -> None:
+        self.active.pop(client_id, None)
+
+    async def write_forever(self) -> None:
+        while True:
+            event = await self.outbox.get()
+            await self.ws.send_text(json.dumps(event))
+
+
+def offered_key(ws: WebSocket) -> str | None:
+    """The API key: an Authorization header, else a `brigade.bearer.KEY` subprotocol."""
+    header = ws.headers.get("authorization")
+    if header:
+        return header
+    for proto in ws.scope.get("subprotocols") or []:
+        if proto.startswith(BEARER_SUBPROTOCOL):
+            return "Bearer " + proto[len(BEARER_SUBPROTOCOL):]
+    return None
+
+
+class WebSocketDoor:
+    def __init__(self, gateway: "Gateway"):
+        self.gateway = gateway
+        self.settings = gateway.settings
+
+    async def serve(self, ws: WebSocket) -> None:
+        offered = ws.scope.get("subprotocols") or []
+        await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        try:
+            caller = Caller(await self.gateway.authenticate(offered_key(ws)), "ws")
+        except ProtocolError as err:
+            # Accepted first so that a browser, which never sees a refused handshake's status, reads why.
+            await ws.send_text(json.dumps(err.event()))
+            await ws.close(1008, "unauthorized")
+            return
+        session = WebSocketSession(ws, caller)
+        writer = asyncio.create_task(session.write_forever())
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                frame = message.get("text")
+                await self._on_frame(session, frame if frame is not None else message.get("bytes") or b"")
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self._left(session)
+            writer.cancel()
+
+    def _left(self, session: WebSocketSession) -> None:
+        if self.gateway.stopping:
+            return  # the gateway stops, not the client: its requests run on for a resume elsewhere
+        # A client that leaves may come back with `resume` (to any gateway) within the grace time;
+        # after it, its requests stop: queued ones never run, running ones free their slot.
+        for rid in list(session.active.values()):
+            route = self.gateway.router.remove(rid, session)
+            if route is None:
+                continue
+            # A resume after this connection took the request on means the client is back
+            # elsewhere, even if it came back before this connection was seen to close.
+            self.gateway.spawn(self._cancel_unless_resumed(route))
+        session.active.clear()
+
+    async def _cancel_unless_resumed(self, route: Route) -> None:
+        await asyncio.sleep(self.settings.resume_grace_s)
+        try:
+            resumed_at = await self.gateway.redis.get(keys.resumed(route.request_id))
+        except aioredis.RedisError:
+            resumed_at = None
+        if resumed_at is not None and float(resumed_at) > route.since:
+            return
+        await self.gateway.admission.stop(route.request_id)
+        self.gateway.admission.settle(route, None)
+        log.info("event=abandoned request_id=%s", route.request_id)
+
+    async def _on_frame(self, session: WebSocketSession, frame: str | bytes) -> None:
+        try:
+            command = self.gateway.protocol.parse(frame)
+            if isinstance(command, Generate):
+                await self._generate(session, command)
+            elif isinstance(command, Cancel):
+                if command.id not in session.active:
+                    raise ProtocolError("unknown_id", f"no request {command.id!r} is running on this connection",
+                                        command.id, "id")
+                self._cancel(session, command.id)
+            elif isinstance(command, Resume):
+                await self._resume(session, command)
+            elif isinstance(command, Feedback):
+                await self._feedback(session, command)
+        except ProtocolError as err:
+            session.send(err.event())
+        except Exception:  # a bug must cost this one message, not the connection and its other requests
+            log.exception("event=frame_failed")
+            session.send({"type": "error", "code": "internal_error", "message": "the gateway failed on this message"})
+
+    async def _generate(self, session: WebSocketSession, cmd: Generate) -> None:
+        if cmd.id in session.active:
+            # No `id` on this error: an error carrying an id ends that request, and this one runs on.
+            raise ProtocolError("duplicate_id", f"request {cmd.id!r} is already running on this connection", None, "id")
+        if len(session.active) >= self.settings.max_requests_per_connection:
+            raise ProtocolError("too_many_requests",
+                                f"at most {self.settings.max_requests_per_connection} requests at once per connection",
+                                cmd.id)
+        admitted = await self.gateway.admission.admit(cmd, session.caller, session)
+        if admitted.request_id is None:
+            for event in admitted.cached:
+                session.send(event)
+            session.remember_cached(cmd.id, admitted.hit.entry.entry_id, admitted.asked)
+            return
+        session.active[cmd.id] = admitted.request_id
+        session.send({"type": "queued", "id": cmd.id, "request_id": admitted.request_id})
+
+    def _cancel(self, session: WebSocketSession, client_id: str) -> None:
+        rid = session.active.pop(client_id, None)
+        if rid is None:
+            return
+        route = self.gateway.router.remove(rid, session)
+        self.gateway.spawn(self.gateway.admission.stop(rid))
+        if route is not None:
+            self.gateway.admission.settle(route, None)
+        log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
+        session.send(done_event(client_id, "cancelled", None, None))
+
+    async def _resume(self, session: WebSocketSession, cmd: Resume) -> None:
+        rid = cmd.id
+        if rid in session.active:
+            raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
+        redis = self.gateway.redis
+        try:
+            record = await redis.get(keys.request(rid))
+            known = record is not None or await redis.exists(keys.stream(rid))
+            cancelled = await redis.exists(keys.cancelled(rid))
+            if known and not cancelled:
+                await redis.set(keys.resumed(rid), str(time.time()), ex=self.settings.stream_ttl_s)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
+        if not known:
+            raise ProtocolError("unknown_request", f"no request {rid!r} is known (or its replay log expired)", rid, "id")
+        if cancelled:
+            # Its client did not come back within the grace time (or cancelled it): it will not finish.
+            session.send(done_event(rid, "cancelled", None, None))
+            return
+        context = None
+        if record is not None:
+            # The key the request was admitted under is charged and released when it ends here.
+            queued = QueuedRequest.model_validate_json(record)
+            context = RequestContext(session.caller, GuardInput(rid, queued.model, queued.prompt, queued.messages),
+                                     key_id=queued.api_key)
+        route = Route(rid, rid, session, next_index=cmd.after_index + 1, context=context,
+                      keep_text=bool(self.gateway.admission.guards))
+        session.active[rid] = rid
+        self.gateway.intake.follow(route)
+        log.info("event=resumed request_id=%s after_index=%d", rid, cmd.after_index)
+
+    async def _feedback(self, session: WebSocketSession, cmd: Feedback) -> None:
+        served = session.served_from_cache.pop(cmd.id, None)
+        cache = self.gateway.admission.cache
+        if served is None or cache is None:
+            raise ProtocolError("unknown_request", f"no cached answer to {cmd.id!r} on this connection "
+                                "(feedback names the id of a request answered from the cache)", cmd.id, "id")
+        entry_id, asked = served
+        try:
+            evicted = await cache.forget(entry_id, asked)
+        except Exception as exc:  # Redis down: say so; the client may send it again
+            session.served_from_cache[cmd.id] = served
+            log.warning("event=cache_feedback_failed client_id=%s entry=%s error=%r", cmd.id, entry_id, exc)
+            raise ProtocolError("unavailable", "the feedback could not be recorded; try again shortly", cmd.id) from None
+        log.info("event=cache_feedback client_id=%s entry=%s verdict=%s evicted=%s", cmd.id, entry_id, cmd.verdict,
+                 evicted)
+        session.send({"type": "feedback_recorded", "id": cmd.id, "entry": entry_id, "evicted": evicted})
