@@ -59,20 +59,15 @@ def _event_error(event: dict) -> ProtocolError:
                          event.get("retry_after_s"))
 
 
-async def _next_event(answer: HttpAnswer, request: Request) -> dict:
-    """The next event of this request, unless the client leaves first."""
+async def _next_event(answer: HttpAnswer, gone: asyncio.Future) -> dict:
+    """The next event of this request, unless the client leaves first (`gone` completes)."""
     if not answer.events.empty():
         return answer.events.get_nowait()
     get = asyncio.ensure_future(answer.events.get())
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not get.done():
-            get.cancel()
-    if get.done() and not get.cancelled():
+    await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
         return get.result()
+    get.cancel()
     raise ClientGone()
 
 
@@ -124,50 +119,41 @@ class HttpDoor:
         for event in admitted.cached:
             answer.send(event)
         rid = admitted.request_id or client_id
+        # Until the response starts (streaming) or ends (not), the request's only sign of a client
+        # that left is the disconnect message; StreamingResponse watches for it after that.
+        gone = asyncio.ensure_future(_disconnected(request))
+        text: list[str] = []
         try:
-            first = await self._first_event(answer, request, admitted.request_id)
-        except ClientGone:
-            return Response(status_code=499)
-        if first["type"] == "error":
-            return error_response(_event_error(first), self.settings.retry_after_s)
-        headers = {"x-request-id": rid}
-        if opts.stream:
-            return StreamingResponse(self._stream(request, answer, opts, rid, first, admitted.request_id),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text, event = [], first
-        try:
-            while event["type"] == "token":
-                text.append(event["text"])
-                event = await _next_event(answer, request)
+            event = await _next_event(answer, gone)
+            while event["type"] == "queued" or (event["type"] == "token" and not opts.stream):
+                if event["type"] == "token":
+                    text.append(event["text"])
+                event = await _next_event(answer, gone)
         except ClientGone:
             self.gateway.abandon(admitted.request_id, answer)
             return Response(status_code=499)
+        finally:
+            gone.cancel()
         if event["type"] == "error":
             return error_response(_event_error(event), self.settings.retry_after_s)
+        headers = {"x-request-id": rid}
+        if opts.stream:
+            return StreamingResponse(self._stream(answer, opts, rid, event, admitted.request_id),
+                                     media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         body = oa.completion_body(opts, rid, "".join(text), event, oa.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
 
-    async def _first_event(self, answer: HttpAnswer, request: Request, rid: str | None) -> dict:
-        while True:
-            try:
-                event = await _next_event(answer, request)
-            except ClientGone:
-                self.gateway.abandon(rid, answer)
-                raise
-            if event["type"] != "queued":
-                return event
-
-    async def _stream(self, request: Request, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict,
-                      request_id: str | None):
+    async def _stream(self, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict, request_id: str | None):
         created = oa.now()
         event, ended, started = first, False, False
         try:
             while True:
                 if event["type"] == "token":
-                    yield _sse(oa.chunk(opts, rid, created, event["text"], first=not started))
-                    started = True
+                    if event["text"] or not started:  # an empty piece (a token still held back) says nothing
+                        yield _sse(oa.chunk(opts, rid, created, event["text"], first=not started))
+                        started = True
                 elif event["type"] == "done":
                     ended = True
                     if not started:  # an empty answer still opens the assistant's message

@@ -106,9 +106,20 @@ def _redis_answers(url: str) -> bool:
 
 
 def cmd_up(args) -> int:
-    """Redis (when none answers), one worker, the gateway and a reaper, stopped together on Ctrl-C."""
+    """Redis (when none answers), one worker, the gateway and a reaper (and Flower), stopped in
+    order on Ctrl-C or SIGTERM."""
+    from ops.ports import CannotListen, ensure_free
+
     settings = get_settings()
-    children: list[subprocess.Popen] = []
+    # Before anything starts: on a taken port (a second `brigade up`), the gateway could only
+    # fail, after a worker had joined the shared queue for nothing.
+    try:
+        ensure_free(settings.gateway_host, settings.gateway_port)
+        if args.flower:
+            ensure_free(settings.flower_host, settings.flower_port, "BRIGADE_FLOWER_PORT")
+    except CannotListen as exc:
+        print(exc, file=sys.stderr)
+        return 1
     redis_child: subprocess.Popen | None = None
     if not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
@@ -119,21 +130,25 @@ def cmd_up(args) -> int:
         if server is None:
             print("redis-server is not installed: sudo apt-get install -y redis-server", file=sys.stderr)
             return 1
-        redis_child = subprocess.Popen(
-            [server, "--port", str(url.port or 6379), "--save", "", "--appendonly", "no"], start_new_session=True
-        )
-        for _ in range(50):
-            if _redis_answers(settings.redis_url):
-                break
+        bind = "127.0.0.1" if url.hostname == "localhost" else url.hostname
+        redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "",
+                                        "--appendonly", "no"], start_new_session=True)
+        deadline = time.monotonic() + 5
+        while not _redis_answers(settings.redis_url):
+            if redis_child.poll() is not None or time.monotonic() > deadline:
+                stop_processes([redis_child])
+                print(f"redis-server did not come up at {settings.redis_url} (its output is above)", file=sys.stderr)
+                return 1
             time.sleep(0.1)
-    # Children get their own sessions: Ctrl-C reaches only this process, which then stops the
-    # services first and Redis last, so nothing is left talking to a Redis that is gone.
+    # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
+    # order (STOP_ORDER), so nothing is left talking to a part that is gone.
     me = [sys.executable, "-m", "ops.cli"]
-    children.append(subprocess.Popen(me + ["worker"], start_new_session=True))
-    children.append(subprocess.Popen(me + ["gateway"], start_new_session=True))
-    children.append(subprocess.Popen(me + ["reaper"], start_new_session=True))
+    parts = {"worker": me + ["worker"], "gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     if args.flower:
-        children.append(subprocess.Popen(me + ["flower"], start_new_session=True))
+        parts["flower"] = me + ["flower"]
+    children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in parts.items()}
+    if redis_child is not None:
+        children["redis"] = redis_child
     print(f"Brigade is starting: connect to {settings.ws_url}  (readiness: "
           f"http://{settings.gateway_host}:{settings.gateway_port}/readyz); Ctrl-C stops everything", flush=True)
 
@@ -145,14 +160,35 @@ def cmd_up(args) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    status = 0
     try:
-        while not stopping and all(c.poll() is None for c in children):
+        while not stopping:
+            exited = [(name, p.returncode) for name, p in children.items() if p.poll() is not None]
+            if exited:
+                name, code = exited[0]
+                print(f"brigade {name} exited (code {code}); stopping the rest", file=sys.stderr, flush=True)
+                status = 1
+                break
             time.sleep(0.2)
     finally:
-        stop_processes(children)
-        if redis_child is not None:
-            stop_processes([redis_child])
-    return 0
+        stop_in_order(children, settings)
+    return status
+
+
+# Who stops first: the gateway (its clients get a close frame and may resume on another gateway),
+# then the workers (they drain: running requests finish or go back to the queue), then the
+# reaper and Flower, which watch the workers, then the Redis that `up` started, which all use.
+STOP_ORDER = ("gateway", "worker", "reaper", "flower", "redis")
+
+
+def stop_in_order(children: dict[str, subprocess.Popen], settings) -> None:
+    grace = {"gateway": settings.gateway_shutdown_grace_s + 5, "worker": settings.drain_seconds + 10}
+    running = [name for name in STOP_ORDER if name in children and children[name].poll() is None]
+    if running:
+        print(f"stopping {', then '.join(running)}", file=sys.stderr, flush=True)
+    for name in STOP_ORDER:
+        if name in children:
+            stop_processes([children[name]], grace_s=grace.get(name, 5.0))
 
 
 def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
@@ -166,22 +202,38 @@ def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> 
             p.wait(max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
 
 
 def cmd_flower(args) -> int:
     settings = get_settings()
+    if "," in settings.flower_user + settings.flower_password:
+        # Flower splits FLOWER_BASIC_AUTH into several user:password pairs at commas.
+        print("BRIGADE_FLOWER_USER and BRIGADE_FLOWER_PASSWORD may not contain a comma", file=sys.stderr)
+        return 2
     argv = [
         sys.executable, "-m", "celery", "-A", "workers.app", "flower",
         f"--address={settings.flower_host}", f"--port={settings.flower_port}",
-        f"--basic-auth={settings.flower_user}:{settings.flower_password}",
     ]
-    os.execv(sys.executable, argv)
+    # The credentials go through the environment, which only this user can read (/proc/PID/environ),
+    # not the command line, which everyone's `ps` shows.
+    env = {**os.environ, "FLOWER_BASIC_AUTH": f"{settings.flower_user}:{settings.flower_password}"}
+    os.execve(sys.executable, argv, env)
 
 
 def cmd_chat(args) -> int:
-    from ops.chat import chat
+    from ops.chat import INTERRUPTED, ChatOptions, chat
 
-    return asyncio.run(chat(get_settings(), args.question, args.max_tokens, args.temperature))
+    settings = get_settings()
+    options = ChatOptions(
+        url=args.url or settings.ws_url, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        system=args.system, cache="off" if args.no_cache else "auto", api_key=args.api_key,
+        max_message_bytes=settings.max_message_bytes,
+    )
+    try:
+        return asyncio.run(chat(options, args.question))
+    except KeyboardInterrupt:  # before or after the session's own Ctrl-C handling
+        return INTERRUPTED
 
 
 def cmd_bench(args) -> int:
@@ -220,6 +272,12 @@ def cmd_cache(args) -> int:
     return run(args, get_settings())
 
 
+def cmd_keys(args) -> int:
+    from ops.key_commands import run
+
+    return run(args, get_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brigade", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -240,10 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="retry/drop every entry")
     p.set_defaults(fn=cmd_dlq)
     sub.add_parser("flower", help="start Flower on the Celery app (basic auth from settings)").set_defaults(fn=cmd_flower)
-    p = sub.add_parser("chat", help="ask a question over WebSocket and print tokens as they arrive")
+    p = sub.add_parser("chat", help="ask a question over WebSocket and print tokens as they arrive",
+                       description="Ask one question, or talk: Ctrl-C during an answer cancels it; Ctrl-D (exit 0) "
+                       "or Ctrl-C (exit 130) at the prompt ends the session.")
     p.add_argument("question", nargs="?", help="without it: an interactive session")
+    p.add_argument("--url", help="the gateway's WebSocket (default from BRIGADE_GATEWAY_HOST/PORT: ws://HOST:PORT/v1/ws)")
+    p.add_argument("--system", help="a system message that starts the conversation")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, help="same seed and question, same answer")
+    p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
+    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY") or None,
+                   help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     p.add_argument("target", choices=["engine", "cache", "soak"])
@@ -262,9 +328,24 @@ def main(argv: list[str] | None = None) -> int:
 
     add_parser(sub)
     sub.choices["cache"].set_defaults(fn=cmd_cache)
+    from ops.key_commands import add_parser as add_keys_parser
+
+    add_keys_parser(sub)
+    sub.choices["keys"].set_defaults(fn=cmd_keys)
     args = parser.parse_args(argv)
     setup_logging()
+    if args.command in ("up", "worker", "gateway", "reaper"):
+        _name_process(f"brigade-{args.command}")
     return args.fn(args) or 0
+
+
+def _name_process(name: str) -> None:
+    """Show the process as `name` in ps, top and pgrep (Linux's 15-character comm); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_NAME = 15
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 if __name__ == "__main__":
