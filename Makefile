@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test install redis model bench clean
+.PHONY: up test install redis browser model bench clean
 
 up: install
 	$(BIN)/brigade up
@@ -14,7 +14,7 @@ up: install
 test: install
 	$(BIN)/python -m pytest
 
-install: $(STAMP) redis model
+install: $(STAMP) redis browser model
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml
 
 redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+
+# The chat page's tests (tests/test_page.py) drive a real headless Chromium.
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 
 model: $(STAMP)
 	$(BIN)/brigade prepare
