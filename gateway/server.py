@@ -154,7 +154,8 @@ class Gateway:
         return report
 
     async def page(self, request: Request) -> FileResponse:
-        return FileResponse(STATIC / "index.html")
+        # Revalidated on every load, so a new version of the page is never served stale.
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 

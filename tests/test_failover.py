@@ -511,3 +511,74 @@ def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(flee
     # And the service answers new requests.
     fresh, _ = asyncio.run(stream_clients(fleet.url, lambda clients: None, n=1))
     assert_complete(fresh, expected, fleet)
+
+
+# ---- the other doors ----------------------------------------------------------------------------------
+
+def test_sigkill_mid_sse_stream_costs_an_openai_client_only_a_pause(fleet, expected):
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.port}/v1", api_key="none", max_retries=0, timeout=180)
+    pieces: list[str] = []
+    victim = None
+    with client.chat.completions.with_streaming_response.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0,
+            max_tokens=MAX_TOKENS, stream=True) as response:
+        rid = response.headers["x-request-id"]
+        for chunk in response.parse():
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason
+            if victim is None and len(pieces) >= 4:
+                holder = wait_until(lambda: fleet.holder(rid), 10, what="the request in a heartbeat")
+                victim = holder["worker"]
+                kill_worker(fleet, victim, signal.SIGKILL)
+                fleet.workers[victim].proc.wait(10)
+    try:
+        assert victim is not None, "the answer ended before the kill"
+        assert "".join(pieces) == expected["c0"], fleet.tails()
+        assert finish in ("stop", "length")
+        assert chunk.model_extra["brigade"]["timing"]["worker"] != victim  # another worker finished it
+    finally:
+        fleet.start_worker(victim)
+        fleet.wait_ready(list(fleet.workers))
+
+
+def test_a_stopping_gateway_closes_websockets_with_1012_and_the_request_is_resumed_elsewhere(fleet, expected):
+    from websockets.exceptions import ConnectionClosed
+
+    async def main():
+        answers = {"c1": Answer("c1")}
+        async with connect(fleet.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "c1", "max_tokens": MAX_TOKENS,
+                                      "messages": [{"role": "user", "content": PROMPTS[1]}]}))
+            while len(answers["c1"].tokens) < 4:
+                absorb(answers, json.loads(await ws.recv()))
+            fleet.gateway.proc.send_signal(signal.SIGTERM)
+            try:
+                while True:
+                    absorb(answers, json.loads(await ws.recv()))
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd else None
+        a = answers["c1"]
+        # Resume on the other gateway: it follows the replay log from the last index seen.
+        async with connect(fleet.other_url) as ws:
+            await ws.send(json.dumps({"type": "resume", "id": a.request_id, "after_index": a.indexes[-1]}))
+            resumed = {a.request_id: a}
+            while a.end is None:
+                absorb(resumed, json.loads(await asyncio.wait_for(ws.recv(), 120)))
+        return code, a
+
+    code, answer = asyncio.run(main())
+    try:
+        assert code == 1012
+        # uvicorn re-raises the SIGTERM once it has shut down cleanly, so the exit is "by SIGTERM".
+        assert fleet.gateway.proc.wait(30) in (0, -signal.SIGTERM), fleet.gateway.tail()
+        assert "event=gateway_stopping" in fleet.gateway.log_path.read_text()
+        assert answer.end["type"] == "done", answer.end
+        assert answer.indexes == list(range(len(answer.tokens)))
+        assert answer.text == expected["c1"]
+    finally:
+        fleet.gateway.stop()
+        fleet.gateway = BrigadeProcess("gateway", fleet.env, fleet.logs / "gateway-2.log")
+        wait_until(lambda: _status(fleet.port) == 200, 60, what="the gateway back")
