@@ -52,6 +52,10 @@ class NamedGuard:
     check: Guard
 
 
+class GuardConfigError(ValueError):
+    """BRIGADE_GUARDS names something that cannot be used: the gateway does not start."""
+
+
 class GuardRefusal(Exception):
     def __init__(self, guard: str, reason: str):
         super().__init__(f"refused by guard {guard}: {reason}")
@@ -67,13 +71,13 @@ def load_guards(spec: str) -> list[NamedGuard]:
             continue
         module_name, _, attr = name.partition(":")
         if not attr:
-            raise ValueError(f"BRIGADE_GUARDS entry {name!r} must be module:callable")
+            raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} must be module:callable")
         try:
             check = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise ValueError(f"BRIGADE_GUARDS entry {name!r} cannot be loaded: {exc}") from None
+            raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} cannot be loaded: {exc}") from None
         if not callable(check):
-            raise ValueError(f"BRIGADE_GUARDS entry {name!r} is not callable")
+            raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} is not callable")
         guards.append(NamedGuard(name, check))
     return guards
 

@@ -34,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway.admission import Admission
 from gateway.api_keys import AuthError, KeyStore
-from gateway.content_guards import configured
+from gateway.content_guards import GuardConfigError, configured
 from gateway.http_door import HttpDoor
 from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
@@ -241,7 +241,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def run_gateway(settings: Settings) -> None:
     sock = bind(settings.gateway_host, settings.gateway_port)
-    gateway = Gateway(settings)
+    try:
+        gateway = Gateway(settings)
+    except GuardConfigError as exc:
+        raise SystemExit(f"brigade gateway: {exc}") from None
     config = uvicorn.Config(
         gateway.app(), ws="websockets-sansio", ws_max_size=settings.max_message_bytes,
         ws_ping_interval=settings.ws_ping_interval_s, ws_ping_timeout=settings.ws_ping_timeout_s,

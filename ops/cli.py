@@ -245,6 +245,10 @@ def cmd_bench(args) -> int:
 
         engine = Engine.load(engine_config(settings))
         report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128)
+    elif args.target == "doors":
+        from ops.door_bench import run
+
+        report = run(settings, args.url, args.rounds, args.max_tokens or 16, args.api_key)
     elif args.target == "soak":
         from ops.soak import run
 
@@ -312,14 +316,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache", "soak"])
+    p.add_argument("target", choices=["engine", "cache", "soak", "doors"])
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
-    p.add_argument("--max-tokens", type=int, help="new tokens per request (default: engine 128, soak 16)")
+    p.add_argument("--max-tokens", type=int, help="new tokens per request (default: engine 128, soak and doors 16)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
     p.add_argument("--pairs", help="cache (required): JSONL question pairs whose duplicates are asked as rewordings")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
     p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
     p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")
+    p.add_argument("--rounds", type=int, default=20, help="doors: requests through each door")
+    p.add_argument("--url", help="doors: the gateway (default http://BRIGADE_GATEWAY_HOST:PORT)")
+    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY"), help="doors: a key, when keys are required")
     p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
     p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
     p.add_argument("--json", help="also write the report to this file")

@@ -11,3 +11,6 @@ def setup_logging(level: str | None = None) -> None:
         level=level,
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
+    # Libraries that log every request at INFO would drown Brigade's own events.
+    for name in ("httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(name).setLevel(logging.WARNING)
