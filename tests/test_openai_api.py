@@ -368,3 +368,36 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_the_
     wait_until(lambda: doors.redis.client.exists(keys.cancelled(rid)), 10, what="the gateway to cancel")
     wait_until(lambda: rid not in _running(doors), 10, what="the worker to free the slot")
     assert doors.redis.client.xlen(keys.stream(rid)) < 400
+
+
+def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_answer_ends(doors):
+    key = _create_key(doors.store_url, max_concurrent=1)
+    client = doors.client(doors.strict, key)
+    for _ in range(2):  # one miss, then the same answer from the cache; each ends and frees the slot
+        client.chat.completions.create(**_chat("Name a color.", max_tokens=4))
+
+    async def usage():
+        r = redis_lib.asyncio.Redis.from_url(doors.store_url)
+        try:
+            return await KeyStore(r).usage(key.split("_")[1])
+        finally:
+            await r.aclose()
+
+    wait_until(lambda: asyncio.run(usage())["requests"] == 2, 10, what="usage of both requests")
+    counted = asyncio.run(usage())
+    assert counted["cache_hits"] == 1 and counted["completion_tokens"] >= 2 and counted["prompt_tokens"] > 0
+
+    async def two_at_once():
+        a = doors.async_client(doors.strict, key)
+
+        async def one(q):
+            try:
+                await a.chat.completions.create(**_chat(q, max_tokens=24, extra_body={"cache": "off"}))
+                return 200
+            except openai.APIStatusError as exc:
+                return exc.status_code
+        out = await asyncio.gather(one("Tell me about tea."), one("Tell me about coffee."))
+        await a.close()
+        return sorted(out)
+
+    assert asyncio.run(two_at_once()) == [200, 429]
