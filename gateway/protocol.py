@@ -220,6 +220,9 @@ class ClientProtocol:
                 "invalid_field", "each message needs `role` (system, user or assistant) and string `content`: "
                 + _first_error(exc), rid, "messages",
             ) from None
+        for i, m in enumerate(parsed):
+            if not m.content.strip():
+                raise ProtocolError("invalid_field", f"`messages[{i}].content` is empty", rid, "messages")
         self._check_length(sum(len(m.content) for m in parsed), rid, "messages")
         return parsed
 

@@ -69,7 +69,8 @@ BAD_VALUES = JSON | HUGE_STRS | st.sampled_from(
 IDS = st.text(CHARS, min_size=1, max_size=SETTINGS.max_id_chars)
 ANY_IDS = st.text(ANY_CHARS, min_size=1, max_size=SETTINGS.max_id_chars)
 MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
-                                           "content": st.text(CHARS, max_size=50)}), min_size=1, max_size=4)
+                                           "content": st.text(CHARS, min_size=1, max_size=50).filter(str.strip)}),
+                    min_size=1, max_size=4)
 VALID = {  # a valid value for every field of every command
     "type": st.sampled_from(["generate", "cancel", "resume", "feedback", "random"]),
     "id": IDS,

@@ -49,6 +49,10 @@ def good(**fields) -> str:
         (json.dumps({"type": "generate", "id": "r1", "messages": []}), "invalid_field", "messages"),
         (json.dumps({"type": "generate", "id": "r1", "messages": [{"role": "robot", "content": "x"}]}),
          "invalid_field", "messages"),
+        (json.dumps({"type": "generate", "id": "r1", "messages": [{"role": "user", "content": ""}]}),
+         "invalid_field", "messages"),
+        (json.dumps({"type": "generate", "id": "r1", "messages": [{"role": "user", "content": " \n\t"}]}),
+         "invalid_field", "messages"),
         (json.dumps({"type": "generate", "id": "r1", "prompt": "a", "messages": [{"role": "user", "content": "x"}]}),
          "missing_field", "prompt"),
     ],
@@ -78,6 +82,17 @@ def test_good_generate_is_parsed_with_defaults(protocol):
 def test_chat_messages_are_accepted(protocol):
     cmd = protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": [{"role": "user", "content": "hey"}]}))
     assert cmd.messages[0].role == "user" and cmd.prompt is None
+
+
+def test_a_blank_message_is_refused_like_a_blank_prompt_naming_its_index(protocol):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "   "}]
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": messages}))
+    assert (err.value.code, err.value.field, err.value.request_id) == ("invalid_field", "messages", "m")
+    assert "messages[3]" in err.value.message
+    messages[3]["content"] = "And you?"
+    assert len(protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": messages})).messages) == 4
 
 
 def test_cancel_is_parsed(protocol):

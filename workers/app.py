@@ -52,6 +52,19 @@ def enqueue(queued: QueuedRequest, first: bool = False) -> None:
     """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
     Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
     rid = queued.request_id
+    shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
     app.send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")], queue=interactive_queue(queued.model),
                   task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
-                  priority=NEW_PRIORITY if first else CONTINUED_PRIORITY)
+                  priority=NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
+
+
+def task_summary(queued: QueuedRequest) -> str:
+    """What task events (and so Flower) show of a request instead of its arguments: its shape,
+    never its text. Prompts are the users' words; whoever watches the workers need not read them."""
+    shape = {"request_id": queued.request_id, "model": queued.model, "max_tokens": queued.params.max_tokens}
+    if queued.prompt is not None:
+        shape["prompt_chars"] = len(queued.prompt)
+    if queued.messages is not None:
+        shape["messages"] = len(queued.messages)
+        shape["message_chars"] = sum(len(m.content) for m in queued.messages)
+    return repr([shape])
