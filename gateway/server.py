@@ -43,6 +43,7 @@ from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
 from gateway.ws_door import WebSocketDoor
 from ops import keys
+from ops.ports import bind_error
 from ops.redis_pool import shared_client
 from ops.settings import Settings
 
@@ -220,12 +221,8 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-class PortInUse(SystemExit):
-    pass
-
-
 def bind(host: str, port: int) -> socket.socket:
-    """Bind (without listening: nothing is accepted until the gateway is ready) or fail clearly."""
+    """Bind (without listening: nothing is accepted until the gateway is ready) or exit clearly."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -233,9 +230,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PortInUse(f"brigade gateway: cannot listen on {host}:{port} ({exc.strerror}): another Brigade "
-                        "gateway may be running; stop it or set BRIGADE_GATEWAY_PORT") from None
-    sock.set_inheritable(True)
+        raise SystemExit(f"brigade gateway: {bind_error(host, port, exc)}") from None
     return sock
 
 

@@ -149,8 +149,9 @@ def cmd_up(args) -> int:
     children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in parts.items()}
     if redis_child is not None:
         children["redis"] = redis_child
-    print(f"Brigade is starting: connect to {settings.ws_url}  (readiness: "
-          f"http://{settings.gateway_host}:{settings.gateway_port}/readyz); Ctrl-C stops everything", flush=True)
+    print(f"Brigade is starting: the chat page at {settings.http_url}/, the OpenAI API at {settings.http_url}/v1, "
+          f"the WebSocket at {settings.ws_url} (readiness: {settings.http_url}/readyz); Ctrl-C stops everything",
+          flush=True)
 
     stopping = False
 

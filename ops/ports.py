@@ -32,8 +32,12 @@ def ensure_free(host: str, port: int, setting: str = "BRIGADE_GATEWAY_PORT") -> 
             try:
                 probe.bind(address)
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise PortInUse(f"port {port} on {host} is in use (another Brigade?): "
-                                    f"stop it or set {setting}") from None
-                raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+                raise bind_error(host, port, exc, setting) from None
+
+
+def bind_error(host: str, port: int, exc: OSError, setting: str = "BRIGADE_GATEWAY_PORT") -> CannotListen:
+    """The error to show for a failed bind of HOST:PORT."""
+    if exc.errno == errno.EADDRINUSE:
+        return PortInUse(f"port {port} on {host} is in use (another Brigade?): stop it or set {setting}")
+    return CannotListen(f"cannot listen on {host}:{port}: {exc.strerror}")
 
