@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
@@ -433,7 +434,7 @@ def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_nega
     assert "cached" not in again[-1] and any(e["type"] == "queued" for e in again)
 
 
-def test_flower_lists_the_live_worker_behind_basic_auth(stack, tmp_path):
+def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_password(stack, tmp_path):
     import base64
     import urllib.error
     import urllib.request
@@ -442,21 +443,54 @@ def test_flower_lists_the_live_worker_behind_basic_auth(stack, tmp_path):
     env = service_env(stack.redis.url, stack.port, BRIGADE_FLOWER_PORT=str(port),
                       BRIGADE_FLOWER_USER="ops", BRIGADE_FLOWER_PASSWORD="s3cret")
     flower = BrigadeProcess("flower", env, tmp_path / "flower.log")
-    url = f"http://127.0.0.1:{port}/api/workers?refresh=1"
+    base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+
+    def get(path: str) -> str | None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(base + path, headers=auth), timeout=10) as resp:
+                return resp.read().decode()
+        except (urllib.error.URLError, OSError):
+            return None
 
     def workers() -> dict | None:
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=10) as resp:
-                body = json.loads(resp.read())
-                return body if "w1@test" in body else None
-        except (urllib.error.URLError, OSError, ValueError):
+            body = json.loads(get("/api/workers?refresh=1") or "null")
+        except ValueError:
             return None
+        return body if body and "w1@test" in body else None
 
     try:
         assert wait_until(workers, 60, interval=1, what="Flower to list the worker")
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(url, timeout=10)
+            urllib.request.urlopen(base + "/api/workers", timeout=10)
         assert refused.value.code == 401
+        # `ps` shows every user the command lines: Flower's, and its children's, hold no password.
+        for pid in _process_tree(flower.proc.pid):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            assert "s3cret" not in cmdline, f"pid {pid}: {cmdline}"
+        # Flower's task list names the request, not its words.
+        secret_words = "Tell me about the quiet violet heron of Lake Zumbro."
+        [events] = asyncio.run(_converse(stack.url, [("fl", {"type": "generate", "max_tokens": 4, "cache": "off",
+                                                             "messages": [{"role": "user", "content": secret_words}]})]))
+        request_id = next(e["request_id"] for e in events if e["type"] == "queued")
+        tasks = wait_until(lambda: (body := get("/api/tasks")) and request_id in body and body, 30, interval=0.5,
+                           what="Flower to list the request's task")
+        assert "heron" not in tasks and "Zumbro" not in tasks, tasks
+        assert f"'message_chars': {len(secret_words)}" in json.loads(tasks)[request_id]["args"], tasks
     finally:
         flower.stop()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out
