@@ -17,7 +17,8 @@ Admission checks all three and writes only when it admits: a refused request con
 When several limits refuse, the refusal names the one with the longest wait, so that a retry at
 retry_after_s is not refused by another. A limit of 0 is unlimited and keeps no state.
 
-Times are the gateways' clocks (unix seconds), which must agree to well under a second (NTP).
+Times are Redis's clock (TIME), so gateways on machines whose clocks disagree still share one
+window, and admissions are scored in the order they really happened; tests pass `now` instead.
 Request ids must be unique (the gateway's uuid): a second admission under the same id would
 overwrite the first's member instead of counting again.
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -38,10 +38,15 @@ REQUESTS, TOKENS, CONCURRENT = "rpm", "tpm", "max_concurrent"
 CONCURRENT_RETRY_S = 1.0  # nobody knows when a running answer ends; ask again soon
 
 # KEYS: requests log, token charges, token total, in flight
-# ARGV: now, window_s, window_ms, rpm, tpm, max_concurrent, request id, stale_s, stale_ms
+# ARGV: now (empty: Redis's clock), window_s, window_ms, rpm, tpm, max_concurrent, request id, stale_s, stale_ms
 # Returns nil when admitted (and recorded), else {limit, retry_after_s, used}.
 _ADMIT = """
 local now, window, window_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+if not now then
+  -- Redis's own clock: one clock for every gateway, and scores in the order the scripts run
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 local rpm, tpm, max_concurrent = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local rid, stale, stale_ms = ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local since = now - window
@@ -94,11 +99,11 @@ end
 if limit ~= '' then return {limit, tostring(wait), tostring(used)} end
 
 if rpm > 0 then
-  redis.call('ZADD', KEYS[1], ARGV[1], rid)
+  redis.call('ZADD', KEYS[1], now, rid)
   redis.call('PEXPIRE', KEYS[1], window_ms)
 end
 if max_concurrent > 0 then
-  redis.call('ZADD', KEYS[4], ARGV[1], rid)
+  redis.call('ZADD', KEYS[4], now, rid)
   redis.call('PEXPIRE', KEYS[4], stale_ms)
 end
 return false
@@ -128,11 +133,10 @@ class KeyLimiter:
 
     async def admit(self, key: ApiKey, request_id: str, now: float | None = None) -> Refusal | None:
         """Admit and record one request of `key`, or say which limit refuses it and until when."""
-        now = time.time() if now is None else now
         refused = await self._admit(
             keys=[keys.key_requests(key.id), keys.key_tokens(key.id), keys.key_tokens_total(key.id),
                   keys.key_in_flight(key.id)],
-            args=[repr(float(now)), repr(float(self.window_s)), math.ceil(self.window_s * 1000),
+            args=["" if now is None else repr(float(now)), repr(float(self.window_s)), math.ceil(self.window_s * 1000),
                   key.rpm, key.tpm, key.max_concurrent, request_id,
                   repr(float(self.stale_s)), math.ceil(self.stale_s * 1000)])
         if refused is None:
@@ -144,7 +148,9 @@ class KeyLimiter:
         """Count an answer's tokens (prompt + completion) in the key's window, once it has ended."""
         if tokens <= 0:
             return
-        now = time.time() if now is None else now
+        if now is None:
+            seconds, micros = await self.redis.time()  # the clock admission reads (see _ADMIT)
+            now = seconds + micros / 1e6
         window_ms = math.ceil(self.window_s * 1000)
         charges, total = keys.key_tokens(key_id), keys.key_tokens_total(key_id)
         async with self.redis.pipeline(transaction=True) as pipe:
