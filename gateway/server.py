@@ -224,7 +224,9 @@ class GatewayServer(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """Bind (without listening: nothing is accepted until the gateway is ready) or exit clearly."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it Nagle holds each streamed piece until the client's delayed ACK (~40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
