@@ -19,6 +19,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -68,7 +69,8 @@ class Admitted:
 
 class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
-                 key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str):
+                 key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str,
+                 spawn: Callable):
         self.settings = settings
         self.redis = redis
         self.router = router
@@ -77,9 +79,9 @@ class Admission:
         self.limiter = limiter
         self.guards = guards
         self.reply_channel = reply_channel
+        self._spawn = spawn  # the gateway's: background work it waits for at shutdown
         self.cache = None  # set once the answer cache has loaded (AnswerCache)
         self.renderer = None
-        self._background: set[asyncio.Task] = set()
 
     # ---- in ---------------------------------------------------------------------------------------
 
@@ -205,6 +207,7 @@ class Admission:
         # Route first: a fast worker's first token must find its way back.
         keep_text = context.cache_query is not None or bool(self.guards)
         self.router.add(Route(rid, cmd.id, sink, keep_text=keep_text, context=context))
+        sink.queued(cmd.id, rid)
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=self.settings.stream_ttl_s)
@@ -213,6 +216,7 @@ class Admission:
             await asyncio.to_thread(enqueue, queued, True)
         except Exception as exc:  # Redis or broker down: this request fails, the door lives
             self.router.remove(rid)
+            sink.ended(cmd.id)
             self._release(context.caller, rid)
             log.warning("event=enqueue_failed request_id=%s error=%r", rid, exc)
             self._spawn(self.stop(rid))  # the client was told it failed: it must not run later
@@ -238,6 +242,10 @@ class Admission:
             return
         context.settled = True
         usage = (reply.usage if reply is not None else None) or {}
+        if reply is None or reply.type != "done":
+            # Stopped early (cancel, client gone, refused): what it generated still counts,
+            # as far as this gateway saw it.
+            usage = {"prompt_tokens": 0, "completion_tokens": route.next_index}
         if reply is not None and reply.type == "done" and context.cache_query is not None and self.cache is not None \
                 and reply.finish_reason in ("stop", "length"):
             self._spawn(self.cache.insert(context.cache_query, context.cache_vector, route.chunks, reply.finish_reason,
@@ -250,6 +258,10 @@ class Admission:
         prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
         try:
             await self.limiter.release(key_id, rid)
+            # Once per request, whichever gateway sees its end first: a half-open old connection
+            # and a resumed one may both receive the same `done`.
+            if not await self.redis.set(keys.settled(rid), "1", nx=True, ex=self.settings.stream_ttl_s):
+                return
             await self.key_store.record_usage(key_id, prompt, completion, cache_hit)
             if not cache_hit:  # a cached answer cost no compute: it does not count against tokens per minute
                 await self.limiter.charge_tokens(key_id, prompt + completion)
@@ -258,15 +270,10 @@ class Admission:
 
     def _release(self, caller: Caller, rid: str) -> None:
         if caller.key is not None:
-            self._spawn(self._release_slot(caller.key.id, rid))
+            self._spawn(self.release_slot(caller.key.id, rid))
 
-    async def _release_slot(self, key_id: str, rid: str) -> None:
+    async def release_slot(self, key_id: str, rid: str) -> None:
         try:
             await self.limiter.release(key_id, rid)
         except aioredis.RedisError as exc:
             log.warning("event=slot_not_released key=%s request_id=%s error=%r", key_id, rid, exc)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)

@@ -56,11 +56,10 @@ class GuardConfigError(ValueError):
     """BRIGADE_GUARDS names something that cannot be used: the gateway does not start."""
 
 
-class GuardRefusal(Exception):
-    def __init__(self, guard: str, reason: str):
-        super().__init__(f"refused by guard {guard}: {reason}")
-        self.guard = guard
-        self.reason = reason
+@dataclass(frozen=True)
+class GuardRefusal:
+    guard: str  # module:callable, as configured
+    reason: str
 
 
 def load_guards(spec: str) -> list[NamedGuard]:

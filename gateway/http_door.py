@@ -37,6 +37,9 @@ class HttpAnswer:
     def send(self, event: dict) -> None:
         self.events.put_nowait(event)
 
+    def queued(self, client_id: str, request_id: str) -> None:
+        pass
+
     def ended(self, client_id: str) -> None:
         pass
 
@@ -105,7 +108,7 @@ class HttpDoor:
         try:
             caller = await self.caller(request)
             try:
-                body = json.loads(await request.body())
+                body = json.loads(await self._body(request))
             except (ValueError, RecursionError):
                 raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
             cmd, opts = oa.parse(body, chat, self.gateway.protocol, self.settings.http_default_max_tokens, client_id)
@@ -144,6 +147,19 @@ class HttpDoor:
         body = oa.completion_body(opts, rid, "".join(text), event, oa.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
+
+    async def _body(self, request: Request) -> bytes:
+        """The body, read no further than the largest message the gateway takes (as for WebSocket frames)."""
+        limit = self.settings.max_message_bytes
+        too_big = ProtocolError("prompt_too_long", f"the request body is larger than {limit} bytes")
+        if int(request.headers.get("content-length") or 0) > limit:
+            raise too_big
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise too_big
+        return bytes(body)
 
     async def _stream(self, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict, request_id: str | None):
         created = oa.now()

@@ -221,7 +221,9 @@ class ClientProtocol:
                 + _first_error(exc), rid, "messages",
             ) from None
         for i, m in enumerate(parsed):
-            if not m.content.strip():
+            # A blank question is refused like a blank prompt; a blank system or assistant turn is
+            # not a question (OpenAI clients and LangChain send them) and passes.
+            if m.role == "user" and not m.content.strip():
                 raise ProtocolError("invalid_field", f"`messages[{i}].content` is empty", rid, "messages")
         self._check_length(sum(len(m.content) for m in parsed), rid, "messages")
         return parsed

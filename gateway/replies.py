@@ -27,19 +27,19 @@ LOST_WITH_REDIS = "the request was lost while Redis was unavailable; resend it"
 
 class ReplyIntake:
     def __init__(self, settings: Settings, router: ReplyRouter, redis: aioredis.Redis, reply_channel: str,
-                 deliver: Callable[[Delivery], None]):
+                 deliver: Callable[[Delivery], None], spawn: Callable):
         self.settings = settings
         self.router = router
         self.redis = redis
         self.reply_channel = reply_channel
         self.deliver = deliver
+        self.spawn = spawn
         # The subscriber has no read timeout (it idles between events) but checks its connection.
         self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
         # XREAD blocks for a while: this connection's read timeout must outlast the block.
         self.follower = aioredis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=2)
         self.subscribed = asyncio.Event()
         self.follow_changed = asyncio.Event()
-        self._background: set[asyncio.Task] = set()
 
     def _send(self, delivery: Delivery | None) -> None:
         if delivery is not None:
@@ -68,7 +68,7 @@ class ReplyIntake:
                     outcome = self.router.accept(event)
                     if outcome is GAP:
                         # Something was missed. The replay log has it, in order.
-                        self._spawn(self.catch_up([event.request_id]))
+                        self.spawn(self.catch_up([event.request_id]))
                     else:
                         self._send(outcome)
             except Exception as exc:  # Redis, or anything else: the router must outlive it
@@ -86,7 +86,11 @@ class ReplyIntake:
             route = self.router.live.get(rid)
             if route is None:
                 continue
-            entries = await self.redis.xrange(keys.stream(rid))
+            try:
+                entries = await self.redis.xrange(keys.stream(rid))
+            finally:
+                # Live events that arrived meanwhile each started their own catch-up.
+                route.catching_up = False
             for _, fields in entries:
                 if self.router.live.get(rid) is not route:
                     break
@@ -97,6 +101,13 @@ class ReplyIntake:
                 self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
 
     def follow(self, route: Route) -> None:
+        displaced = self.router.followed.get(route.request_id)
+        if displaced is not None and displaced.sink is not route.sink:
+            # One follower per request on a gateway: the newest resume wins, the older one is told.
+            self.router.remove(route.request_id, displaced.sink)
+            displaced.sink.send({"type": "error", "id": displaced.client_id, "code": "resumed_elsewhere",
+                                 "message": "this request was resumed on another connection"})
+            displaced.sink.ended(displaced.client_id)
         self.router.add(route, followed=True)
         self.follow_changed.set()
 
@@ -111,6 +122,7 @@ class ReplyIntake:
                 continue
             self.follow_changed.clear()
             rid_of = {keys.stream(rid).encode(): rid for rid in followed}
+            reading = dict(followed)  # the routes this read is for; a route replaced meanwhile starts anew
             streams = {keys.stream(rid): route.stream_id for rid, route in followed.items()}
             try:
                 if delay > 0.25:  # back from an error: a log that vanished (Redis lost its data) ends its follow
@@ -126,7 +138,7 @@ class ReplyIntake:
                 rid = rid_of[stream_key]
                 for entry_id, fields in entries:
                     route = followed.get(rid)
-                    if route is None:
+                    if route is None or route is not reading.get(rid):
                         break
                     route.stream_id = entry_id.decode()
                     event = logged_event(fields)
@@ -145,11 +157,6 @@ class ReplyIntake:
     def end_with_error(self, route: Route, code: str, message: str) -> None:
         self._send(self.router.forward(route, ReplyEvent(type="error", request_id=route.request_id, code=code,
                                                          message=message)))
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
         for client in (self.subscriber, self.follower):

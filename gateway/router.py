@@ -22,6 +22,12 @@ class Sink(Protocol):
 
     def send(self, event: dict) -> None: ...
 
+    def queued(self, client_id: str, request_id: str) -> None:
+        """The request is routed to this sink: called before it is queued, so before any event."""
+
+    def ended(self, client_id: str) -> None:
+        """The request's last event was sent (or it was stopped): this sink no longer waits for it."""
+
 
 @dataclass
 class Route:
@@ -33,7 +39,8 @@ class Route:
     since: float = field(default_factory=time.time)  # when this sink took the request on
     stream_id: str = "0-0"  # followed routes: the last replay-log entry read
     keep_text: bool = False  # the answer is needed at the end (cache, output guards)
-    chunks: list[str] = field(default_factory=list)
+    chunks: list[str] = field(default_factory=list)  # with keep_text: the answer's pieces, in order
+    catching_up: bool = False  # a gap is being filled from the replay log: live events wait for it
     # What admission knows of the request (cache query, caller, guard input): settled at the end.
     context: Any = None
 
@@ -82,7 +89,9 @@ class ReplyRouter:
         route = self.live.get(event.request_id)
         if route is None:
             return None  # cancelled, or its client left
-        if event.type == "token" and event.index is not None and event.index > route.next_index:
+        if route.catching_up or (event.type == "token" and event.index is not None and event.index > route.next_index):
+            # Everything, a `done` included, waits for the catch-up: the log holds it, in order.
+            route.catching_up = True
             return GAP
         return self.forward(route, event)
 
@@ -93,11 +102,15 @@ class ReplyRouter:
                 return None  # from a worker whose claim was taken over
             route.epoch = event.epoch
         if event.type == "token":
-            if event.index is None or event.index < route.next_index:
+            if event.index is None:
+                return None
+            if route.keep_text and event.index == len(route.chunks):
+                # Kept even when already sent (a resumed route reads the log from the start), so
+                # the output guards and the cache see the whole answer, not what followed a resume.
+                route.chunks.append(event.text or "")
+            if event.index < route.next_index:
                 return None  # already forwarded
             route.next_index = event.index + 1
-            if route.keep_text:
-                route.chunks.append(event.text or "")
             return Delivery(route, token_event(route.client_id, event.index, event.text or ""), event)
         if not self._end(route):
             return None  # already ended (a duplicate done, or a catch-up racing the live event)

@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from gateway.admission import Admission
-from gateway.api_keys import AuthError, KeyStore
+from gateway.api_keys import AuthError, KeyStore, bearer_key
 from gateway.content_guards import GuardConfigError, configured
 from gateway.http_door import HttpDoor
 from gateway.limits import KeyLimiter
@@ -68,8 +68,8 @@ class Gateway:
         self.load = LoadMonitor(self.redis, settings)
         self.key_store = KeyStore(self.redis)
         self.admission = Admission(settings, self.redis, self.router, self.load, self.key_store,
-                                   KeyLimiter(self.redis), configured(settings), reply_channel)
-        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver)
+                                   KeyLimiter(self.redis), configured(settings), reply_channel, self.spawn)
+        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, self.spawn)
         self.ws_door = WebSocketDoor(self)
         self.http_door = HttpDoor(self)
         self._background: set[asyncio.Task] = set()
@@ -79,20 +79,28 @@ class Gateway:
     def deliver(self, delivery: Delivery) -> None:
         """One routed event to its client: output guards first, then settle the request if it ended."""
         route = delivery.route
-        if delivery.event["type"] == "token":
-            refusal = self.admission.output_refusal(route, delivery.reply.text or "")
-            if refusal is not None:
-                self.router.remove(route.request_id, route.sink)
-                self.spawn(self.admission.stop(route.request_id))
-                route.sink.send({"type": "error", "id": route.client_id, "code": "content_blocked",
-                                 "message": refusal})
+        try:
+            if delivery.event["type"] == "token":
+                refusal = self.admission.output_refusal(route, delivery.reply.text or "")
+                if refusal is not None:
+                    self._end_early(route, "content_blocked", refusal)
+                    return
+            route.sink.send(delivery.event)
+            if delivery.ended:
                 route.sink.ended(route.client_id)
-                self.admission.settle(route, None)
-                return
-        route.sink.send(delivery.event)
-        if delivery.ended:
-            route.sink.ended(route.client_id)
-            self.admission.settle(route, delivery.reply)
+                self.admission.settle(route, delivery.reply)
+        except Exception:  # a bug (or a plugged-in guard) on one request must not stall every stream
+            log.exception("event=delivery_failed request_id=%s", route.request_id)
+            self._end_early(route, "internal_error", "the gateway failed on this request")
+
+    def _end_early(self, route, code: str, message: str) -> None:
+        """End a request before its worker does: stop it, tell its client, settle it."""
+        if self.router.remove(route.request_id, route.sink) is None:
+            return
+        self.spawn(self.admission.stop(route.request_id))
+        route.sink.send({"type": "error", "id": route.client_id, "code": code, "message": message})
+        route.sink.ended(route.client_id)
+        self.admission.settle(route, None)
 
     def abandon(self, rid: str | None, sink) -> None:
         """A client that cannot resume (HTTP) went away: its request stops and frees its slot."""
@@ -103,15 +111,26 @@ class Gateway:
         self.admission.settle(route, None)
         log.info("event=client_gone request_id=%s", rid)
 
+    async def still_valid(self, key):
+        """The key's record as it is now (a revoke or a new limit reaches open connections too)."""
+        if key is None:
+            return None
+        try:
+            current = await self.key_store.get(key.id)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "keys cannot be checked now; try again shortly",
+                                retry_after_s=self.settings.retry_after_s) from None
+        if current is None or current.revoked:
+            raise ProtocolError("unauthorized", "this API key was revoked; create a new one with "
+                                "`brigade keys create --name NAME`")
+        return current
+
     async def authenticate(self, authorization: str | None):
         """The caller's API key from an `Authorization: Bearer KEY` value; None when keys are off."""
         if not self.settings.auth_required:
             return None
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
-            token = ""
         try:
-            return await self.key_store.authenticate(token.strip() or None)
+            return await self.key_store.authenticate(bearer_key(authorization))
         except AuthError as err:
             raise ProtocolError("unauthorized", err.message) from None
         except aioredis.RedisError:
@@ -174,6 +193,16 @@ class Gateway:
         try:
             yield
         finally:
+            # WebSocket requests run on after a stop, for a resume elsewhere (whose gateway counts
+            # their usage); their keys' concurrency slots are freed here.
+            for route in self.router.routes():
+                key_id = getattr(route.context, "key_id", None)
+                if key_id is not None:
+                    self.spawn(self.admission.release_slot(key_id, route.request_id))
+            # Cancels and releases just spawned (HTTP clients cut at the grace) get a moment to land.
+            pending = [t for t in self._background if not t.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=2)
             for task in [*tasks, *self._background]:
                 task.cancel()
 

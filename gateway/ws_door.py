@@ -65,6 +65,11 @@ class WebSocketSession:
                 log.warning("event=slow_client_disconnected active=%d", len(self.active))
                 self._closing = asyncio.ensure_future(self.ws.close(1008, "client too slow"))
 
+    def queued(self, client_id: str, request_id: str) -> None:
+        # Before the request is queued, so `queued` is the first event a client sees of it.
+        self.active[client_id] = request_id
+        self.send({"type": "queued", "id": client_id, "request_id": request_id})
+
     def ended(self, client_id: str) -> None:
         self.active.pop(client_id, None)
 
@@ -169,14 +174,18 @@ class WebSocketDoor:
             raise ProtocolError("too_many_requests",
                                 f"at most {self.settings.max_requests_per_connection} requests at once per connection",
                                 cmd.id)
-        admitted = await self.gateway.admission.admit(cmd, session.caller, session)
+        caller = session.caller
+        if caller.key is not None:
+            try:
+                caller = Caller(await self.gateway.still_valid(caller.key), "ws")
+            except ProtocolError as err:
+                err.request_id = cmd.id
+                raise
+        admitted = await self.gateway.admission.admit(cmd, caller, session)
         if admitted.request_id is None:
             for event in admitted.cached:
                 session.send(event)
             session.remember_cached(cmd.id, admitted.hit.entry.entry_id, admitted.asked)
-            return
-        session.active[cmd.id] = admitted.request_id
-        session.send({"type": "queued", "id": cmd.id, "request_id": admitted.request_id})
 
     def _cancel(self, session: WebSocketSession, client_id: str) -> None:
         rid = session.active.pop(client_id, None)
@@ -191,13 +200,17 @@ class WebSocketDoor:
 
     async def _resume(self, session: WebSocketSession, cmd: Resume) -> None:
         rid = cmd.id
-        if rid in session.active:
+        if rid in session.active or rid in session.active.values():
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
         redis = self.gateway.redis
         try:
             record = await redis.get(keys.request(rid))
-            known = record is not None or await redis.exists(keys.stream(rid))
-            cancelled = await redis.exists(keys.cancelled(rid))
+            queued = QueuedRequest.model_validate_json(record) if record is not None else None
+            known = record is not None or bool(await redis.exists(keys.stream(rid)))
+            key = session.caller.key
+            if key is not None and (queued is None or queued.api_key != key.id):
+                known = False  # another key's request reads as unknown: its id is no ticket to its answer
+            cancelled = known and bool(await redis.exists(keys.cancelled(rid)))
             if known and not cancelled:
                 await redis.set(keys.resumed(rid), str(time.time()), ex=self.settings.stream_ttl_s)
         except aioredis.RedisError:
@@ -208,12 +221,11 @@ class WebSocketDoor:
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
             session.send(done_event(rid, "cancelled", None, None))
             return
-        context = None
-        if record is not None:
-            # The key the request was admitted under is charged and released when it ends here.
-            queued = QueuedRequest.model_validate_json(record)
-            context = RequestContext(session.caller, GuardInput(rid, queued.model, queued.prompt, queued.messages),
-                                     key_id=queued.api_key)
+        # The key the request was admitted under is charged and released when it ends here; the
+        # output guards read the whole answer (the route keeps what came before `after_index`).
+        guard_input = (GuardInput(rid, queued.model, queued.prompt, queued.messages) if queued is not None
+                       else GuardInput(rid, self.settings.model_name, None, None))
+        context = RequestContext(session.caller, guard_input, key_id=queued.api_key if queued else None)
         route = Route(rid, rid, session, next_index=cmd.after_index + 1, context=context,
                       keep_text=bool(self.gateway.admission.guards))
         session.active[rid] = rid

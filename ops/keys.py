@@ -10,6 +10,7 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - DEAD_LETTERS: capped at Settings.dlq_max entries
 - UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired
 - resumed(rid): TTL Settings.stream_ttl_s
+- settled(rid): TTL Settings.stream_ttl_s
 - api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
   are created by an operator only (`brigade keys create`), never by a request, so they are bounded
   by operator action; revoke keeps the record (revoked=1) so that the key's usage stays visible.
@@ -68,6 +69,11 @@ CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every run
 # the reaper to find; this is how the reaper finds such requests.
 UNCLAIMED = f"{PREFIX}:unclaimed"
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
+
+
+def settled(request_id: str) -> str:
+    """Set (NX) by the gateway that counts a request's usage against its API key: once, whichever sees its end."""
+    return f"{PREFIX}:settled:{request_id}"
 
 
 def resumed(request_id: str) -> str:

@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.api_keys import KeyStore
 from ops import keys
 from tests.clients import ask
-from tests.guard_plugins import EXPLODE
+from tests.guard_plugins import EXPLODE, EXPLODE_LATER
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
 
 MODEL = "smollm2-135m-instruct"
@@ -71,7 +71,8 @@ def doors(redis_server, model_dir, tmp_path_factory):
         BrigadeProcess("gateway", service_env(
             redis_server.url, ports["strict"], BRIGADE_AUTH="required", BRIGADE_GUARD_PATTERNS_FILE=str(patterns),
             BRIGADE_GUARDS="gateway.content_guards:sanitize,gateway.content_guards:patterns,"
-                           "tests.guard_plugins:explode_on_marker", **base), logs / "strict.log"),
+                           "tests.guard_plugins:explode_on_marker,tests.guard_plugins:explode_on_output", **base),
+            logs / "strict.log"),
         BrigadeProcess("gateway", service_env(redis_server.url, ports["full"], BRIGADE_MAX_QUEUE_DEPTH="0",
                                               BRIGADE_CACHE_ENABLED="0", **base), logs / "full.log"),
         BrigadeProcess("gateway", service_env(redis_server.url.rsplit("/", 1)[0] + "/1", ports["empty"],
@@ -402,3 +403,84 @@ def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_an
         return sorted(out)
 
     assert asyncio.run(two_at_once()) == [200, 429]
+
+
+def test_a_guard_that_fails_on_one_answer_ends_that_answer_and_every_other_stream_goes_on(doors):
+    async def main():
+        client = doors.async_client(doors.strict, doors.key)
+
+        async def text_of(question):
+            stream = await client.chat.completions.create(**_chat(question, max_tokens=16, stream=True,
+                                                                  extra_body={"cache": "off"}))
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        results = await asyncio.gather(text_of(f"{EXPLODE_LATER} Name a fruit."), text_of("Name a color."),
+                                       return_exceptions=True)
+        after = await text_of("Name an animal.")
+        await client.close()
+        return results, after
+
+    (broken, fine), after = asyncio.run(main())
+    assert isinstance(broken, openai.APIError) and "internal_error" in str(broken.body or broken), broken
+    assert isinstance(fine, str) and fine and after
+
+
+def test_a_request_body_past_the_message_limit_is_a_413_read_no_further(doors):
+    r = httpx.post(f"http://127.0.0.1:{doors.open}/v1/chat/completions", content=b"{" + b" " * (17 * 2**20) + b"}",
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "prompt_too_long"
+
+
+def test_resume_reaches_only_the_key_that_asked_and_a_revoked_key_is_refused_on_an_open_connection(doors):
+    owner, other = _create_key(doors.store_url), _create_key(doors.store_url)
+    url = f"ws://127.0.0.1:{doors.strict}/v1/ws"
+
+    def headers(key):
+        return {"additional_headers": {"Authorization": f"Bearer {key}"}}
+
+    async def main():
+        async with connect(url, **headers(owner)) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": "q", "prompt": "Count to five.", "max_tokens": 8,
+                                      "cache": "off"}))
+            queued = json.loads(await ws.recv())
+            while json.loads(await ws.recv())["type"] not in ("done", "error"):
+                pass
+        rid = queued["request_id"]
+        async with connect(url, **headers(other)) as ws:
+            await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": -1}))
+            stranger = json.loads(await ws.recv())
+        async with connect(url, **headers(owner)) as ws:
+            await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": -1}))
+            first = json.loads(await ws.recv())
+            async with redis_lib.asyncio.Redis.from_url(doors.store_url) as r:
+                await KeyStore(r).revoke(owner)
+            await ws.send(json.dumps({"type": "generate", "id": "after", "prompt": "Hi.", "max_tokens": 2}))
+            while True:
+                event = json.loads(await ws.recv())
+                if event.get("id") == "after":
+                    return queued, stranger, first, event
+
+    queued, stranger, first, refused = asyncio.run(main())
+    assert queued["type"] == "queued"
+    assert stranger["code"] == "unknown_request"
+    assert first["type"] == "token" and first["id"] == queued["request_id"]
+    assert refused["type"] == "error" and refused["code"] == "unauthorized"
+
+
+def test_an_answer_cut_short_still_counts_its_tokens_against_the_key(doors):
+    key = _create_key(doors.store_url)
+    body = _chat(LONG, max_tokens=300, stream=True)
+    body["cache"] = "off"
+    with httpx.stream("POST", f"http://127.0.0.1:{doors.strict}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(12)) if line.startswith("data: {")]
+    assert len(got) >= 5
+
+    async def usage():
+        async with redis_lib.asyncio.Redis.from_url(doors.store_url) as r:
+            return await KeyStore(r).usage(key.split("_")[1])
+
+    wait_until(lambda: asyncio.run(usage())["requests"] == 1, 10, what="the cut answer's usage")
+    assert asyncio.run(usage())["completion_tokens"] >= 5
+

@@ -93,6 +93,8 @@ def test_a_blank_message_is_refused_like_a_blank_prompt_naming_its_index(protoco
     assert "messages[3]" in err.value.message
     messages[3]["content"] = "And you?"
     assert len(protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": messages})).messages) == 4
+    messages[2]["content"] = ""  # a blank assistant turn is no question: it passes, as OpenAI lets it
+    assert protocol.parse(json.dumps({"type": "generate", "id": "m", "messages": messages})).messages[2].content == ""
 
 
 def test_cancel_is_parsed(protocol):

@@ -46,6 +46,26 @@ def test_a_token_ahead_of_the_next_index_is_a_gap_and_nothing_is_delivered():
     assert router.get("r1").next_index == 0
 
 
+def test_while_a_gap_is_filled_even_a_done_waits_for_the_replay_log():
+    router = ReplyRouter()
+    route = Route("r1", "c1", Inbox())
+    router.add(route)
+    assert router.accept(token(1, "b")) is GAP
+    assert router.accept(ReplyEvent(type="done", request_id="r1", epoch=1, finish_reason="stop")) is GAP
+    assert router.get("r1") is route  # not ended before the missing token was sent
+    route.catching_up = False  # the catch-up read the log: it forwards in order
+    assert router.forward(route, token(0, "a")).event["text"] == "a"
+
+
+def test_a_resumed_route_keeps_the_text_it_does_not_resend():
+    router = ReplyRouter()
+    route = Route("r1", "r1", Inbox(), next_index=2, keep_text=True)
+    router.add(route, followed=True)
+    out = [router.forward(route, token(i, t)) for i, t in enumerate(["a", "b", "c"])]
+    assert [d is None for d in out] == [True, True, False]
+    assert route.text == "abc"  # the output guards and the cache read the whole answer
+
+
 def test_events_of_an_older_claim_epoch_are_stale():
     router = ReplyRouter()
     router.add(Route("r1", "c1", Inbox()))
