@@ -239,6 +239,10 @@ def cmd_chat(args) -> int:
 
 def cmd_bench(args) -> int:
     settings = get_settings()
+    if args.target == "serve":  # prints its own report, and its exit code says whether the SLOs held
+        from ops.bench_serve import main as bench_serve
+
+        return bench_serve(args, settings)
     if args.target == "engine":
         from engine import Engine
         from engine.bench import run
@@ -283,6 +287,12 @@ def cmd_keys(args) -> int:
     return run(args, get_settings())
 
 
+def cmd_capacity(args) -> int:
+    from ops.capacity import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brigade", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,21 +327,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache", "soak", "doors"])
+    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve"])
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
-    p.add_argument("--max-tokens", type=int, help="new tokens per request (default: engine 128, soak and doors 16)")
+    p.add_argument("--max-tokens", type=int,
+                   help="new tokens per request (default: engine 128, soak and doors 16, serve each dataset line's)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
     p.add_argument("--pairs", help="cache (required): JSONL question pairs whose duplicates are asked as rewordings")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
     p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
     p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")
     p.add_argument("--rounds", type=int, default=20, help="doors: requests through each door")
-    p.add_argument("--url", help="doors: the gateway (default http://BRIGADE_GATEWAY_HOST:PORT)")
-    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY"), help="doors: a key, when keys are required")
+    p.add_argument("--url", help="doors, serve: the gateway (default http://BRIGADE_GATEWAY_HOST:PORT)")
+    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY"),
+                   help="doors, serve: a key, when keys are required")
     p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
     p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(fn=cmd_bench)
+    from ops.load_commands import add_serve_arguments
+
+    add_serve_arguments(p)
     from ops.cache_commands import add_parser
 
     add_parser(sub)
@@ -340,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_keys_parser(sub)
     sub.choices["keys"].set_defaults(fn=cmd_keys)
+    from ops.load_commands import add_capacity_parser
+
+    add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
     args = parser.parse_args(argv)
     setup_logging()
     if args.command in ("up", "worker", "gateway", "reaper"):

@@ -1,0 +1,120 @@
+"""`brigade bench serve --plot out.png`: one figure of a run, drawn from its report.
+
+Four panels: the latency CDFs (TTFT and end to end, with the SLO thresholds on them), each
+request's latency against when it was sent, throughput over time (output tokens/s and answers
+finished per second) and the requests in flight over time. matplotlib's Agg backend: no display.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
+
+
+def _piece_times(row: dict) -> list[float]:
+    """When each piece with text arrived, in seconds from the run's start."""
+    if row["ttft_s"] is None:
+        return []
+    at = row["start_s"] + row["ttft_s"]
+    times = [at]
+    for gap in row["itl_s"]:
+        at += gap
+        times.append(at)
+    return times
+
+
+def _bin_width(duration: float) -> float:
+    return max(1.0, math.ceil(duration / 40))
+
+
+def plot_run(report: dict, path: str) -> None:
+    rows = report["per_request"]
+    ok = [r for r in rows if r["error"] is None and r["e2e_s"] is not None]
+    config = report["config"]
+    duration = max([report["duration_s"]] + [r["start_s"] + (r["e2e_s"] or 0) for r in rows]) or 1.0
+    width = _bin_width(duration)
+    edges = np.arange(0, duration + width, width)
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    (cdf, over_time), (throughput, in_flight) = axes
+    title = (f"brigade bench serve: {config['backend']}, {config['arrivals']}"
+             + (f" at {config['rate']} req/s" if config["rate"] else "")
+             + (f", max concurrency {config['max_concurrency']}" if config["max_concurrency"] else "")
+             + f"; {report['requests']['completed']} answers, {report['requests']['failed']} failed")
+    fig.suptitle(title)
+
+    thresholds = {v["metric"]: v for v in (report.get("slo") or {}).get("objectives", []) if v["metric"] in ("ttft", "e2e")}
+    for metric, label, colour in (("ttft_s", "time to first token", "tab:blue"), ("e2e_s", "end to end", "tab:orange")):
+        values = np.sort([r[metric] for r in ok if r[metric] is not None])
+        if len(values):
+            cdf.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label, color=colour)
+        objective = thresholds.get(metric[:-2])
+        if objective:
+            cdf.axvline(objective["threshold"], color=colour, linestyle="--", linewidth=1,
+                        label=f"SLO {objective['objective']} ({'pass' if objective['passed'] else 'FAIL'})")
+    cdf.set_xlabel("seconds")
+    cdf.set_ylabel("fraction of answers")
+    cdf.set_ylim(0, 1.02)
+    cdf.set_title("latency CDF")
+    cdf.grid(alpha=0.3)
+    cdf.legend(loc="lower right", fontsize=8)
+
+    starts = [r["start_s"] for r in ok]
+    over_time.scatter(starts, [r["e2e_s"] for r in ok], s=12, label="end to end", color="tab:orange")
+    over_time.scatter(starts, [r["ttft_s"] for r in ok], s=12, label="time to first token", color="tab:blue")
+    cached = [r for r in ok if r["cached"]]
+    if cached:
+        over_time.scatter([r["start_s"] for r in cached], [r["e2e_s"] for r in cached], s=40, facecolors="none",
+                          edgecolors="tab:green", label="cached answer")
+    failed = [r for r in rows if r["error"] is not None or r["e2e_s"] is None]
+    if failed:
+        over_time.scatter([r["start_s"] for r in failed], [r["e2e_s"] or 0 for r in failed], marker="x", s=20,
+                          color="tab:red", label="failed")
+    over_time.set_xlabel("sent at (s from the start)")
+    over_time.set_ylabel("seconds")
+    over_time.set_title("latency of each request, by when it was sent")
+    over_time.grid(alpha=0.3)
+    over_time.legend(loc="upper left", fontsize=8)
+
+    token_times, token_weights = [], []
+    for r in ok:
+        times = _piece_times(r)
+        for t in times:
+            token_times.append(t)
+            token_weights.append(r["output_tokens"] / len(times))
+    tokens, _ = np.histogram(token_times, bins=edges, weights=token_weights)
+    finished, _ = np.histogram([r["start_s"] + r["e2e_s"] for r in ok], bins=edges)
+    centres = edges[:-1] + width / 2
+    throughput.bar(centres, tokens / width, width=width * 0.9, color="tab:purple", alpha=0.6, label="output tokens/s")
+    throughput.set_xlabel("seconds from the start")
+    throughput.set_ylabel("output tokens/s")
+    throughput.set_title(f"throughput over time ({width:g} s bins)")
+    throughput.grid(alpha=0.3)
+    answers = throughput.twinx()
+    answers.plot(centres, finished / width, color="black", marker=".", label="answers finished/s")
+    answers.set_ylabel("answers finished/s")
+    handles = throughput.get_legend_handles_labels()[0] + answers.get_legend_handles_labels()[0]
+    throughput.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
+
+    grid = np.linspace(0, duration, 400)
+    running = np.zeros_like(grid)
+    for r in rows:
+        if r["e2e_s"] is not None:
+            running += (grid >= r["start_s"]) & (grid < r["start_s"] + r["e2e_s"])
+    in_flight.plot(grid, running, color="tab:gray")
+    in_flight.fill_between(grid, running, color="tab:gray", alpha=0.3)
+    in_flight.axhline(report["concurrency_mean"] or 0, color="black", linestyle="--", linewidth=1,
+                      label=f"mean {report['concurrency_mean']}")
+    in_flight.set_xlabel("seconds from the start")
+    in_flight.set_ylabel("requests in flight")
+    in_flight.set_title("requests in flight")
+    in_flight.grid(alpha=0.3)
+    in_flight.legend(loc="upper left", fontsize=8)
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,59 @@
+"""The flags of `brigade bench serve` and `brigade capacity`, kept apart from the load test itself so
+that building the command line imports neither httpx nor numpy."""
+from __future__ import annotations
+
+import argparse
+import math
+
+DEFAULT_NUM_REQUESTS = 100
+DEFAULT_TIMEOUT_S = 900.0
+
+CAPACITY_DESCRIPTION = """\
+Workers needed for a traffic level, from `brigade bench serve --json` runs at several --rate values
+against ONE worker. Each run is judged again against --slo from its per-request timings; the fastest
+run that meets every objective gives a worker's good rate and its mean end-to-end latency T, and
+K = ceil(QPS x T / concurrency per worker) = ceil(QPS / good rate per worker), shown step by step.
+Exit 0 with a plan, 1 when no run meets the objectives, 2 for bad flags or files."""
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """bench serve's flags, on the `brigade bench` parser (--url, --api-key, --max-tokens and --json are shared)."""
+    g = p.add_argument_group("serve (a load test against a running server; exit 1 when an --slo objective fails)")
+    g.add_argument("--backend", choices=["ws", "openai"], default="ws",
+                   help="serve: Brigade's WebSocket, or the OpenAI streaming API (also vLLM's)")
+    g.add_argument("--rate", type=float, default=math.inf,
+                   help="serve: requests per second, open loop (default: all at once, or closed loop with "
+                        "--max-concurrency)")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="serve: gamma shape of the gaps between arrivals (1 = Poisson, <1 burstier)")
+    g.add_argument("--max-concurrency", type=int, help="serve: requests in flight at most (closed loop without --rate)")
+    g.add_argument("--num-requests", type=int, help=f"serve: requests to send (default {DEFAULT_NUM_REQUESTS}, "
+                                                    "unless --duration)")
+    g.add_argument("--duration", type=float, help="serve: send for this many seconds instead")
+    g.add_argument("--dataset", help="serve: JSONL of {\"messages\": [...], \"max_tokens\": N} (default: the shipped "
+                                     "chat questions)")
+    g.add_argument("--repeat-ratio", type=float, default=0.0,
+                   help="serve: share of requests that repeat an earlier one, word for word or reworded (0..1)")
+    g.add_argument("--seed", type=int, default=0, help="serve: seeds the question order and the arrivals")
+    g.add_argument("--slo", help='serve: objectives, e.g. "ttft_p95<=2s,tpot_p50<=0.2s,error_rate<=0.01"; '
+                                 "exit 1 when one fails")
+    g.add_argument("--plot", help="serve: draw latency CDFs, latency and throughput over time into this PNG")
+    g.add_argument("--model", help="serve: the model asked (default: the server's first in /v1/models for openai, "
+                                   "the gateway's for ws)")
+    g.add_argument("--temperature", type=float, default=0.0, help="serve: sampling temperature (default 0, greedy)")
+    g.add_argument("--cache", choices=["auto", "exact", "off"],
+                   help="serve: Brigade's cache field on every request (default: not sent; the server's default)")
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"serve: hard limit on the whole run in seconds (default {DEFAULT_TIMEOUT_S:.0f}); requests "
+                        "still running then count as client_timeout")
+
+
+def add_capacity_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("capacity", help="workers needed for a traffic level, from bench serve runs against one worker",
+                       description=CAPACITY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--qps", type=float, required=True, help="the requests per second to serve")
+    p.add_argument("--slo", required=True, help='objectives every run is judged by, e.g. "ttft_p95<=2s"')
+    p.add_argument("--from", dest="runs", nargs="+", required=True, metavar="RUN.json",
+                   help="bench serve --json reports of a sweep over --rate against one worker")
+    p.add_argument("--json", help="also write the plan (JSON) to this file; - prints it instead of the text")
+    return p

@@ -1,0 +1,251 @@
+"""The measures of a load test and its service-level objectives: per-request latencies, the run's
+throughput and latency distributions, objectives such as `ttft_p95<=2s,error_rate<=0.01` judged
+pass or fail (k6's thresholds), and goodput (vLLM's: requests per second that met every latency
+objective).
+
+Pure: request results in, numbers and verdicts out.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it. Times in seconds; `start_s` from the run's start."""
+
+    index: int
+    kind: str = "fresh"  # fresh | exact | reworded (serve_workload.PlannedRequest.kind)
+    start_s: float = 0.0
+    ttft_s: float | None = None  # to the first piece with text
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)  # gaps between pieces with text
+    output_tokens: int = 0  # the server's count when it gave one, else the pieces counted
+    cached: str | None = None  # exact | semantic: the answer came from Brigade's cache
+    finish_reason: str | None = None
+    error: str | None = None  # a stable code when the request failed
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.e2e_s is not None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, as vLLM computes it. None for a cached answer (no
+        token was decoded) and for answers of one token."""
+        if not self.ok or self.cached or self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def latency(self, metric: str, stat: str = "mean") -> float | None:
+        """This request's own value of a latency: ttft, tpot and e2e are one number; itl is its gaps'
+        `stat` (a request meets `itl_p95<=x` when 95% of its own gaps are within x)."""
+        if metric == "ttft":
+            return self.ttft_s
+        if metric == "tpot":
+            return self.tpot_s
+        if metric == "e2e":
+            return self.e2e_s
+        if metric == "itl":
+            return statistic(self.itl_s, stat) if self.itl_s and not self.cached else None
+        raise ValueError(f"unknown latency {metric!r}")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for name in ("start_s", "ttft_s", "e2e_s"):
+            out[name] = _round(out[name])
+        out["itl_s"] = [_round(g) for g in self.itl_s]
+        out["tpot_s"] = _round(self.tpot_s)
+        return out
+
+    @classmethod
+    def from_json(cls, row: dict) -> "RequestResult":
+        known = {k: row[k] for k in ("index", "kind", "start_s", "ttft_s", "e2e_s", "itl_s", "output_tokens",
+                                     "cached", "finish_reason", "error") if k in row}
+        return cls(**known)
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# ---- distributions --------------------------------------------------------------------------------
+
+
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between the closest ranks (numpy's and
+    vLLM's default); None for no values."""
+    if len(values) == 0:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError("a percentile is between 0 and 100")
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def statistic(values, stat: str) -> float | None:
+    """`mean` or `pNN` of the values."""
+    if stat == "mean":
+        return float(np.mean(values)) if len(values) else None
+    if stat.startswith("p"):
+        return percentile(values, float(stat[1:]))
+    raise ValueError(f"unknown statistic {stat!r}")
+
+
+def distribution(values) -> dict:
+    """mean, p50, p90, p95, p99 (seconds, rounded to microseconds) and how many values."""
+    out = {"mean": _round(statistic(values, "mean"))}
+    for q in PERCENTILES:
+        out[f"p{q}"] = _round(percentile(values, q))
+    out["count"] = len(values)
+    return out
+
+
+def latency_values(results: list[RequestResult], metric: str) -> list[float]:
+    """A latency over the successful requests; itl is every gap of every decoded answer (vLLM's)."""
+    ok = [r for r in results if r.ok]
+    if metric == "itl":
+        return [g for r in ok if not r.cached for g in r.itl_s]
+    values = (r.latency(metric) for r in ok)
+    return [v for v in values if v is not None]
+
+
+def run_metrics(results: list[RequestResult], duration_s: float) -> dict:
+    """What the run achieved: throughput, latency distributions, errors, the cache."""
+    ok = [r for r in results if r.ok]
+    errors = Counter(r.error for r in results if not r.ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+    busy = sum(r.e2e_s for r in results if r.e2e_s is not None)
+    cached = Counter(r.cached for r in ok if r.cached)
+    kinds = Counter(r.kind for r in results)
+    per_s = (lambda n: round(n / duration_s, 4)) if duration_s > 0 else (lambda n: None)
+    out = {
+        "duration_s": round(duration_s, 4),
+        "requests": {"sent": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+                     "fresh": kinds["fresh"], "exact_repeats": kinds["exact"], "reworded_repeats": kinds["reworded"]},
+        "request_throughput": per_s(len(ok)),
+        "output_token_throughput": per_s(output_tokens),
+        "total_output_tokens": output_tokens,
+        # Little's law, measured: the time-average number of requests in flight.
+        "concurrency_mean": per_s(busy),
+    }
+    for metric in LATENCIES:
+        out[f"{metric}_s"] = distribution(latency_values(results, metric))
+    out["errors"] = dict(sorted(errors.items()))
+    out["error_rate"] = round(len(results) and (len(results) - len(ok)) / len(results), 6)
+    out["cache"] = {"hits": sum(cached.values()), "exact": cached["exact"], "semantic": cached["semantic"],
+                    "hit_ratio": round(sum(cached.values()) / len(ok), 4) if ok else None}
+    return out
+
+
+# ---- objectives -----------------------------------------------------------------------------------
+
+
+class InvalidObjective(ValueError):
+    """An --slo objective that does not parse; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    text: str  # as written, e.g. "ttft_p95<=2s"
+    metric: str  # ttft | tpot | itl | e2e | error_rate
+    stat: str  # mean | pNN; "" for error_rate
+    op: str  # <= | <
+    threshold: float  # seconds; a fraction for error_rate
+
+    @property
+    def is_latency(self) -> bool:
+        return self.metric in LATENCIES
+
+    def holds(self, value: float | None) -> bool:
+        if value is None or math.isnan(value):
+            return False
+        return value <= self.threshold if self.op == "<=" else value < self.threshold
+
+
+_NUMBER = r"(?P<value>\d+(?:\.\d*)?|\.\d+)"
+_LATENCY = re.compile(rf"^(?P<metric>ttft|tpot|itl|e2e)_(?P<stat>mean|p\d+(?:\.\d+)?)(?P<op><=|<){_NUMBER}(?P<unit>ms|s)$")
+_ERROR_RATE = re.compile(rf"^error_rate(?P<op><=|<){_NUMBER}(?P<unit>%?)$")
+
+
+def parse_slo(text: str) -> list[Objective]:
+    """`ttft_p95<=2s,tpot_p50<=200ms,error_rate<=0.01`: latencies ttft, tpot, itl, e2e with mean or
+    pNN, <= or <, a number with s or ms; error_rate a fraction (0.01) or a percentage (1%)."""
+    objectives = []
+    for part in text.split(","):
+        written = part.strip()
+        compact = re.sub(r"\s+", "", written)
+        if not compact:
+            raise InvalidObjective(f"an empty objective in {text!r}")
+        if m := _LATENCY.match(compact):
+            stat = m["stat"]
+            if stat != "mean" and not 0 < float(stat[1:]) <= 100:
+                raise InvalidObjective(f"{written!r}: a percentile is p1..p100")
+            threshold = float(m["value"]) / (1000 if m["unit"] == "ms" else 1)
+            objectives.append(Objective(written, m["metric"], stat, m["op"], threshold))
+        elif m := _ERROR_RATE.match(compact):
+            threshold = float(m["value"]) / (100 if m["unit"] == "%" else 1)
+            if threshold > 1:
+                raise InvalidObjective(f"{written!r}: error_rate is a fraction (0.01) or a percentage (1%)")
+            objectives.append(Objective(written, "error_rate", "", m["op"], threshold))
+        elif re.match(r"^(ttft|tpot|itl|e2e)_(mean|p[\d.]+)(<=|<)[\d.]+$", compact):
+            raise InvalidObjective(f"{written!r}: give the unit, s or ms (e.g. ttft_p95<=2s)")
+        else:
+            raise InvalidObjective(
+                f"{written!r} is not an objective: write METRIC_STAT<=VALUE with METRIC ttft, tpot, itl or e2e, "
+                "STAT mean or pNN and VALUE in s or ms (ttft_p95<=2s), or error_rate<=FRACTION")
+    return objectives
+
+
+def measured(objective: Objective, results: list[RequestResult]) -> float | None:
+    """The run's value of what an objective constrains."""
+    if objective.metric == "error_rate":
+        return (sum(not r.ok for r in results) / len(results)) if results else None
+    return statistic(latency_values(results, objective.metric), objective.stat)
+
+
+def meets_latency_objectives(result: RequestResult, objectives: list[Objective]) -> bool:
+    """Whether one request was good: it succeeded and each of its own latencies is within every
+    latency objective's threshold (one it has no value for, as tpot of a cached answer, it meets)."""
+    if not result.ok:
+        return False
+    for o in objectives:
+        if not o.is_latency:
+            continue
+        value = result.latency(o.metric, o.stat)
+        if o.metric == "ttft" and value is None:
+            value = result.e2e_s  # no text at all: the wait for the first token was the whole answer
+        if value is not None and not o.holds(value):
+            return False
+    return True
+
+
+def judge(objectives: list[Objective], results: list[RequestResult], duration_s: float) -> dict:
+    """Every objective's measured value and verdict, whether all passed, and the goodput."""
+    verdicts = []
+    for o in objectives:
+        value = measured(o, results)
+        verdicts.append({"objective": o.text, "metric": o.metric, "stat": o.stat or None, "op": o.op,
+                         "threshold": o.threshold, "measured": _round(value), "passed": o.holds(value)})
+    good = sum(meets_latency_objectives(r, objectives) for r in results)
+    return {"objectives": verdicts, "passed": all(v["passed"] for v in verdicts), "good_requests": good,
+            "goodput": round(good / duration_s, 4) if duration_s > 0 else None}
+
+
+def describe(verdict: dict) -> str:
+    """`PASS ttft_p95<=2s (measured 1.234 s)`."""
+    value = verdict["measured"]
+    if value is None:
+        shown = "no value"
+    elif verdict["metric"] == "error_rate":
+        shown = f"{value:.4f}"
+    else:
+        shown = f"{value:.3f} s" if value >= 0.1 else f"{value * 1000:.1f} ms"
+    return f"{'PASS' if verdict['passed'] else 'FAIL'} {verdict['objective']} (measured {shown})"
