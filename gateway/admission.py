@@ -25,6 +25,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from cache.query import CacheQuery, make_query
+from gateway import metrics
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.limits import KeyLimiter
@@ -70,7 +71,7 @@ class Admitted:
 class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
                  key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str,
-                 spawn: Callable):
+                 spawn: Callable, deliver: Callable):
         self.settings = settings
         self.redis = redis
         self.router = router
@@ -80,16 +81,26 @@ class Admission:
         self.guards = guards
         self.reply_channel = reply_channel
         self._spawn = spawn  # the gateway's: background work it waits for at shutdown
+        self._deliver = deliver  # the gateway's: a routed event to its client
         self.cache = None  # set once the answer cache has loaded (AnswerCache)
         self.renderer = None
 
     # ---- in ---------------------------------------------------------------------------------------
 
     async def admit(self, cmd: Generate, caller: Caller, sink: Sink) -> Admitted:
+        try:
+            admitted = await self._admit(cmd, caller, sink)
+        except ProtocolError:
+            metrics.REQUESTS.labels(cmd.model, caller.door, "refused").inc()
+            raise
+        metrics.REQUESTS.labels(cmd.model, caller.door, "queued" if admitted.request_id else "cached").inc()
+        return admitted
+
+    async def _admit(self, cmd: Generate, caller: Caller, sink: Sink) -> Admitted:
         rid = uuid.uuid4().hex
         guard_input = GuardInput(rid, cmd.model, cmd.prompt, cmd.messages, caller.key.name if caller.key else None)
         context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None)
-        await self._within_limits(caller, rid, cmd.id)
+        await self._within_limits(caller, rid, cmd)
         try:
             await self._check_prompt(guard_input, cmd.id)
             hit = await self._look_up(cmd, context)
@@ -102,9 +113,10 @@ class Admission:
         await self._enqueue(cmd, rid, context, sink)
         return Admitted(request_id=rid)
 
-    async def _within_limits(self, caller: Caller, rid: str, client_id: str) -> None:
+    async def _within_limits(self, caller: Caller, rid: str, cmd: Generate) -> None:
         if caller.key is None:
             return
+        client_id = cmd.id
         try:
             refusal = await self.limiter.admit(caller.key, rid)
         except aioredis.RedisError:
@@ -112,6 +124,7 @@ class Admission:
                                 retry_after_s=self.settings.retry_after_s) from None
         if refusal is not None:
             log.info("event=rate_limited key=%s client_id=%s why=%r", caller.key.id, client_id, refusal.message)
+            metrics.RATE_LIMIT_REFUSALS.labels(cmd.model, refusal.limit).inc()
             raise ProtocolError(refusal.code, refusal.message, client_id, retry_after_s=refusal.retry_after_s)
 
     async def _check_prompt(self, data: GuardInput, client_id: str) -> None:
@@ -120,6 +133,7 @@ class Admission:
         refusal = await asyncio.to_thread(first_refusal, self.guards, data)
         if refusal is not None:
             log.info("event=content_blocked stage=prompt guard=%s client_id=%s", refusal.guard, client_id)
+            metrics.CONTENT_BLOCKED.labels(data.model, "prompt").inc()
             raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", client_id)
 
     def output_refusal(self, route: Route, new_text: str) -> str | None:
@@ -132,6 +146,7 @@ class Admission:
         if refusal is None:
             return None
         log.info("event=content_blocked stage=output guard=%s request_id=%s", refusal.guard, route.request_id)
+        metrics.CONTENT_BLOCKED.labels(data.model, "output").inc()
         return f"refused by guard {refusal.guard}: {refusal.reason}"
 
     async def _look_up(self, cmd: Generate, context: RequestContext) -> Admitted | None:
@@ -147,10 +162,12 @@ class Admission:
         if query is None:
             return None
         lookup = await self.cache.lookup(query)
+        metrics.CACHE_LOOKUPS.labels(cmd.model).inc()
         context.cache_query, context.cache_vector = query, lookup.vector
         hit = lookup.hit
         if hit is None:
             return None
+        metrics.CACHE_HITS.labels(cmd.model, hit.layer).inc()
         entry = hit.entry
         text = "".join(entry.chunks)
         if self.guards:
@@ -158,6 +175,7 @@ class Admission:
             refusal = first_refusal(self.guards, GuardInput(data.request_id, data.model, data.prompt, data.messages,
                                                             data.key_name, text, text))
             if refusal is not None:
+                metrics.CONTENT_BLOCKED.labels(cmd.model, "output").inc()
                 raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", cmd.id)
         usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
         events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
@@ -169,7 +187,8 @@ class Admission:
 
     async def _refuse_if_overloaded(self, cmd: Generate) -> None:
         retry = self.settings.retry_after_s
-        if self.load.observed and self.load.workers == 0:
+        if self.load.observed and self.load.workers == 0 and not await self.load.any_worker_alive():
+            metrics.OVERLOAD_REFUSALS.labels(cmd.model, "no_workers").inc()
             raise ProtocolError("no_workers", "no worker is serving this model now; try again shortly", cmd.id,
                                 retry_after_s=retry)
         try:
@@ -181,11 +200,13 @@ class Admission:
             return  # the enqueue just after says `unavailable`
         limit = self.settings.max_queue_depth
         if depth >= limit:
+            metrics.OVERLOAD_REFUSALS.labels(cmd.model, "overloaded").inc()
             raise ProtocolError("overloaded", f"{depth} requests are waiting (the limit is {limit}); try again shortly",
                                 cmd.id, retry_after_s=retry)
         if cmd.deadline_ms is not None:
             wait = self.load.estimated_wait_s(depth)
             if wait is not None and wait * 1000 > cmd.deadline_ms:
+                metrics.OVERLOAD_REFUSALS.labels(cmd.model, "overloaded").inc()
                 raise ProtocolError(
                     "overloaded", f"the estimated wait ({wait:.1f} s) is longer than the deadline "
                     f"({cmd.deadline_ms} ms); try again shortly or allow more time", cmd.id, retry_after_s=retry)
@@ -204,10 +225,11 @@ class Admission:
             deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
             api_key=key.id if key else None,
         )
-        # Route first: a fast worker's first token must find its way back.
+        # Route first: a fast worker's first event must find its way back. It is held until the
+        # request is really on the queue, so that `queued` is the first thing its client hears.
         keep_text = context.cache_query is not None or bool(self.guards)
-        self.router.add(Route(rid, cmd.id, sink, keep_text=keep_text, context=context))
-        sink.queued(cmd.id, rid)
+        route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[])
+        self.router.add(route)
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=self.settings.stream_ttl_s)
@@ -216,13 +238,16 @@ class Admission:
             await asyncio.to_thread(enqueue, queued, True)
         except Exception as exc:  # Redis or broker down: this request fails, the door lives
             self.router.remove(rid)
-            sink.ended(cmd.id)
             self._release(context.caller, rid)
             log.warning("event=enqueue_failed request_id=%s error=%r", rid, exc)
             self._spawn(self.stop(rid))  # the client was told it failed: it must not run later
             raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id,
                                 retry_after_s=self.settings.retry_after_s) from None
         log.info("event=enqueued request_id=%s client_id=%s door=%s", rid, cmd.id, context.caller.door)
+        sink.queued(cmd.id, rid)
+        held, route.held = route.held, None
+        for delivery in held:
+            self._deliver(delivery)
 
     # ---- out --------------------------------------------------------------------------------------
 

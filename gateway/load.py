@@ -14,6 +14,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from gateway import metrics
 from ops import keys
 from ops.settings import Settings
 
@@ -55,12 +56,40 @@ class LoadMonitor:
         self.workers = len(statuses)
         self.observed = True
 
+    async def any_worker_alive(self) -> bool:
+        """Asked before refusing for want of workers: the once-a-second view may be a second old."""
+        try:
+            async for _ in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100):
+                return True
+        except aioredis.RedisError:
+            return True  # unknown: let the enqueue decide
+        return False
+
     async def run(self) -> None:
         while True:
             try:
                 names = [k async for k in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100)]
                 raw = await self.redis.mget(names) if names else []
                 self.observe([json.loads(r) for r in raw if r], time.monotonic())
+                await self._gauge_the_fleet()
             except (aioredis.RedisError, OSError, ValueError) as exc:
                 log.debug("event=load_monitor_error error=%r", exc)
             await asyncio.sleep(self.interval_s)
+
+    async def _gauge_the_fleet(self) -> None:
+        """The gateway's /metrics view of what every gateway shares: workers, queue, dead letters, cache."""
+        model = self.settings.model_name
+        pipe = self.redis.pipeline(transaction=False)
+        for name in keys.queue_lists(model):
+            pipe.llen(name)
+        pipe.llen(keys.DEAD_LETTERS)
+        same_redis = self.settings.cache_redis == self.settings.redis_url
+        if same_redis:
+            pipe.zcard(keys.CACHE_LRU)
+        replies = await pipe.execute()
+        lanes = len(keys.queue_lists(model))
+        metrics.WORKERS_ALIVE.set(self.workers)
+        metrics.QUEUE_DEPTH.labels(model, "interactive").set(sum(replies[:lanes]))
+        metrics.DEAD_LETTERS.set(replies[lanes])
+        if same_redis:
+            metrics.CACHE_ENTRIES.labels(model).set(replies[lanes + 1])

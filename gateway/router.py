@@ -23,7 +23,7 @@ class Sink(Protocol):
     def send(self, event: dict) -> None: ...
 
     def queued(self, client_id: str, request_id: str) -> None:
-        """The request is routed to this sink: called before it is queued, so before any event."""
+        """The request is on the queue: called before any of its events reaches this sink."""
 
     def ended(self, client_id: str) -> None:
         """The request's last event was sent (or it was stopped): this sink no longer waits for it."""
@@ -41,6 +41,9 @@ class Route:
     keep_text: bool = False  # the answer is needed at the end (cache, output guards)
     chunks: list[str] = field(default_factory=list)  # with keep_text: the answer's pieces, in order
     catching_up: bool = False  # a gap is being filled from the replay log: live events wait for it
+    # Deliveries that came before the request was confirmed queued (a list), sent right after
+    # its `queued`; None once confirmed.
+    held: list | None = None
     # What admission knows of the request (cache query, caller, guard input): settled at the end.
     context: Any = None
 

@@ -28,10 +28,11 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from gateway import metrics
 from gateway.admission import Admission
 from gateway.api_keys import AuthError, KeyStore, bearer_key
 from gateway.content_guards import GuardConfigError, configured
@@ -51,7 +52,7 @@ log = logging.getLogger("brigade.gateway")
 
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
-PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz"]
+PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz", "/metrics"]
 
 
 class Gateway:
@@ -68,7 +69,8 @@ class Gateway:
         self.load = LoadMonitor(self.redis, settings)
         self.key_store = KeyStore(self.redis)
         self.admission = Admission(settings, self.redis, self.router, self.load, self.key_store,
-                                   KeyLimiter(self.redis), configured(settings), reply_channel, self.spawn)
+                                   KeyLimiter(self.redis), configured(settings), reply_channel, self.spawn,
+                                   self.deliver)
         self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, self.spawn)
         self.ws_door = WebSocketDoor(self)
         self.http_door = HttpDoor(self)
@@ -79,6 +81,9 @@ class Gateway:
     def deliver(self, delivery: Delivery) -> None:
         """One routed event to its client: output guards first, then settle the request if it ended."""
         route = delivery.route
+        if route.held is not None:
+            route.held.append(delivery)  # not yet confirmed queued: admission sends it after `queued`
+            return
         try:
             if delivery.event["type"] == "token":
                 refusal = self.admission.output_refusal(route, delivery.reply.text or "")
@@ -173,6 +178,19 @@ class Gateway:
             report["reason"] = "no worker is alive"
         return report
 
+    async def prometheus(self, request: Request) -> Response:
+        if self.settings.metrics_auth == "required":
+            try:
+                if self.settings.auth_required:
+                    await self.authenticate(request.headers.get("authorization"))
+                else:
+                    await self.key_store.authenticate(bearer_key(request.headers.get("authorization")))
+            except (ProtocolError, AuthError) as err:
+                return JSONResponse({"error": {"message": err.message, "type": "authentication_error",
+                                               "param": None, "code": "unauthorized"}}, status_code=401)
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
     async def page(self, request: Request) -> FileResponse:
         # Revalidated on every load, so a new version of the page is never served stale.
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
@@ -225,6 +243,7 @@ class Gateway:
             Route("/v1/models", http.models),
             Route("/healthz", self.healthz),
             Route("/readyz", self.readyz),
+            Route("/metrics", self.prometheus),
         ]
         return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
 

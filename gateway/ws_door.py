@@ -66,7 +66,6 @@ class WebSocketSession:
                 self._closing = asyncio.ensure_future(self.ws.close(1008, "client too slow"))
 
     def queued(self, client_id: str, request_id: str) -> None:
-        # Before the request is queued, so `queued` is the first event a client sees of it.
         self.active[client_id] = request_id
         self.send({"type": "queued", "id": client_id, "request_id": request_id})
 

@@ -287,6 +287,12 @@ def cmd_keys(args) -> int:
     return run(args, get_settings())
 
 
+def cmd_status(args) -> int:
+    from ops.status import run
+
+    return run(get_settings(), args.json)
+
+
 def cmd_capacity(args) -> int:
     from ops.capacity import run
 
@@ -355,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_keys_parser(sub)
     sub.choices["keys"].set_defaults(fn=cmd_keys)
+    p = sub.add_parser("status", help="one screen: workers, queue, cache, dead letters (read from Redis)")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
+    p.set_defaults(fn=cmd_status)
     from ops.load_commands import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)

@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     # OpenAI door: max_tokens when a request gives none (vLLM fills the context; a bound keeps one
     # request from reserving the KV memory of many).
     http_default_max_tokens: int = 1024
+    # The gateway's GET /metrics: open (as vLLM's) or behind an API key like the API ("required").
+    metrics_auth: str = Field(default="off", pattern="^(off|required)$")
     # Seconds a client is told to wait (Retry-After) when the service is overloaded or has no worker.
     retry_after_s: int = 2
 
@@ -76,6 +78,16 @@ class Settings(BaseSettings):
 
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
     worker_concurrency: int = 32
+    # Each worker serves its Prometheus metrics on http://host:port/metrics (workers/metrics.py) and
+    # publishes that address in its heartbeat (metrics_url). Port 0: any free port, so several
+    # workers on one host never clash. A port that cannot be bound is logged once
+    # (event=metrics_unavailable) and the worker serves on without metrics (metrics_url null).
+    # Bind 0.0.0.0 for a Prometheus on another host.
+    worker_metrics_host: str = "127.0.0.1"
+    worker_metrics_port: int = 0
+    # The host written into metrics_url; empty: the bound host, or this machine's name when bound to
+    # every interface (0.0.0.0 or ::).
+    worker_metrics_advertise_host: str = ""
     # Heartbeat: each worker refreshes its key this often; the reaper takes over a worker's
     # requests once the key has been silent for the TTL.
     heartbeat_interval_s: float = 1.0

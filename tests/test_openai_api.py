@@ -484,3 +484,45 @@ def test_an_answer_cut_short_still_counts_its_tokens_against_the_key(doors):
     wait_until(lambda: asyncio.run(usage())["requests"] == 1, 10, what="the cut answer's usage")
     assert asyncio.run(usage())["completion_tokens"] >= 5
 
+
+
+# ---- the gateway's /metrics ---------------------------------------------------------------------------
+
+
+def _scrape(port: int) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _value(scrape: dict, name: str, **labels) -> float:
+    return scrape.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_the_gateways_metrics_count_requests_cache_hits_and_refusals(doors):
+    before = {p: _scrape(p) for p in (doors.open, doors.full, doors.empty)}
+    question = f"Name a month. ({time.monotonic_ns()})"
+    for _ in range(2):  # a miss, then an exact hit
+        doors.client(doors.open).chat.completions.create(**_chat(question, max_tokens=4))
+    for port in (doors.full, doors.empty):
+        with pytest.raises(openai.APIStatusError):
+            doors.client(port).chat.completions.create(**_chat(extra_body={"cache": "off"}))
+    after = {p: _scrape(p) for p in (doors.open, doors.full, doors.empty)}
+
+    def delta(port, name, **labels):
+        return _value(after[port], name, **labels) - _value(before[port], name, **labels)
+
+    model = {"model": MODEL}
+    assert delta(doors.open, "brigade_cache_lookups_total", **model) == 2
+    assert delta(doors.open, "brigade_cache_hits_total", layer="exact", **model) == 1
+    assert delta(doors.open, "brigade_gateway_requests_total", door="http", outcome="queued", **model) == 1
+    assert delta(doors.open, "brigade_gateway_requests_total", door="http", outcome="cached", **model) == 1
+    assert delta(doors.full, "brigade_overload_refusals_total", code="overloaded", **model) == 1
+    assert delta(doors.empty, "brigade_overload_refusals_total", code="no_workers", **model) == 1
+    assert delta(doors.full, "brigade_gateway_requests_total", door="http", outcome="refused", **model) == 1
+    assert _value(after[doors.open], "brigade_workers_alive") == 1
+    assert _value(after[doors.empty], "brigade_workers_alive") == 0
+    assert _value(after[doors.open], "brigade_cache_entries", **model) >= 1
+    assert ("brigade_queue_depth", (("lane", "interactive"), ("model", MODEL))) in after[doors.open]

@@ -1,0 +1,35 @@
+"""The gateway's Prometheus metrics, served at GET /metrics (docs/metrics.md).
+
+What only a gateway sees: requests by door and outcome, cache lookups and hits by layer,
+refusals (overload, no worker, rate limits, content guards), and, read from Redis once a second
+by the load monitor, the fleet's state: workers alive, queue depth per lane, dead letters and
+cache entries. Latency histograms, tokens and KV use come from each worker's own /metrics.
+One registry of its own (not prometheus_client's global one), with the model name as a label.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter("brigade_gateway_requests_total", "Requests admitted or refused, by door and outcome "
+                   "(queued, cached, refused)", ["model", "door", "outcome"], registry=REGISTRY)
+CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model"], registry=REGISTRY)
+CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)", ["model", "layer"],
+                     registry=REGISTRY)
+CACHE_ENTRIES = Gauge("brigade_cache_entries", "Entries in the answer cache", ["model"], registry=REGISTRY)
+OVERLOAD_REFUSALS = Counter("brigade_overload_refusals_total", "Requests refused for load, by code "
+                            "(overloaded, no_workers)", ["model", "code"], registry=REGISTRY)
+RATE_LIMIT_REFUSALS = Counter("brigade_rate_limit_refusals_total", "Requests refused by a key's limit, by limit "
+                              "(rpm, tpm, max_concurrent)", ["model", "limit"], registry=REGISTRY)
+CONTENT_BLOCKED = Counter("brigade_content_blocked_total", "Requests ended by a content guard, by stage "
+                          "(prompt, output)", ["model", "stage"], registry=REGISTRY)
+WORKERS_ALIVE = Gauge("brigade_workers_alive", "Workers whose heartbeat is current", registry=REGISTRY)
+QUEUE_DEPTH = Gauge("brigade_queue_depth", "Requests waiting on the queue for a worker, by lane", ["model", "lane"],
+                    registry=REGISTRY)
+DEAD_LETTERS = Gauge("brigade_dead_letters", "Requests in the dead-letter list", registry=REGISTRY)
+
+
+def exposition() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
