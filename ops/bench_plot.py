@@ -78,7 +78,7 @@ def plot_run(report: dict, path: str) -> None:
     over_time.set_ylabel("seconds")
     over_time.set_title("latency of each request, by when it was sent")
     over_time.grid(alpha=0.3)
-    over_time.legend(loc="upper left", fontsize=8)
+    over_time.legend(loc="best", fontsize=8)
 
     token_times, token_weights = [], []
     for r in ok:

@@ -90,11 +90,12 @@ def plan_capacity(qps: float, points: list[SweepPoint]) -> dict:
 
 
 def _table(points: list[SweepPoint]) -> list[str]:
-    lines = ["  run                       offered   good rate/worker   T (e2e mean)   in flight   verdict"]
+    width = max([len("run")] + [len(p.source) for p in points])
+    lines = [f"  {'run':<{width}}   offered   good rate/worker   T (e2e mean)   in flight   verdict"]
     for p in sorted(points, key=lambda p: p.good_rate):
         offered = f"{p.offered_rate:g}/s" if p.offered_rate else "-"
         verdict = "PASS" if p.passed else "FAIL: " + "; ".join(f.removeprefix("FAIL ") for f in p.failed)
-        lines.append(f"  {p.source[-24:]:<24}  {offered:>8}   {p.good_rate:>12.4g}/s   {p.e2e_mean_s:>10.4g} s"
+        lines.append(f"  {p.source:<{width}}  {offered:>8}   {p.good_rate:>14.4g}/s   {p.e2e_mean_s:>10.4g} s"
                      f"   {p.concurrency:>9.4g}   {verdict}")
     return lines
 
