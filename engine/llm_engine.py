@@ -60,8 +60,8 @@ class SequenceUpdate:
     token_id: int | None
     text: str
     finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int = 0  # on every token update and at the end
+    completion_tokens: int = 0  # at the end
     timing: dict | None = None
 
 
@@ -100,6 +100,9 @@ class Engine:
         self.sequences: dict[str, Sequence] = {}
         self.detoks: dict[str, IncrementalDetokenizer] = {}
         self.tokens_generated = 0
+        # Told (sequences, is_prefill) before each forward pass, on the engine thread: the worker's
+        # metrics take the batch size here. Must be cheap; None: nobody listens.
+        self.on_step: Callable[[int, bool], None] | None = None
         self._inbox: list[Sequence] = []
         self._cancels: list[str] = []
         self._lock = threading.Lock()
@@ -194,6 +197,8 @@ class Engine:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return updates
+        if self.on_step is not None:
+            self.on_step(len(seqs), is_prefill)
         try:
             logits = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
             tokens = sample(logits, seqs)
@@ -277,7 +282,8 @@ class Engine:
                     reason = FinishReason.LENGTH
             if reason is FinishReason.LENGTH or (reason is FinishReason.STOP and not detok.stopped):
                 text += detok.flush()
-            update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text)
+            update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
+                                    prompt_tokens=len(seq.prompt_ids))
             if reason is not None:
                 self._finish(seq, reason, update)
             updates.append(update)

@@ -4,7 +4,9 @@ A task thread calls `serve()`, which claims the request (claims.py), continues i
 log when an earlier worker already sent tokens, and blocks until it ends, so the Celery pool's
 concurrency bounds how many requests one worker holds. Beside the engine thread run two small
 ones: the cancel listener (stops requests a gateway cancelled) and the heartbeat (the worker's
-status key, whose expiry tells the reaper to hand its requests to another worker).
+status key, whose expiry tells the reaper to hand its requests to another worker). The worker's
+Prometheus metrics (metrics.py) are recorded here, where each fact becomes known, and served on
+their own port, whose address the heartbeat publishes.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
 from workers.app import enqueue
 from workers.claims import ClaimStore
+from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
 from workers.publisher import TokenPublisher
 
 log = logging.getLogger("brigade.worker")
@@ -37,6 +40,8 @@ class InFlight:
     epoch: int  # this worker's claim on it; every event carries it
     finished: threading.Event = field(default_factory=threading.Event)
     finish_reason: str | None = None
+    continued: bool = False  # another worker ran it before (epoch > 1, or tokens in its replay log)
+    last_token_at: float | None = None  # monotonic; engine thread only (inter-token latency)
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -80,6 +85,10 @@ class EngineHost:
         self.publisher = TokenPublisher(self.claims)
         self.inflight: dict[str, InFlight] = {}
         self.requests_served = 0
+        self.metrics = WorkerMetrics(settings.model_name)
+        self.metrics.watch_engine(engine.stats)
+        engine.on_step = self.metrics.on_step
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
@@ -94,6 +103,9 @@ class EngineHost:
     @classmethod
     def start(cls, settings: Settings, worker_name: str) -> "EngineHost":
         host = cls(settings, worker_name, Engine.load(engine_config(settings)))
+        # Before the first heartbeat, which publishes the address.
+        host.metrics_endpoint = serve_metrics(settings.worker_metrics_host, settings.worker_metrics_port,
+                                              settings.worker_metrics_advertise_host)
         for t in host._threads:
             t.start()
         log.info("event=worker_ready worker=%s instance=%s model=%s", worker_name, host.instance,
@@ -109,6 +121,9 @@ class EngineHost:
             self.redis.delete(keys.worker(self.instance))
         except redis.RedisError:
             pass
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
+        self.metrics.unwatch_engine()
 
     # ---- called on Celery task threads -------------------------------------------------------------
 
@@ -123,9 +138,12 @@ class EngineHost:
             # A client following the request (resume) must learn that it ended.
             event = ReplyEvent(type="done", request_id=rid, finish_reason="cancelled")
             self._retrying(lambda: self.claims.publish_unfenced(queued.reply_channel, event))
+            self.metrics.finished("cancelled", {}, None)
             return "cancelled"
         if claim.outcome == "dead":  # buried by the claim script, which also told the client
             log.warning("event=dead_lettered request_id=%s attempts=%d", rid, claim.attempts)
+            self.metrics.dead_letters.inc()
+            self.metrics.failed("worker_failed")
             return "dead"
         if claim.outcome != "claimed":
             # Done, gone, or held by a live worker: a duplicate delivery, harmless once skipped.
@@ -143,6 +161,7 @@ class EngineHost:
             self._refuse(entry, "deadline_exceeded", "the request's deadline passed while it waited in the queue")
             return "deadline_exceeded"
         resume_ids = self._retrying(lambda: self.claims.generated(rid))
+        entry.continued = claim.epoch > 1 or bool(resume_ids)
         with self._lock:
             draining = self.draining.is_set()
             if not draining:
@@ -173,6 +192,8 @@ class EngineHost:
             return "internal_error"
         log.info("event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
                  claim.attempts, len(resume_ids))
+        if entry.continued:
+            self.metrics.failovers.inc()
         # A cancel may have landed between the check in _claim and the registration.
         if self.redis.exists(keys.cancelled(rid)):
             self.engine.cancel(rid)
@@ -203,6 +224,7 @@ class EngineHost:
         rid = entry.queued.request_id
         event = ReplyEvent(type="error", request_id=rid, epoch=entry.epoch, code=code, message=message)
         self._publish([(entry.queued.reply_channel, event)], [])
+        self.metrics.failed(code)
         log.info("event=refused request_id=%s code=%s", rid, code)
 
     # ---- graceful drain (SIGTERM) ----------------------------------------------------------------------
@@ -242,22 +264,49 @@ class EngineHost:
     # ---- the engine thread's callback ------------------------------------------------------------
 
     def _on_updates(self, updates: list[SequenceUpdate]) -> None:
-        events, ended = [], []
+        events, ended, mine = [], [], []
         with self._lock:
             for u in updates:
                 entry = self.inflight.get(u.request_id)
                 if entry is None:
                     continue  # cancelled, fenced or handed back
                 channel = entry.queued.reply_channel
+                done = None
                 if u.index is not None:
                     events.append((channel, ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch,
                                                        index=u.index, token_id=u.token_id, text=u.text)))
                 if u.finish_reason is not None:
-                    events.append((channel, self._done_event(entry, u)))
+                    done = self._done_event(entry, u)
+                    events.append((channel, done))
                     entry.finish_reason = u.finish_reason
                     ended.append(entry)
                     del self.inflight[u.request_id]
+                mine.append((entry, u, done))
+        self._record(mine)
         self._publish(events, ended)
+
+    def _record(self, step: list[tuple[InFlight, SequenceUpdate, ReplyEvent | None]]) -> None:
+        """One engine step's facts into the metrics (engine thread, outside the host's lock)."""
+        m = self.metrics
+        now, wall = time.monotonic(), time.time()
+        tokens = 0
+        for entry, u, done in step:
+            if u.index is not None:
+                tokens += 1
+                if entry.last_token_at is None:  # its first token here: this worker prefilled the prompt
+                    m.prompt_tokens.inc(u.prompt_tokens)
+                    if u.index == 0:  # the request's first token at all (a continued one has sent it before)
+                        m.ttft.observe(max(0.0, wall - entry.queued.enqueued_at))
+                else:
+                    m.itl.observe(now - entry.last_token_at)
+                entry.last_token_at = now
+            if done is not None:
+                # A continued request's broker wait would include its earlier run: count only its
+                # wait on this engine.
+                queue_s = (u.timing or {}).get("queue_s") if entry.continued else done.timing.get("queue_s")
+                m.finished(u.finish_reason, done.timing, queue_s)
+        if tokens:
+            m.generation_tokens.inc(tokens)
 
     def _publish(self, events: list, ended: list[InFlight]) -> None:
         """Publish (or retry what waits); a request's task returns only once its last event is out."""
@@ -341,6 +390,7 @@ class EngineHost:
             "requests": requests,
             "requests_served": self.requests_served,
             "draining": self.draining.is_set(),
+            "metrics_url": self.metrics_endpoint.url if self.metrics_endpoint is not None else None,
             "updated_at": time.time(),
         }
 

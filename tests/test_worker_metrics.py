@@ -1,0 +1,403 @@
+"""Every worker's Prometheus /metrics, scraped from real processes: a real redis-server, two real
+`brigade worker` processes on one host, a real reaper and gateway, real WebSocket clients, the
+real default model. Counts are checked as differences between two scrapes, summed over the
+workers, against what the clients and the replay logs saw."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.asyncio.client import connect
+
+from ops import keys
+from tests.clients import Answer, absorb, ask, collect_one
+from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+
+MODEL = "smollm2-135m-instruct"
+WORKERS = ("w1@metrics", "w2@metrics")
+HISTOGRAMS = {
+    "brigade_time_to_first_token_seconds", "brigade_time_per_output_token_seconds",
+    "brigade_inter_token_latency_seconds", "brigade_e2e_request_latency_seconds",
+    "brigade_request_queue_time_seconds", "brigade_request_prefill_time_seconds", "brigade_batch_size",
+}
+GAUGES = {"brigade_num_requests_running", "brigade_num_requests_waiting", "brigade_kv_cache_usage_perc"}
+COUNTERS = {  # family names; the samples carry _total
+    "brigade_prompt_tokens", "brigade_generation_tokens", "brigade_request_success", "brigade_request_errors",
+    "brigade_failovers", "brigade_dead_letters",
+}
+QUESTIONS = ["What is the capital of France?", "List three colors.", "What is 2 + 2?"]
+LONG_PROMPTS = [
+    "Write a long story about a dragon who learns to bake bread.",
+    "Explain in detail how a steam engine works.",
+    "Describe a walk through a busy market in Marrakesh.",
+    "Tell me everything you know about the history of tea.",
+]
+
+Samples = dict[tuple[str, tuple], float]
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sample `name` with exactly these labels besides the model's (0 when absent)."""
+    want = tuple(sorted({"model": MODEL, **labels}.items()))
+    return samples.get((name, want), 0.0)
+
+
+@dataclass
+class Fleet:
+    redis: object
+    env: dict
+    logs: Path
+    port: int
+    url: str
+    processes: list[BrigadeProcess]
+    workers: dict[str, BrigadeProcess] = field(default_factory=dict)
+
+    def start_worker(self, name: str, **env: str) -> BrigadeProcess:
+        proc = BrigadeProcess("worker", dict(self.env, **env), self.logs / f"{name}.log", ["--name", name])
+        self.workers[name] = proc
+        return proc
+
+    def statuses(self, names=None) -> dict[str, dict]:
+        """Heartbeats of the live processes started under these names."""
+        names = list(names or self.workers)
+        return {s["worker"]: s for s in worker_statuses(self.redis.client)
+                if s["worker"] in names and s["pid"] == self.workers[s["worker"]].proc.pid}
+
+    def wait_ready(self, names, timeout: float = 180) -> dict[str, dict]:
+        def up():
+            for n in names:
+                if self.workers[n].proc.poll() is not None:
+                    raise AssertionError(f"worker {n} exited:\n" + self.workers[n].tail())
+            found = self.statuses(names)
+            return found if len(found) == len(names) else None
+        return wait_until(up, timeout, interval=0.2, what=f"workers {names} to beat")
+
+    def scrape(self, names=WORKERS) -> dict[str, Samples]:
+        return {n: scrape(s["metrics_url"]) for n, s in self.statuses(names).items()}
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.tail()}" for p in [*self.processes, *self.workers.values()])
+
+
+def total(snapshots: dict[str, Samples], name: str, **labels: str) -> float:
+    return sum(value(s, name, **labels) for s in snapshots.values())
+
+
+def delta(before: dict[str, Samples], after: dict[str, Samples], name: str, **labels: str) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, model_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("metrics-logs")
+    port = free_port()
+    env = service_env(
+        redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+        BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_RESUME_GRACE_S="30", BRIGADE_UNCLAIMED_AFTER_S="3",
+        BRIGADE_DRAIN_SECONDS="1",
+    )
+    env.pop("BRIGADE_WORKER_METRICS_PORT", None)  # the default (0: any free port) is what is tested
+    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
+    reaper = BrigadeProcess("reaper", env, logs / "reaper.log")
+    f = Fleet(redis_server, env, logs, port, f"ws://127.0.0.1:{port}/v1/ws", [gateway, reaper])
+    try:
+        for name in WORKERS:
+            f.start_worker(name)
+        f.wait_ready(WORKERS)
+        wait_until(lambda: _ready(port), 30, what="gateway /readyz")
+        yield f
+    except BaseException:
+        print(f.tails())
+        raise
+    finally:
+        for p in [*f.workers.values(), gateway, reaper]:
+            p.stop()
+
+
+def _ready(port: int) -> bool:
+    try:
+        return http_get(port, "/readyz")[0] == 200
+    except OSError:
+        return False
+
+
+async def start_streaming(ws, cid: str, prompt: str, tokens_first: int = 3) -> dict[str, Answer]:
+    """Send a long chat request and return once its first tokens arrived (or it ended)."""
+    await ws.send(json.dumps({"type": "generate", "id": cid, "max_tokens": 1000, "cache": "off",
+                              "messages": [{"role": "user", "content": prompt}]}))
+    answers = {cid: Answer(cid)}
+    while len(answers[cid].tokens) < tokens_first and answers[cid].end is None:
+        await collect_one(ws, answers)
+    assert answers[cid].end is None, f"{cid} ended before the test could act on it: {answers[cid].end}"
+    return answers
+
+
+def stream_events(client, rid: str) -> list[dict]:
+    return [json.loads(f["event"]) for _, f in client.xrange(keys.stream(rid))]
+
+
+def worker_done(client, rid: str) -> dict | None:
+    """The done event the worker wrote into the request's replay log (with its usage)."""
+    return next((e for e in stream_events(client, rid) if e["type"] == "done"), None)
+
+
+# ---- the address ------------------------------------------------------------------------------------
+
+def test_two_workers_on_one_host_serve_metrics_on_their_own_ports_named_in_their_heartbeats(fleet):
+    statuses = fleet.statuses(WORKERS)
+    urls = {n: s["metrics_url"] for n, s in statuses.items()}
+    assert set(urls) == set(WORKERS) and all(urls.values()), urls
+    parsed = {n: urllib.parse.urlsplit(u) for n, u in urls.items()}
+    assert all(p.hostname == "127.0.0.1" and p.path == "/metrics" for p in parsed.values()), urls
+    ports = {p.port for p in parsed.values()}
+    assert len(ports) == len(WORKERS) and 0 not in ports, urls
+    for name, url in urls.items():
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        # prometheus_client's text format adds a `_created` gauge beside each counter and histogram.
+        families = {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+        assert {n for n in families if n.startswith("brigade_")} == HISTOGRAMS | GAUGES | COUNTERS, name
+        assert all(families[n].type == "histogram" for n in HISTOGRAMS)
+        assert all(families[n].type == "gauge" for n in GAUGES)
+        assert all(families[n].type == "counter" for n in COUNTERS)
+        # Only the worker's own registry: nothing from prometheus_client's default (process, GC).
+        assert not [n for n in families if not n.startswith("brigade_")], sorted(families)
+        samples = [s for f in families.values() for s in f.samples]
+        assert samples and all(s.labels.get("model") == MODEL for s in samples)
+
+
+# ---- counts after a known set of requests -------------------------------------------------------------
+
+def test_metrics_count_a_known_set_of_requests(fleet):
+    client = fleet.redis.client
+    wait_until(lambda: all(s["running"] == 0 and s["waiting"] == 0 for s in fleet.statuses(WORKERS).values()),
+               30, what="idle workers")
+    before = fleet.scrape()
+
+    async def cancelled_one() -> Answer:
+        async with connect(fleet.url) as ws:
+            answers = await start_streaming(ws, "gone", LONG_PROMPTS[0])
+            await ws.send(json.dumps({"type": "cancel", "id": "gone"}))
+            while answers["gone"].end is None:
+                await collect_one(ws, answers)
+            return answers["gone"]
+
+    async def main():
+        return await asyncio.gather(
+            *[ask(fleet.url, f"g{i}", messages=[{"role": "user", "content": q}], max_tokens=8, cache="off")
+              for i, q in enumerate(QUESTIONS)],
+            cancelled_one(),
+            # Passes the gateway's character limit but not the model's context: the worker refuses it.
+            ask(fleet.url, "big", prompt="word " * 12_000, max_tokens=64, cache="off"),
+        )
+
+    try:
+        *greedy, cancelled, refused = asyncio.run(main())
+        for a in greedy:
+            assert a.end["type"] == "done" and a.end["finish_reason"] in ("stop", "length"), a.end
+        assert cancelled.end["finish_reason"] == "cancelled" and cancelled.tokens, cancelled.end
+        assert refused.end["type"] == "error" and refused.end["code"] == "context_overflow", refused.end
+        ran = [a.request_id for a in [*greedy, cancelled]]
+        # The cancelled request's own end (with its usage) is written by the worker after the gateway
+        # already answered the client.
+        dones = wait_until(lambda: (lambda d: d if all(d) else None)([worker_done(client, r) for r in ran]),
+                           30, what="the workers' done events in the replay logs")
+
+        def settled():
+            after = fleet.scrape()
+            idle = all(value(s, "brigade_num_requests_running") == 0 and value(s, "brigade_num_requests_waiting") == 0
+                       for s in after.values())
+            counted = delta(before, after, "brigade_request_success_total", finished_reason="cancelled") >= 1
+            return after if idle and counted else None
+        after = wait_until(settled, 30, what="the workers to go idle with the cancel counted")
+
+        reasons = {r: sum(1 for a in greedy if a.end["finish_reason"] == r) for r in ("stop", "length")}
+        for reason in ("stop", "length", "cancelled", "error"):
+            want = reasons.get(reason, 0) + (reason == "cancelled")
+            assert delta(before, after, "brigade_request_success_total", finished_reason=reason) == want, reason
+        assert delta(before, after, "brigade_request_errors_total", code="context_overflow") == 1
+        error_codes = {dict(k[1]).get("code") for k in {**after[WORKERS[0]], **after[WORKERS[1]]}
+                       if k[0] == "brigade_request_errors_total"}
+        assert {c: delta(before, after, "brigade_request_errors_total", code=c) for c in error_codes} == \
+            {c: (1 if c == "context_overflow" else 0) for c in error_codes}
+
+        # Generated tokens: exactly what the done events reported, the cancelled request's included.
+        generated = sum(d["usage"]["completion_tokens"] for d in dones)
+        assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [a.end["usage"]["completion_tokens"]
+                                                                      for a in greedy]
+        assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [len(a.tokens) for a in greedy]
+        assert delta(before, after, "brigade_generation_tokens_total") == generated
+        assert delta(before, after, "brigade_prompt_tokens_total") == sum(d["usage"]["prompt_tokens"] for d in dones)
+
+        # A first token for each request that produced one; the whole-answer latencies for the three
+        # that ran to their end (not the cancelled one, not the refused one).
+        assert delta(before, after, "brigade_time_to_first_token_seconds_count") == 4
+        assert delta(before, after, "brigade_time_to_first_token_seconds_sum") > 0
+        for name in ("brigade_e2e_request_latency_seconds", "brigade_request_queue_time_seconds",
+                     "brigade_request_prefill_time_seconds"):
+            assert delta(before, after, f"{name}_count") == 3, name
+        assert delta(before, after, "brigade_e2e_request_latency_seconds_sum") > 0
+        multi = sum(1 for d in dones[:3] if d["usage"]["completion_tokens"] > 1)
+        assert delta(before, after, "brigade_time_per_output_token_seconds_count") == multi
+        # One gap between each two tokens of a request.
+        assert delta(before, after, "brigade_inter_token_latency_seconds_count") == generated - len(dones)
+        # Every token after a request's first came from a decode step, one per sequence in its batch.
+        assert delta(before, after, "brigade_batch_size_sum") == generated - len(dones)
+        assert delta(before, after, "brigade_batch_size_count") >= (generated - len(dones)) / 16
+        for name, samples in after.items():
+            assert value(samples, "brigade_num_requests_running") == 0, name
+            assert value(samples, "brigade_kv_cache_usage_perc") == 0, name  # an idle engine gives its KV back
+        assert delta(before, after, "brigade_failovers_total") == 0
+    except BaseException:
+        print(fleet.tails())
+        raise
+
+
+def test_running_and_kv_gauges_show_a_request_in_flight(fleet):
+    async def main():
+        async with connect(fleet.url) as ws:
+            answers = await start_streaming(ws, "busy", LONG_PROMPTS[1])
+            rid = answers["busy"].request_id
+            holder = await asyncio.to_thread(
+                wait_until, lambda: next((n for n, s in fleet.statuses(WORKERS).items() if rid in s["requests"]), None),
+                10, 0.1, "the request in a heartbeat")
+            seen = scrape(fleet.statuses([holder])[holder]["metrics_url"])
+            await ws.send(json.dumps({"type": "cancel", "id": "busy"}))
+            while answers["busy"].end is None:
+                await collect_one(ws, answers)
+            return seen
+
+    seen = asyncio.run(main())
+    assert value(seen, "brigade_num_requests_running") == 1
+    assert 0 < value(seen, "brigade_kv_cache_usage_perc") <= 1
+    wait_until(lambda: all(value(s, "brigade_num_requests_running") == 0 for s in fleet.scrape().values()), 30,
+               what="running back to 0")
+
+
+# ---- dead letters ----------------------------------------------------------------------------------------
+
+def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_that_buried_it(fleet):
+    from ops.messages import GenerateParams, QueuedRequest
+    from workers.app import GENERATE_TASK, make_app
+
+    client = fleet.redis.client
+    before = fleet.scrape()
+    rid = f"poison-{os.getpid()}"
+    queued = QueuedRequest(
+        request_id=rid, client_id=rid, reply_channel=keys.reply_channel("test-direct"), enqueued_at=time.time(),
+        model=MODEL, prompt="Hello", params=GenerateParams(max_tokens=4),
+    )
+    client.set(keys.request(rid), queued.model_dump_json(), ex=60)
+    # As if it had crashed three workers already (max_attempts is 3): the next claim buries it.
+    client.hset(keys.claim(rid), mapping={"state": "queued", "owner": "", "attempts": 3, "epoch": 3})
+    make_app(fleet.redis.url).send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")],
+                                        queue=keys.interactive_queue(MODEL))
+    wait_until(lambda: any(json.loads(e)["request_id"] == rid for e in client.lrange(keys.DEAD_LETTERS, 0, -1)),
+               30, what="the request in the dead-letter list")
+
+    def counted():
+        after = fleet.scrape()
+        return after if delta(before, after, "brigade_dead_letters_total") >= 1 else None
+    after = wait_until(counted, 10, what="the dead letter counted")
+    assert delta(before, after, "brigade_dead_letters_total") == 1
+    assert delta(before, after, "brigade_request_errors_total", code="worker_failed") == 1
+    assert delta(before, after, "brigade_failovers_total") == 0  # buried, not continued
+    assert [e["code"] for e in stream_events(client, rid) if e["type"] == "error"] == ["worker_failed"]
+
+
+# ---- failover (kills a worker: keep these last) ------------------------------------------------------------
+
+def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(fleet):
+    client = fleet.redis.client
+    before = fleet.scrape()
+    answers = {f"f{i}": Answer(f"f{i}") for i in range(len(LONG_PROMPTS))}
+    victim: dict = {}
+
+    async def one(cid: str, prompt: str, started: asyncio.Event):
+        async with connect(fleet.url) as ws:
+            await ws.send(json.dumps({"type": "generate", "id": cid, "max_tokens": 64, "cache": "off",
+                                      "messages": [{"role": "user", "content": prompt}]}))
+            while answers[cid].end is None:
+                absorb(answers, json.loads(await ws.recv()))
+                if all(len(a.tokens) >= 3 or a.end for a in answers.values()):
+                    started.set()
+
+    def every_request_held():
+        rids = {a.request_id for a in answers.values()}
+        statuses = fleet.statuses(WORKERS)
+        held = {r for s in statuses.values() for r in s["requests"]}
+        return statuses if rids <= held else None
+
+    def kill():
+        rids = {a.request_id for a in answers.values()}
+        statuses = wait_until(every_request_held, 10, what="every request in a heartbeat")
+        name = max(statuses, key=lambda n: len(set(statuses[n]["requests"]) & rids))
+        victim["name"] = name
+        os.kill(fleet.workers[name].proc.pid, signal.SIGKILL)
+        fleet.workers[name].proc.wait(10)
+
+    async def main():
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(one(cid, p, started)) for cid, p in zip(answers, LONG_PROMPTS)]
+        await asyncio.wait_for(started.wait(), 120)
+        await asyncio.to_thread(kill)
+        await asyncio.wait_for(asyncio.gather(*tasks), 240)
+
+    try:
+        asyncio.run(main())
+        survivor = next(n for n in WORKERS if n != victim["name"])
+        for a in answers.values():
+            assert a.end["type"] == "done", a.end
+            assert a.indexes == list(range(len(a.tokens))), a.indexes
+        epochs = {a.id: int(client.hget(keys.claim(a.request_id), "epoch")) for a in answers.values()}
+        by_survivor = [a.id for a in answers.values() if a.end["timing"]["worker"] == survivor]
+        # Continued: claimed again after the kill (epoch > 1), and finished by the survivor.
+        continued = [i for i in by_survivor if epochs[i] > 1]
+        assert continued, "the killed worker held none of the running requests"
+
+        def counted():
+            after = fleet.scrape([survivor])
+            return after if delta({survivor: before[survivor]}, after, "brigade_failovers_total") >= len(continued) \
+                else None
+        after = wait_until(counted, 30, what="the survivor to count its failovers")
+        assert delta({survivor: before[survivor]}, after, "brigade_failovers_total") == len(continued)
+        # Their first tokens came from the killed worker: the survivor timed only its own requests'.
+        own = [i for i in by_survivor if epochs[i] == 1]
+        assert delta({survivor: before[survivor]}, after, "brigade_time_to_first_token_seconds_count") == len(own)
+    except BaseException:
+        print(fleet.tails())
+        raise
+
+
+def test_a_worker_whose_metrics_port_is_taken_logs_it_once_and_serves_without_metrics(fleet):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = fleet.start_worker("w3@metrics", BRIGADE_WORKER_METRICS_PORT=str(port))
+        status = fleet.wait_ready(["w3@metrics"])["w3@metrics"]
+    assert status["metrics_url"] is None, status
+    lines = [l for l in proc.log_path.read_text().splitlines() if "event=metrics_unavailable" in l]
+    assert len(lines) == 1 and f"port={port}" in lines[0], lines
+    # It still serves: a request reaches the end (any live worker may take it; this one is alive).
+    answer = asyncio.run(ask(fleet.url, "after", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
+                             cache="off"))
+    assert answer.end["type"] == "done", answer.end

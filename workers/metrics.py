@@ -1,0 +1,197 @@
+"""A worker's Prometheus metrics: what its engine did, served on the worker's own /metrics.
+
+Names and meanings follow vLLM's (`vllm:time_to_first_token_seconds` -> `brigade_time_to_first_token_seconds`),
+every series labelled with the served model name; docs/metrics-worker.md lists them. They live in
+this module's REGISTRY, not in prometheus_client's global one, so the worker exposes exactly
+these and a gateway in the same process (tests, tools) never mixes its own in.
+
+The engine host records each fact once, where it becomes known (`WorkerMetrics`): a token's
+arrival is one observe or inc, with label children resolved once at start, so the hot path takes
+no label lookup and no Redis round trip. The gauges (running, waiting, KV use) are read from the
+engine when Prometheus scrapes (`EngineGauges`), so they cost nothing between scrapes and are
+never stale.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("brigade.worker")
+
+REGISTRY = CollectorRegistry()
+
+# Seconds, roughly log-spaced (about 1.5-2x apart) from 1 ms to 120 s: a GPU's TTFT and inter-token
+# gaps sit at the low end, this CPU's prefill of a long prompt and whole answers at the high end.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+)
+# Sequences in one decode step: powers of two up to the largest max_batch worth configuring.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MODEL = ["model"]
+
+
+def _latency(name: str, doc: str) -> Histogram:
+    return Histogram(name, doc, MODEL, buckets=LATENCY_BUCKETS, registry=REGISTRY)
+
+
+TIME_TO_FIRST_TOKEN = _latency(
+    "brigade_time_to_first_token_seconds",
+    "Time from the gateway's enqueue to the request's first token (index 0), observed when it is generated.")
+TIME_PER_OUTPUT_TOKEN = _latency(
+    "brigade_time_per_output_token_seconds",
+    "Per request: (finish - first token here) / (tokens generated here - 1), for requests ended by stop or length.")
+INTER_TOKEN_LATENCY = _latency(
+    "brigade_inter_token_latency_seconds",
+    "Time between two consecutive tokens of one request on this worker, observed per token.")
+E2E_REQUEST_LATENCY = _latency(
+    "brigade_e2e_request_latency_seconds",
+    "Time from the gateway's enqueue to the request's end, for requests ended by stop or length.")
+REQUEST_QUEUE_TIME = _latency(
+    "brigade_request_queue_time_seconds",
+    "Time waiting before the engine admitted the request (broker queue + engine queue), for requests "
+    "ended by stop or length; a continued request counts only its wait on this worker's engine.")
+REQUEST_PREFILL_TIME = _latency(
+    "brigade_request_prefill_time_seconds",
+    "Time from the engine's admission to the first token on this worker, for requests ended by stop or length.")
+BATCH_SIZE = Histogram(
+    "brigade_batch_size", "Sequences in one engine decode step.", MODEL, buckets=BATCH_SIZE_BUCKETS,
+    registry=REGISTRY)
+
+PROMPT_TOKENS = Counter(
+    "brigade_prompt_tokens", "Prompt tokens prefilled by this worker (counted at a request's first token here).",
+    MODEL, registry=REGISTRY)
+GENERATION_TOKENS = Counter(
+    "brigade_generation_tokens", "Tokens this worker generated for the requests it held.", MODEL, registry=REGISTRY)
+REQUEST_SUCCESS = Counter(
+    "brigade_request_success", "Requests this worker ended with a done event, by finish reason.",
+    [*MODEL, "finished_reason"], registry=REGISTRY)
+REQUEST_ERRORS = Counter(
+    "brigade_request_errors", "Requests this worker ended with an error event, by error code.",
+    [*MODEL, "code"], registry=REGISTRY)
+FAILOVERS = Counter(
+    "brigade_failovers", "Requests this worker continued after another worker died or handed them back.",
+    MODEL, registry=REGISTRY)
+DEAD_LETTERS = Counter(
+    "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", MODEL, registry=REGISTRY)
+
+
+class EngineGauges(Collector):
+    """The engine's queue and memory, read at scrape time from `stats` (Engine.stats)."""
+
+    def __init__(self, model: str, stats: Callable[[], dict]):
+        self.model = model
+        self.stats = stats
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        s = self.stats()
+        budget = s.get("kv_budget_tokens") or 0
+        for name, doc, value in (
+            ("brigade_num_requests_running", "Requests in the engine's running batch.", s["running"]),
+            ("brigade_num_requests_waiting", "Requests in the engine waiting for admission (KV memory or a batch slot).",
+             s["waiting"]),
+            ("brigade_kv_cache_usage_perc", "KV cache memory held, as a ratio of the budget (1 = full).",
+             s["kv_used_tokens"] / budget if budget else 0.0),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=MODEL)
+            family.add_metric([self.model], value)
+            yield family
+
+
+_engine_gauges: EngineGauges | None = None
+_gauges_lock = threading.Lock()
+
+
+class WorkerMetrics:
+    """One worker's handles on the metrics above, bound to its model label."""
+
+    FULL_RUN = frozenset({"stop", "length"})  # the ends whose latencies describe a whole answer
+
+    def __init__(self, model: str):
+        self.model = model
+        self.ttft = TIME_TO_FIRST_TOKEN.labels(model)
+        self.tpot = TIME_PER_OUTPUT_TOKEN.labels(model)
+        self.itl = INTER_TOKEN_LATENCY.labels(model)
+        self.e2e = E2E_REQUEST_LATENCY.labels(model)
+        self.queue_time = REQUEST_QUEUE_TIME.labels(model)
+        self.prefill_time = REQUEST_PREFILL_TIME.labels(model)
+        self.batch_size = BATCH_SIZE.labels(model)
+        self.prompt_tokens = PROMPT_TOKENS.labels(model)
+        self.generation_tokens = GENERATION_TOKENS.labels(model)
+        self.failovers = FAILOVERS.labels(model)
+        self.dead_letters = DEAD_LETTERS.labels(model)
+        for reason in ("stop", "length", "cancelled", "error"):  # present at 0 from the start, for rate()
+            REQUEST_SUCCESS.labels(model, reason)
+        self._gauges: EngineGauges | None = None
+
+    def watch_engine(self, stats: Callable[[], dict]) -> None:
+        """Expose this engine's gauges, in place of any engine watched before (one per process)."""
+        global _engine_gauges
+        with _gauges_lock:
+            if _engine_gauges is not None:
+                REGISTRY.unregister(_engine_gauges)
+            _engine_gauges = self._gauges = EngineGauges(self.model, stats)
+            REGISTRY.register(_engine_gauges)
+
+    def unwatch_engine(self) -> None:
+        global _engine_gauges
+        with _gauges_lock:
+            if _engine_gauges is not None and _engine_gauges is self._gauges:
+                REGISTRY.unregister(_engine_gauges)
+                _engine_gauges = None
+
+    def on_step(self, sequences: int, is_prefill: bool) -> None:
+        if not is_prefill:
+            self.batch_size.observe(sequences)
+
+    def finished(self, reason: str, timing: dict, queue_s: float | None) -> None:
+        """A done event: counted by reason; latencies only for answers that ran to their end."""
+        REQUEST_SUCCESS.labels(self.model, reason).inc()
+        if reason not in self.FULL_RUN:
+            return
+        for histogram, value in ((self.e2e, timing.get("e2e_s")), (self.tpot, timing.get("tpot_s")),
+                                 (self.queue_time, queue_s), (self.prefill_time, timing.get("prefill_s"))):
+            if value is not None:
+                histogram.observe(value)
+
+    def failed(self, code: str) -> None:
+        REQUEST_ERRORS.labels(self.model, code).inc()
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    url: str
+    server: object  # the WSGI server, for shutdown
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve_metrics(host: str, port: int, advertise_host: str = "") -> MetricsEndpoint | None:
+    """Serve REGISTRY on http://host:port/metrics (port 0: any free port) on a daemon thread.
+
+    A port that cannot be bound is one log line, and the worker serves requests without metrics:
+    losing the monitoring of one worker must not take its serving capacity with it."""
+    try:
+        server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    except OSError as exc:
+        log.error("event=metrics_unavailable host=%s port=%d error=%r hint=%s", host, port, exc,
+                  "set BRIGADE_WORKER_METRICS_PORT to a free port, or 0 for any")
+        return None
+    bound_port = server.server_address[1]
+    shown = advertise_host or host
+    if shown in ("", "0.0.0.0", "::"):  # bound to every interface: name the machine instead
+        shown = socket.gethostname()
+    if ":" in shown:  # an IPv6 literal
+        shown = f"[{shown}]"
+    url = f"http://{shown}:{bound_port}/metrics"
+    log.info("event=metrics_serving url=%s", url)
+    return MetricsEndpoint(url, server)
