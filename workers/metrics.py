@@ -1,7 +1,7 @@
 """A worker's Prometheus metrics: what its engine did, served on the worker's own /metrics.
 
 Names and meanings follow vLLM's (`vllm:time_to_first_token_seconds` -> `brigade_time_to_first_token_seconds`),
-every series labelled with the served model name; docs/metrics-worker.md lists them. They live in
+every series labelled with the served model name; docs/metrics.md lists them. They live in
 this module's REGISTRY, not in prometheus_client's global one, so the worker exposes exactly
 these and a gateway in the same process (tests, tools) never mixes its own in.
 
@@ -83,6 +83,14 @@ DEAD_LETTERS = Counter(
     "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", MODEL, registry=REGISTRY)
 
 
+# The engine gauges, registered once a worker has an engine (EngineGauges): name, help.
+ENGINE_GAUGES = (
+    ("brigade_num_requests_running", "Requests in the engine's running batch."),
+    ("brigade_num_requests_waiting", "Requests in the engine waiting for admission (KV memory or a batch slot)."),
+    ("brigade_kv_cache_usage_perc", "KV cache memory held, as a ratio of the budget (1 = full)."),
+)
+
+
 class EngineGauges(Collector):
     """The engine's queue and memory, read at scrape time from `stats` (Engine.stats)."""
 
@@ -93,13 +101,8 @@ class EngineGauges(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         s = self.stats()
         budget = s.get("kv_budget_tokens") or 0
-        for name, doc, value in (
-            ("brigade_num_requests_running", "Requests in the engine's running batch.", s["running"]),
-            ("brigade_num_requests_waiting", "Requests in the engine waiting for admission (KV memory or a batch slot).",
-             s["waiting"]),
-            ("brigade_kv_cache_usage_perc", "KV cache memory held, as a ratio of the budget (1 = full).",
-             s["kv_used_tokens"] / budget if budget else 0.0),
-        ):
+        values = (s["running"], s["waiting"], s["kv_used_tokens"] / budget if budget else 0.0)
+        for (name, doc), value in zip(ENGINE_GAUGES, values):
             family = GaugeMetricFamily(name, doc, labels=MODEL)
             family.add_metric([self.model], value)
             yield family
