@@ -106,7 +106,7 @@ def fleet(model_dir, tmp_path_factory):
         print(f.tails())
         raise
     finally:
-        for p in [*f.workers.values(), gateway, other, reaper, second_reaper]:
+        for p in [*f.workers.values(), f.gateway, other, reaper, second_reaper]:  # f.gateway: a test may restart it
             p.stop()
         redis_server.stop()
 
