@@ -122,3 +122,29 @@ def worker_statuses(client: redis.Redis) -> list[dict]:
         if raw:
             out.append(json.loads(raw))
     return out
+
+
+def http_status(port: int, path: str) -> int | None:
+    """The status of GET path, or None while nothing answers on the port."""
+    try:
+        return http_get(port, path)[0]
+    except OSError:
+        return None
+
+
+def create_key(redis_url: str, name: str = "test", **limits) -> str:
+    """A real API key in the test's Redis (gateway/api_keys.py), as `brigade keys create` makes one."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from gateway.api_keys import KeyStore
+
+    async def create() -> str:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return (await KeyStore(client).create(f"{name}-{time.monotonic_ns()}", **limits))[0]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(create())

@@ -23,7 +23,7 @@ from ops.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_ti
                                 reword)
 from ops.bench_serve import target_urls
 from ops.settings import Settings
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until
+from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -322,7 +322,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
     procs = [BrigadeProcess("gateway", env, logs / "gateway.log"),
              BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@bench-serve"])]
     try:
-        wait_until(lambda: _status(port, "/readyz") == 200, 180, interval=0.2, what="the gateway and a worker")
+        wait_until(lambda: http_status(port, "/readyz") == 200, 180, interval=0.2, what="the gateway and a worker")
         yield f"http://127.0.0.1:{port}"
     except BaseException:
         for p in procs:
@@ -331,13 +331,6 @@ def stack(redis_server, model_dir, tmp_path_factory):
     finally:
         for p in procs:
             p.stop()
-
-
-def _status(port: int, path: str) -> int | None:
-    try:
-        return http_get(port, path)[0]
-    except OSError:
-        return None
 
 
 def bench_serve(url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

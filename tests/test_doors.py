@@ -3,7 +3,6 @@ with its stdin piped) against a real gateway and `brigade worker` on a real redi
 `brigade up` itself."""
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import (BrigadeProcess, RedisServer, free_port, http_get, service_env, wait_until,
+from tests.services import (BrigadeProcess, RedisServer, create_key, free_port, http_get, service_env, wait_until,
                             worker_statuses)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,22 +49,6 @@ def _ready(port: int) -> bool:
         return False
 
 
-def _create_key(redis_url: str) -> str:
-    import redis.asyncio as aioredis
-
-    from gateway.api_keys import KeyStore
-
-    async def create() -> str:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            plain, _ = await KeyStore(client).create("doors")
-            return plain
-        finally:
-            await client.aclose()
-
-    return asyncio.run(create())
-
-
 @pytest.fixture(scope="module")
 def doors(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("doors")
@@ -74,7 +57,7 @@ def doors(redis_server, model_dir, tmp_path_factory):
     # blocked (waiting for the user's next line) loses its connection within about 2 s.
     env = service_env(redis_server.url, port, BRIGADE_WS_PING_INTERVAL_S="1", BRIGADE_WS_PING_TIMEOUT_S="1",
                       BRIGADE_AUTH="required", BRIGADE_RESUME_GRACE_S="60")
-    doors = Doors(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", env, _create_key(redis_server.url),
+    doors = Doors(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", env, create_key(redis_server.url, "doors"),
                   BrigadeProcess("gateway", env, logs / "gateway.log"),
                   BrigadeProcess("worker", env, logs / "worker.log", ["--name", "doors@test"]), logs)
     try:

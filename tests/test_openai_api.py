@@ -22,7 +22,8 @@ from gateway.api_keys import KeyStore
 from ops import keys
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import (BrigadeProcess, create_key, free_port, http_status, service_env, wait_until,
+                            worker_statuses)
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
@@ -46,17 +47,6 @@ class Doors:
 
     def async_client(self, port: int, key: str = "none") -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def _create_key(url: str, **limits) -> str:
-    async def main():
-        client = redis_lib.asyncio.Redis.from_url(url)
-        try:
-            plain, _ = await KeyStore(client).create(f"test-{time.monotonic_ns()}", **limits)
-            return plain
-        finally:
-            await client.aclose()
-    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +73,14 @@ def doors(redis_server, model_dir, tmp_path_factory):
     procs.append(worker)
     try:
         for port in ports.values():
-            wait_until(lambda: _status(port, "/healthz") == 200, 90, what=f"gateway on {port}")
-        wait_until(lambda: _status(ports["open"], "/readyz") == 200, 120, interval=0.2, what="a worker")
-        # The `empty` gateway must have looked at the heartbeats once (it finds none).
-        time.sleep(1.5)
+            wait_until(lambda: http_status(port, "/healthz") == 200, 90, what=f"gateway on {port}")
+        wait_until(lambda: http_status(ports["open"], "/readyz") == 200, 120, interval=0.2, what="a worker")
+        # The `empty` gateway must have looked at the heartbeats once (it finds none): its fleet
+        # gauges appear after its first look.
+        wait_until(lambda: "brigade_queue_depth{" in httpx.get(f"http://127.0.0.1:{ports['empty']}/metrics").text,
+                   30, what="the empty gateway's first look at the fleet")
         yield Doors(redis_server, ports["open"], ports["strict"], ports["full"], ports["empty"], worker,
-                    _create_key(redis_server.url), redis_server.url)
+                    create_key(redis_server.url), redis_server.url)
     except BaseException:
         for p in procs:
             print(f"--- {p.log_path.name}\n{p.tail()}")
@@ -96,13 +88,6 @@ def doors(redis_server, model_dir, tmp_path_factory):
     finally:
         for p in procs:
             p.stop()
-
-
-def _status(port: int, path: str) -> int | None:
-    try:
-        return http_get(port, path)[0]
-    except OSError:
-        return None
 
 
 def _chat(question: str = QUESTION, **extra) -> dict:
@@ -257,13 +242,13 @@ def test_missing_or_bad_keys_are_a_401_and_a_good_key_is_served(doors):
         assert err.value.status_code == 401 and err.value.body["code"] == "unauthorized"
     r = httpx.post(f"http://127.0.0.1:{doors.strict}/v1/chat/completions", json=_chat(), timeout=30)
     assert r.status_code == 401 and "brigade keys create" in r.json()["error"]["message"]
-    assert _status(doors.strict, "/healthz") == 200 and _status(doors.strict, "/readyz") == 200  # stay open
+    assert http_status(doors.strict, "/healthz") == 200 and http_status(doors.strict, "/readyz") == 200  # stay open
     ok = doors.client(doors.strict, doors.key).chat.completions.create(**_chat("What is 2 + 2?", max_tokens=4))
     assert ok.usage.completion_tokens >= 1
 
 
 def test_a_burst_past_a_keys_rpm_is_held_to_it_with_429_and_another_key_is_not_slowed(doors):
-    limited, other = _create_key(doors.store_url, rpm=10), _create_key(doors.store_url)
+    limited, other = create_key(doors.store_url, rpm=10), create_key(doors.store_url)
 
     async def main():
         a, b = doors.async_client(doors.strict, limited), doors.async_client(doors.strict, other)
@@ -373,7 +358,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_the_
 
 
 def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_answer_ends(doors):
-    key = _create_key(doors.store_url, max_concurrent=1)
+    key = create_key(doors.store_url, max_concurrent=1)
     client = doors.client(doors.strict, key)
     for _ in range(2):  # one miss, then the same answer from the cache; each ends and frees the slot
         client.chat.completions.create(**_chat("Name a color.", max_tokens=4))
@@ -432,7 +417,7 @@ def test_a_request_body_past_the_message_limit_is_a_413_read_no_further(doors):
 
 
 def test_resume_reaches_only_the_key_that_asked_and_a_revoked_key_is_refused_on_an_open_connection(doors):
-    owner, other = _create_key(doors.store_url), _create_key(doors.store_url)
+    owner, other = create_key(doors.store_url), create_key(doors.store_url)
     url = f"ws://127.0.0.1:{doors.strict}/v1/ws"
 
     def headers(key):
@@ -468,7 +453,7 @@ def test_resume_reaches_only_the_key_that_asked_and_a_revoked_key_is_refused_on_
 
 
 def test_an_answer_cut_short_still_counts_its_tokens_against_the_key(doors):
-    key = _create_key(doors.store_url)
+    key = create_key(doors.store_url)
     body = _chat(LONG, max_tokens=300, stream=True)
     body["cache"] = "off"
     with httpx.stream("POST", f"http://127.0.0.1:{doors.strict}/v1/chat/completions", json=body,

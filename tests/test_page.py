@@ -16,9 +16,8 @@ from urllib.parse import urlencode
 import pytest
 
 from ops import keys
-from gateway.api_keys import KeyStore
 from tests.clients import ask
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import BrigadeProcess, create_key, free_port, http_get, service_env, wait_until, worker_statuses
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -297,7 +296,7 @@ def test_keys_and_guards_errors_show_their_code_and_the_key_field(browser, stack
                              tmp_path / "gateway-keys.log")
     try:
         wait_until(lambda: _ready(port), 120, interval=0.2, what="the second gateway's /readyz")
-        key = asyncio.run(_create_key(stack.redis.url))
+        key = create_key(stack.redis.url, "page")
         page = ChatPage(browser, f"http://127.0.0.1:{port}")
         browser.get(page.base_url + "/")
         page.until(lambda d: page.element("status").get_attribute("data-state") == "closed", 30,
@@ -333,14 +332,3 @@ def _ready(port: int) -> bool:
         return http_get(port, "/readyz")[0] == 200
     except OSError:
         return False
-
-
-async def _create_key(redis_url: str) -> str:
-    import redis.asyncio as aioredis
-
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    try:
-        plain, _record = await KeyStore(client).create("page test")
-        return plain
-    finally:
-        await client.aclose()
