@@ -27,6 +27,7 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FinishReason, SamplingParams, Sequence
 
 log = logging.getLogger("brigade.engine")
+IDLE_POLL_S = 0.5  # an idle engine thread wakes this often (to notice its stop event, and to prove it lives)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class Engine:
         self.sequences: dict[str, Sequence] = {}
         self.detoks: dict[str, IncrementalDetokenizer] = {}
         self.tokens_generated = 0
+        # When the engine thread last came round its loop (monotonic). Idle, it comes round at
+        # least every IDLE_POLL_S; a value much older than that is a wedged thread.
+        self.loop_at = time.monotonic()
         # Told (sequences, is_prefill) before each forward pass, on the engine thread: the worker's
         # metrics take the batch size here. Must be cheap; None: nobody listens.
         self.on_step: Callable[[int, bool], None] | None = None
@@ -210,13 +214,14 @@ class Engine:
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
         while not stop.is_set():
+            self.loop_at = time.monotonic()
             updates = self.step()
             if updates:
                 on_updates(updates)
             if self.scheduler.running:
                 continue
             # Idle, or filling a micro-batch: sleep until the batch deadline or new input.
-            wait = self.scheduler.seconds_until_admission() if self.scheduler.waiting else 0.5
+            wait = self.scheduler.seconds_until_admission() if self.scheduler.waiting else IDLE_POLL_S
             if wait > 0:
                 self._wake.wait(wait)
                 self._wake.clear()

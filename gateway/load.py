@@ -8,14 +8,14 @@ since start) there is no estimate, and only the queue-depth limit applies.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
 import redis.asyncio as aioredis
 
 from gateway import metrics
-from ops import keys
+from ops import fleet, keys
+from ops.capacity import scale_signal
 from ops.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -31,6 +31,7 @@ class LoadMonitor:
         self.rate: float | None = None  # requests finished per second, all workers
         self.waiting_in_engines = 0
         self.workers = 0
+        self.statuses: list[dict] = []  # the last heartbeats read
         self.observed = False  # has read the heartbeats at least once (before that, `workers` means nothing)
         self._served: dict[str, int] = {}
         self._at = time.monotonic()
@@ -54,23 +55,20 @@ class LoadMonitor:
         self._served, self._at = served, now
         self.waiting_in_engines = sum(int(s.get("waiting", 0)) for s in statuses)
         self.workers = len(statuses)
+        self.statuses = statuses
         self.observed = True
 
     async def any_worker_alive(self) -> bool:
         """Asked before refusing for want of workers: the once-a-second view may be a second old."""
         try:
-            async for _ in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100):
-                return True
+            return await fleet.any_alive_async(self.redis)
         except aioredis.RedisError:
             return True  # unknown: let the enqueue decide
-        return False
 
     async def run(self) -> None:
         while True:
             try:
-                names = [k async for k in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100)]
-                raw = await self.redis.mget(names) if names else []
-                self.observe([json.loads(r) for r in raw if r], time.monotonic())
+                self.observe(await fleet.live_workers_async(self.redis), time.monotonic())
                 await self._gauge_the_fleet()
             except (aioredis.RedisError, OSError, ValueError) as exc:
                 log.debug("event=load_monitor_error error=%r", exc)
@@ -88,8 +86,11 @@ class LoadMonitor:
             pipe.zcard(keys.CACHE_LRU)
         replies = await pipe.execute()
         lanes = len(keys.queue_lists(model))
+        queued = sum(replies[:lanes])
         metrics.WORKERS_ALIVE.set(self.workers)
-        metrics.QUEUE_DEPTH.labels(model, "interactive").set(sum(replies[:lanes]))
+        metrics.QUEUE_DEPTH.labels(model, "interactive").set(queued)
+        signal = scale_signal(self.statuses, queued, self.settings.per_worker_target)
+        metrics.WORKERS_DESIRED.labels(model).set(signal.desired)
         metrics.DEAD_LETTERS.set(replies[lanes])
         if same_redis:
             metrics.CACHE_ENTRIES.labels(model).set(replies[lanes + 1])

@@ -23,6 +23,7 @@ from ops.settings import Settings
 log = logging.getLogger("brigade.gateway")
 
 LOST_WITH_REDIS = "the request was lost while Redis was unavailable; resend it"
+CATCH_UP_PAGE = 64  # replay-log entries read per round trip when reading back from the newest
 
 
 class ReplyIntake:
@@ -87,7 +88,7 @@ class ReplyIntake:
             if route is None:
                 continue
             try:
-                entries = await self.redis.xrange(keys.stream(rid))
+                entries = await self._unread(route)
             finally:
                 # Live events that arrived meanwhile each started their own catch-up.
                 route.catching_up = False
@@ -97,8 +98,30 @@ class ReplyIntake:
                 event = logged_event(fields)
                 if event is not None:
                     self._send(self.router.forward(route, event))
-            if self.router.live.get(rid) is route and not entries and not await self.redis.exists(keys.request(rid)):
+            if (self.router.live.get(rid) is route and not entries
+                    and not await self.redis.exists(keys.stream(rid), keys.request(rid))):
                 self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+
+    async def _unread(self, route: Route) -> list:
+        """The replay-log entries a live route has not been given, oldest first, without reading
+        the whole log for every gap: after its first catch-up a route remembers where the log
+        stood; the first one reads back from the newest entry only to the token its client has."""
+        key = keys.stream(route.request_id)
+        if route.stream_id != "0-0":
+            entries = await self.redis.xrange(key, min=f"({route.stream_id}")
+        else:
+            entries, newest = [], "+"
+            while True:
+                page = await self.redis.xrevrange(key, max=newest, count=CATCH_UP_PAGE)
+                known = next((i for i, (_, fields) in enumerate(page) if _delivered(fields, route.next_index)), None)
+                entries += page if known is None else page[:known]
+                if known is not None or len(page) < CATCH_UP_PAGE:
+                    break
+                newest = f"({page[-1][0].decode()}"
+            entries.reverse()
+        if entries:
+            route.stream_id = entries[-1][0].decode()
+        return entries
 
     def follow(self, route: Route) -> None:
         displaced = self.router.followed.get(route.request_id)
@@ -161,6 +184,12 @@ class ReplyIntake:
     async def close(self) -> None:
         for client in (self.subscriber, self.follower):
             await client.aclose()
+
+
+def _delivered(fields: dict, next_index: int) -> bool:
+    """Is this log entry a token the client already has? (Reading back stops there.)"""
+    event = logged_event(fields)
+    return event is not None and event.type == "token" and event.index is not None and event.index < next_index
 
 
 def logged_event(fields: dict) -> ReplyEvent | None:

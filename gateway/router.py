@@ -37,7 +37,7 @@ class Route:
     next_index: int = 0
     epoch: int = 0  # the newest claim epoch seen; older events are stale
     since: float = field(default_factory=time.time)  # when this sink took the request on
-    stream_id: str = "0-0"  # followed routes: the last replay-log entry read
+    stream_id: str = "0-0"  # the last replay-log entry read (followed routes; live ones after a gap)
     keep_text: bool = False  # the answer is needed at the end (cache, output guards)
     chunks: list[str] = field(default_factory=list)  # with keep_text: the answer's pieces, in order
     catching_up: bool = False  # a gap is being filled from the replay log: live events wait for it

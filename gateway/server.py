@@ -43,7 +43,7 @@ from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
 from gateway.ws_door import WebSocketDoor
-from ops import keys
+from ops import fleet, keys
 from ops.ports import bind_error
 from ops.redis_pool import shared_client
 from ops.settings import Settings
@@ -169,7 +169,7 @@ class Gateway:
     async def readiness(self) -> dict:
         try:
             await self.redis.ping()
-            workers = [k async for k in self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100)]
+            workers = await fleet.live_workers_async(self.redis)
         except aioredis.RedisError as exc:
             return {"ready": False, "redis": False, "workers": 0, "reason": f"redis unreachable: {exc}"}
         ready = bool(workers)

@@ -5,11 +5,13 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - request(rid): TTL Settings.stream_ttl_s
 - cancelled(rid): TTL Settings.cancel_ttl_s
 - worker(instance): TTL Settings.heartbeat_ttl_s, refreshed by the worker while it lives
+- WORKERS: one member per worker that beat in the last ops.fleet.FORGET_S (pruned by every beat)
 - claim(rid): TTL Settings.stream_ttl_s
 - CLAIMS: one field per request a live worker holds; removed when it ends or is reaped
 - DEAD_LETTERS: capped at Settings.dlq_max entries
 - UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired
 - resumed(rid): TTL Settings.stream_ttl_s
+- taken(rid): TTL Settings.stream_ttl_s; deleted at the claim
 - settled(rid): TTL Settings.stream_ttl_s
 - api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
   are created by an operator only (`brigade keys create`), never by a request, so they are bounded
@@ -56,6 +58,9 @@ def worker(instance: str) -> str:
 
 
 WORKER_PREFIX = f"{PREFIX}:worker:"
+# sorted set: worker instance -> time of its last heartbeat; the registry readers use instead of
+# scanning for worker keys (ops/fleet.py).
+WORKERS = f"{PREFIX}:workers"
 
 
 def claim(request_id: str) -> str:
@@ -68,6 +73,15 @@ CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every run
 # worker killed after taking a message off the queue but before claiming it leaves no claim for
 # the reaper to find; this is how the reaper finds such requests.
 UNCLAIMED = f"{PREFIX}:unclaimed"
+
+
+def taken(request_id: str) -> str:
+    """The worker instance that received a request's message and has not claimed it yet (it waits
+    in that worker's prefetch). The reaper resends a request whose receiver died before its claim,
+    without reading the queue to find out whether the message is still there."""
+    return f"{PREFIX}:taken:{request_id}"
+
+
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
 
 
@@ -79,9 +93,6 @@ def settled(request_id: str) -> str:
 def resumed(request_id: str) -> str:
     """Set when a client resumed a request on a new connection: its old connection's exit must not cancel it."""
     return f"{PREFIX}:resumed:{request_id}"
-
-
-WORKER_PATTERN = f"{PREFIX}:worker:*"
 
 
 def interactive_queue(model_name: str) -> str:

@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     model: str = ""
     model_name: str = "smollm2-135m-instruct"
     max_batch: int = 16
+    # The autoscaling signal's requests per worker (ops/capacity.ScaleSignal); 0: max_batch.
+    scale_target_per_worker: int = 0
     max_wait_ms: float = 10.0
     # KV memory budget in tokens; kv_budget_bytes, when set, wins and is converted per model.
     kv_budget_tokens: int = 32_768
@@ -93,10 +95,15 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: float = 3.0
     reaper_interval_s: float = 0.5
+    # A heartbeat vouches for progress, not just a live process: once the engine thread has not
+    # come round its loop for this long (a wedged forward pass, a stuck callback), the worker stops
+    # beating and its requests move on. Longer than any one step: a full prefill on a slow CPU.
+    engine_stall_s: float = 30.0
     # Claims of one request before it is a poison request and goes to the dead-letter list.
     max_attempts: int = 3
-    # A queued request that no worker has claimed after this long, and that is no longer on the
-    # queue, was taken by a worker that died before claiming it: the reaper queues it again.
+    # A queued request that no worker has claimed after this long is looked at by the reaper: sent
+    # again when the worker that received it died, or when no worker received it and the queue is
+    # empty (its message was lost between a pop and the receipt).
     unclaimed_after_s: float = 30.0
     dlq_max: int = 10_000
     # SIGTERM: running requests get this long to finish, then continue on another worker.
@@ -174,6 +181,10 @@ class Settings(BaseSettings):
         if self.auth:
             return self.auth == "required"
         return self.gateway_host not in LOOPBACK_HOSTS
+
+    @property
+    def per_worker_target(self) -> int:
+        return self.scale_target_per_worker or self.max_batch
 
     @property
     def http_url(self) -> str:

@@ -1,17 +1,20 @@
 """`brigade status`: one screen for an operator, read straight from Redis.
 
 Workers (alive, draining, running and waiting requests, KV use, tokens/s, metrics address), the
-queue depth per lane and priority, the answer cache's size and hit rate, and the dead letters.
+queue depth per lane and priority, the answer cache's size and hit rate, the autoscaling signal
+(the workers that what is in the system calls for) and the dead letters.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from dataclasses import asdict
 
 import redis
 
-from ops import keys
+from ops import fleet, keys
+from ops.capacity import scale_signal
 from ops.settings import Settings
 
 # kombu's priority steps as Brigade uses them (workers/app.py): continued requests jump the queue.
@@ -20,11 +23,11 @@ STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "priority 9"}
 
 def collect(settings: Settings) -> dict:
     r = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2, decode_responses=True)
-    names = list(r.scan_iter(match=keys.WORKER_PATTERN, count=500))
-    workers = [json.loads(raw) for raw in (r.mget(names) if names else []) if raw]
+    workers = fleet.live_workers(r)
     lists = keys.queue_lists(settings.model_name)
     depths = [r.llen(name) for name in lists]
     dead = r.llen(keys.DEAD_LETTERS)
+    signal = scale_signal(workers, sum(depths), settings.per_worker_target)
     c = r if settings.cache_redis == settings.redis_url else redis.Redis.from_url(
         settings.cache_redis, socket_timeout=5, socket_connect_timeout=2, decode_responses=True)
     counters = {k: int(v) for k, v in c.hgetall(keys.CACHE_STATS).items()}
@@ -45,6 +48,7 @@ def collect(settings: Settings) -> dict:
         "cache": {"entries": c.zcard(keys.CACHE_LRU), "hit_rate": round(hits / lookups, 4) if lookups else None,
                   "hits": hits, "lookups": lookups},
         "dead_letters": dead,
+        "autoscale": asdict(signal) | {"desired": signal.desired, "in_system": signal.in_system},
     }
 
 
@@ -67,6 +71,10 @@ def render(report: dict) -> str:
     cache = report["cache"]
     rate = "-" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%} of {cache['lookups']} lookups"
     lines.append(f"cache: {cache['entries']} entries, hit rate {rate}")
+    a = report["autoscale"]
+    lines.append(f"autoscale: {a['desired']} worker(s) wanted, {a['workers']} serving "
+                 f"(⌈queued {a['queued']} + running {a['running']} + waiting {a['waiting']} over {a['per_worker']} "
+                 "per worker⌉)")
     lines.append(f"dead letters: {report['dead_letters']}" + ("  (brigade dlq list)" if report["dead_letters"] else ""))
     return "\n".join(lines)
 

@@ -114,14 +114,9 @@ def http_get(port: int, path: str) -> tuple[int, dict]:
 
 
 def worker_statuses(client: redis.Redis) -> list[dict]:
-    from ops import keys
+    from ops import fleet
 
-    out = []
-    for key in client.scan_iter(match=keys.WORKER_PATTERN):
-        raw = client.get(key)
-        if raw:
-            out.append(json.loads(raw))
-    return out
+    return fleet.live_workers(client)
 
 
 def http_status(port: int, path: str) -> int | None:

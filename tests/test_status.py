@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops import keys
+from ops import fleet, keys
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,11 @@ def test_status_shows_workers_queue_lanes_cache_and_dead_letters(redis_server):
     beat = {"worker": "w1@status", "pid": 7, "model": "smollm2-135m-instruct", "running": 3, "waiting": 2,
             "kv_used_tokens": 8192, "kv_budget_tokens": 32768, "tokens_per_s": 41.5, "requests_served": 12,
             "draining": True, "metrics_url": "http://127.0.0.1:9321/metrics", "updated_at": time.time()}
-    r.set(keys.worker("w1@status#abc"), json.dumps(beat), ex=30)
+    other = dict(beat, worker="w2@status", pid=8, running=16, waiting=4, draining=False)
+    for instance, status_ in (("w1@status#abc", beat), ("w2@status#def", other)):
+        pipe = r.pipeline()
+        fleet.record_beat(pipe, instance, status_, 30_000, time.time())
+        pipe.execute()
     lists = keys.queue_lists("smollm2-135m-instruct")
     r.rpush(lists[0], "a")  # priority 0: continued requests
     r.rpush(lists[2], "b", "c")  # priority 6: new requests
@@ -35,16 +39,20 @@ def test_status_shows_workers_queue_lanes_cache_and_dead_letters(redis_server):
         out = status(redis_server.url, "--json")
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
-        (w,) = report["workers"]
+        w, w2 = report["workers"]
         assert (w["worker"], w["state"], w["running"], w["waiting"], w["kv_use"]) == ("w1@status", "draining", 3, 2, 0.25)
         assert w["metrics_url"] == "http://127.0.0.1:9321/metrics"
         assert report["queue"]["total"] == 3 and report["queue"]["by_priority"]["continued"] == 1
         assert report["queue"]["by_priority"]["new"] == 2
         assert report["cache"] == {"entries": 2, "hit_rate": 0.5, "hits": 4, "lookups": 8}
         assert report["dead_letters"] == 1
+        # ⌈(3 queued + 19 running + 6 waiting) / 16 per worker⌉ = 2, and the draining one does not count.
+        a = report["autoscale"]
+        assert (a["desired"], a["workers"], a["in_system"], a["per_worker"]) == (2, 1, 28, 16), a
         screen = status(redis_server.url).stdout
         assert "w1@status" in screen and "draining" in screen and "25%" in screen and "3 waiting" in screen
         assert "hit rate 50.0% of 8 lookups" in screen and "dead letters: 1" in screen
+        assert "autoscale: 2 worker(s) wanted, 1 serving" in screen
     finally:
         r.flushdb()
 

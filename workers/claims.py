@@ -48,12 +48,14 @@ if request ~= '' then
 end
 """
 
-# KEYS: claim, claims index, request, dead letters, unclaimed, stream
+# KEYS: claim, claims index, request, dead letters, unclaimed, stream, taken
 # ARGV: rid, me, max_attempts, worker key prefix, ttl, now, dlq_max, stream maxlen
 _CLAIM = """
 local rid, me, max_attempts, prefix, ttl, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local maxlen = ARGV[8]
 redis.call('ZREM', KEYS[5], rid)
+-- Who received the message matters only until someone claims it (a later resend is a new message).
+redis.call('DEL', KEYS[7])
 if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
 local c = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempts')
 local state, owner, attempts = c[1], c[2], tonumber(c[3] or '0')
@@ -74,7 +76,8 @@ return {'claimed', epoch, attempts + 1}
 """
 
 # KEYS[1] claims index, then per event: claim, stream
-# ARGV[1] stream maxlen, ARGV[2] stream ttl, then per event: rid, epoch, channel, data, final
+# ARGV[1] stream maxlen, ARGV[2] stream ttl, then per event: rid, epoch, channel, data, and
+# final ('1': the request's last event; 'r': a token that refreshes the log's TTL; '0': a token)
 _PUBLISH = """
 local fenced = {}
 local n = (#KEYS - 1) / 2
@@ -88,7 +91,7 @@ for i = 1, n do
   else
     redis.call('PUBLISH', channel, data)
     redis.call('XADD', stream, 'MAXLEN', '~', ARGV[1], '*', 'event', data)
-    redis.call('EXPIRE', stream, ARGV[2])
+    if final ~= '0' then redis.call('EXPIRE', stream, ARGV[2]) end
     if final == '1' then
       redis.call('HSET', claim, 'state', 'done', 'owner', '')
       redis.call('HDEL', KEYS[1], rid)
@@ -110,7 +113,7 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 1
 """
 
-# KEYS: claim, claims index, request, dead letters, unclaimed, stream
+# KEYS: claim, claims index, request, dead letters, unclaimed, stream, (taken)
 # ARGV: rid, presumed-dead owner, max_attempts, now, dlq_max, ttl, stream maxlen
 _REAP = """
 local rid, dead_owner, max_attempts, now, dlq_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -134,16 +137,20 @@ return 'requeue'
 """
 
 
-# KEYS: unclaimed, claim;  ARGV: rid, cutoff, now. One reaper wins the right to send it again.
-# A claim record in state 'queued' (reaped or handed back, sent again) may be lost the same way.
+# KEYS: unclaimed, claim, taken;  ARGV: rid, cutoff, now. One reaper wins the right to send it
+# again. A claim record in state 'queued' (reaped or handed back, sent again) may be lost the same way.
 _TAKE_UNCLAIMED = """
 local state = redis.call('HGET', KEYS[2], 'state')
 if state and state ~= 'queued' then redis.call('ZREM', KEYS[1], ARGV[1]) return 0 end
 local since = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not since or tonumber(since) > tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('DEL', KEYS[3])  -- the dead receiver's mark belongs to the message given up on
 return 1
 """
+
+
+TTL_REFRESH_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,8 @@ class ClaimStore:
         return cls(client, settings.stream_maxlen, settings.stream_ttl_s, settings.max_attempts, settings.dlq_max)
 
     def _keys(self, rid: str) -> list[str]:
-        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.UNCLAIMED, keys.stream(rid)]
+        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.UNCLAIMED, keys.stream(rid),
+                keys.taken(rid)]
 
     def claim(self, rid: str, me: str) -> Claim:
         outcome, epoch, attempts = self._claim(
@@ -191,7 +199,9 @@ class ClaimStore:
         script_keys, args = [keys.CLAIMS], [self.stream_maxlen, self.ttl]
         for channel, event in events:
             script_keys += [keys.claim(event.request_id), keys.stream(event.request_id)]
-            final = "1" if event.type != "token" else "0"
+            # The log's TTL is refreshed on the first token, every TTL_REFRESH_TOKENS-th and the last
+            # event, not on every token: a command per token saved, and the TTL is hours.
+            final = "1" if event.type != "token" else "r" if (event.index or 0) % TTL_REFRESH_TOKENS == 0 else "0"
             args += [event.request_id, event.epoch, channel, event.model_dump_json(exclude_none=True), final]
         return {as_text(r) for r in self._publish(keys=script_keys, args=args)}
 
@@ -213,7 +223,12 @@ class ClaimStore:
                                                              self.dlq_max, self.ttl, self.stream_maxlen]))
 
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
-        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid)], args=[rid, cutoff, time.time()]))
+        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.taken(rid)],
+                                         args=[rid, cutoff, time.time()]))
+
+    def mark_taken(self, rid: str, me: str) -> None:
+        """This worker received the request's message (it may wait in the prefetch before a claim)."""
+        self.redis.set(keys.taken(rid), me, ex=self.ttl)
 
     def owners(self) -> dict[str, str]:
         """Every running claim: request id -> owner instance."""

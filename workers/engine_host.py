@@ -10,7 +10,6 @@ their own port, whose address the heartbeat publishes.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -22,7 +21,7 @@ import redis
 
 from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
 from engine.model_files import prepare_default_model
-from ops import keys
+from ops import fleet, keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
 from workers.app import enqueue
@@ -118,7 +117,7 @@ class EngineHost:
         for t in self._threads:
             t.join(timeout=5)
         try:
-            self.redis.delete(keys.worker(self.instance))
+            fleet.forget(self.redis, self.instance)
         except redis.RedisError:
             pass
         if self.metrics_endpoint is not None:
@@ -190,8 +189,11 @@ class EngineHost:
                 self.inflight.pop(rid, None)
             self._refuse(entry, "internal_error", "the worker could not run this request")
             return "internal_error"
-        log.info("event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
-                 claim.attempts, len(resume_ids))
+        # Every request gets one line at its end (event=request_done); its claim is worth a line of
+        # its own only when it continues an earlier worker's run.
+        log.log(logging.INFO if claim.epoch > 1 or resume_ids else logging.DEBUG,
+                "event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
+                claim.attempts, len(resume_ids))
         if entry.continued:
             self.metrics.failovers.inc()
         # A cancel may have landed between the check in _claim and the registration.
@@ -199,6 +201,12 @@ class EngineHost:
             self.engine.cancel(rid)
         entry.finished.wait()
         return entry.finish_reason or "error"
+
+    def note_taken(self, rid: str) -> None:
+        try:
+            self.claims.mark_taken(rid, self.instance)
+        except redis.RedisError as exc:  # the message is ours all the same; the reaper may resend it later
+            log.warning("event=mark_taken_failed request_id=%s error=%r", rid, exc)
 
     def _claim(self, rid: str):
         if self.redis.exists(keys.cancelled(rid)):
@@ -305,6 +313,11 @@ class EngineHost:
                 # wait on this engine.
                 queue_s = (u.timing or {}).get("queue_s") if entry.continued else done.timing.get("queue_s")
                 m.finished(u.finish_reason, done.timing, queue_s)
+                usage, t = done.usage or {}, done.timing or {}
+                log.info("event=request_done request_id=%s finish_reason=%s prompt_tokens=%s completion_tokens=%s "
+                         "queue_s=%s ttft_s=%s e2e_s=%s continued=%s", u.request_id, done.finish_reason,
+                         usage.get("prompt_tokens"), usage.get("completion_tokens"), t.get("queue_s"),
+                         t.get("ttft_s"), t.get("e2e_s"), entry.continued)
         if tokens:
             m.generation_tokens.inc(tokens)
 
@@ -398,6 +411,7 @@ class EngineHost:
         last_tokens, last_time = self.engine.tokens_generated, time.monotonic()
         interval = self.settings.heartbeat_interval_s
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
+        stalled = False
         while not self._stop.is_set():
             if not self._threads[0].is_alive():
                 # No engine, no progress: stop beating so that the reaper hands our requests on.
@@ -406,8 +420,23 @@ class EngineHost:
             now, tokens = time.monotonic(), self.engine.tokens_generated
             rate = (tokens - last_tokens) / max(now - last_time, 1e-6)
             last_tokens, last_time = tokens, now
+            silent = now - self.engine.loop_at
+            if silent > self.settings.engine_stall_s:
+                # A live process whose engine makes no progress must not vouch for its requests:
+                # the key expires, the reaper fences us and continues them elsewhere.
+                if not stalled:
+                    log.error("event=engine_stalled seconds=%.1f heartbeat=stopped requests=%d", silent,
+                              len(self.inflight))
+                stalled = True
+                self._stop.wait(interval)
+                continue
+            if stalled:
+                log.warning("event=engine_recovered stalled_s=%.1f", silent)
+                stalled = False
             try:
-                self.redis.set(keys.worker(self.instance), json.dumps(self.status(rate)), px=ttl_ms)
+                pipe = self.redis.pipeline()
+                fleet.record_beat(pipe, self.instance, self.status(rate), ttl_ms, time.time())
+                pipe.execute()
             except redis.RedisError as exc:
                 log.warning("event=heartbeat_failed error=%r", exc)
             if self.publisher.waiting or self._unsettled:

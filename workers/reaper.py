@@ -67,9 +67,11 @@ class Reaper:
         return done
 
     def _sweep_unclaimed(self) -> dict[str, str]:
-        """Requests queued long ago, never claimed, and no longer on the queue: a worker took the
-        message and died before claiming it (its copy waits in Celery's unacked set for the
-        visibility timeout, or was lost in the kill). Send them again."""
+        """Requests queued long ago and never claimed. One whose message a worker received
+        (`taken`, kept in its prefetch) waits while that worker lives and is sent again once it
+        died. One that no worker received is still on the queue, unless the queue is empty: then
+        its message was lost between a worker's pop and its receipt (a SIGKILL in that instant),
+        and it is sent again too. The queue itself is never read, only its length."""
         cutoff = time.time() - self.settings.unclaimed_after_s
         stale = [as_text(r) for r in self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)]
         if not stale:
@@ -78,26 +80,39 @@ class Reaper:
         for rid in stale:
             pipe.get(keys.request(rid))
             pipe.exists(keys.cancelled(rid))
+            pipe.get(keys.taken(rid))
         replies = pipe.execute()
-        waiting: dict[str, bytes] = {}
+        records = [replies[i:i + 3] for i in range(0, len(replies), 3)]
+        takers = {as_text(t) for _, _, t in records if t}
+        alive = self.claims.alive(takers) if takers else set()
+        queue_empty: dict[str, bool] = {}
         done: dict[str, str] = {}
-        for i, rid in enumerate(stale):
-            raw, cancelled = replies[2 * i], replies[2 * i + 1]
+        for rid, (raw, cancelled, taker) in zip(stale, records):
             if raw is None or cancelled:
                 self.redis.zrem(keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
                 continue
             queued = QueuedRequest.model_validate_json(raw)
-            if queued.model not in waiting:
-                waiting[queued.model] = b"\n".join(
-                    m for name in keys.queue_lists(queued.model) for m in self.redis.lrange(name, 0, -1))
-            if rid.encode() in waiting[queued.model]:
-                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # still waiting its turn
+            if taker is not None:
+                waiting = as_text(taker) in alive  # in a live worker's prefetch
+            else:
+                if queued.model not in queue_empty:
+                    queue_empty[queued.model] = self._queue_depth(queued.model) == 0
+                waiting = not queue_empty[queued.model]
+            if waiting:
+                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # look again later
                 continue
             if self.claims.take_unclaimed(rid, cutoff):
                 enqueue(queued)
                 done[rid] = "unclaimed"
-                log.info("event=unclaimed_requeued request_id=%s", rid)
+                log.info("event=unclaimed_requeued request_id=%s receiver=%s", rid,
+                         as_text(taker) if taker else "none")
         return done
+
+    def _queue_depth(self, model: str) -> int:
+        pipe = self.redis.pipeline(transaction=False)
+        for name in keys.queue_lists(model):
+            pipe.llen(name)
+        return sum(pipe.execute())
 
     def _heartbeats_trustworthy(self) -> bool:
         """Right after Redis (re)started, or after we lost it, a missing heartbeat says nothing:

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 
-from celery.signals import worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import task_received, worker_init, worker_shutdown, worker_shutting_down
 
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
@@ -28,6 +28,19 @@ def _load_engine(sender=None, **_):
     global _host
     name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
     _host = EngineHost.start(get_settings(), name)
+
+
+@task_received.connect
+def _note_taken(request=None, **_):
+    # The message has left the queue for this worker, which may hold it in its prefetch for a
+    # while before a task thread claims it. If this worker dies in between, the reaper learns
+    # from this mark, not from reading the whole queue, that the request must be sent again.
+    if _host is None or request is None or request.name != GENERATE_TASK:
+        return
+    try:
+        _host.note_taken(request.args[0]["request_id"])
+    except (LookupError, TypeError):
+        log.warning("event=unreadable_task task_id=%s", request.id)
 
 
 @worker_shutting_down.connect

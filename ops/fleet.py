@@ -1,0 +1,66 @@
+"""The registry of live workers: who to read, without walking the keyspace.
+
+Each heartbeat writes the worker's status key (its TTL is the truth about liveness: an expired
+key is a dead or wedged worker) and, in the same transaction, its instance into one sorted set
+scored by the beat's time. Readers (the gateway's load monitor and /readyz, `brigade status`)
+read the set, then the status keys of its members: two commands whatever else lives in Redis
+(a 100k-entry cache walked by SCAN every second was the cost this replaces). Members whose key
+expired stay in the set until some beat drops those silent for FORGET_S, so the set holds at
+most the workers seen in the last ten minutes.
+"""
+from __future__ import annotations
+
+import json
+
+import redis
+import redis.asyncio as aioredis
+
+from ops import keys
+
+FORGET_S = 600.0  # generous beside any heartbeat TTL, so clocks that disagree a little do no harm
+
+
+def record_beat(pipe, instance: str, status: dict, ttl_ms: int, now: float) -> None:
+    """Queue one heartbeat on a (transactional) pipeline: status key, registry member, pruning."""
+    pipe.set(keys.worker(instance), json.dumps(status), px=ttl_ms)
+    pipe.zadd(keys.WORKERS, {instance: now})
+    pipe.zremrangebyscore(keys.WORKERS, 0, now - FORGET_S)
+
+
+def forget(client: redis.Redis, instance: str) -> None:
+    """A worker that stops cleanly leaves at once instead of when its key expires."""
+    pipe = client.pipeline()
+    pipe.delete(keys.worker(instance))
+    pipe.zrem(keys.WORKERS, instance)
+    pipe.execute()
+
+
+def _statuses(raws: list) -> list[dict]:
+    out = []
+    for raw in raws:
+        if raw:
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue  # a half-written or foreign value says nothing about a worker
+    return out
+
+
+def live_workers(client: redis.Redis) -> list[dict]:
+    """The status of every worker whose heartbeat has not expired."""
+    names = client.zrange(keys.WORKERS, 0, -1)
+    return _statuses(client.mget([keys.worker(_text(n)) for n in names])) if names else []
+
+
+async def live_workers_async(client: aioredis.Redis) -> list[dict]:
+    names = await client.zrange(keys.WORKERS, 0, -1)
+    return _statuses(await client.mget([keys.worker(_text(n)) for n in names])) if names else []
+
+
+async def any_alive_async(client: aioredis.Redis) -> bool:
+    names = await client.zrange(keys.WORKERS, 0, -1)
+    return bool(names) and await client.exists(*[keys.worker(_text(n)) for n in names]) > 0
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,189 @@
+"""What the reaper and the gateway learn from Redis about the workers, cheaply and truthfully:
+a heartbeat that vouches for progress (a wedged engine stops it), the registry of live workers,
+and the reaper's choice of which unclaimed requests to send again, made without reading the
+queue. A real redis-server; the engine is the tiny random model in this process, wedged by
+blocking its decode step (the fault, not a stand-in for the model)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+from ops import fleet, keys
+from ops.messages import GenerateParams, QueuedRequest
+from ops.settings import Settings
+from tests.services import wait_until
+from workers.claims import ClaimStore
+
+
+@pytest.fixture
+def settings(redis_server) -> Settings:
+    redis_server.client.flushall()
+    return Settings(redis_url=redis_server.url, heartbeat_interval_s=0.2, heartbeat_ttl_s=1.0, engine_stall_s=1.5,
+                    unclaimed_after_s=0.5, model_name="health-model")
+
+
+@pytest.fixture
+def broker(settings):
+    """The reaper's Celery app sends to the test's Redis (a supported setting, read when the app
+    first connects; nothing else in this process sends through that app)."""
+    from workers.app import app
+
+    app.conf.broker_url = settings.redis_url
+    return app
+
+
+def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 200) -> QueuedRequest:
+    rid = uuid.uuid4().hex
+    queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
+                           enqueued_at=time.time(), model=settings.model_name, prompt="hello there",
+                           params=GenerateParams(max_tokens=max_tokens, temperature=0.0))
+    client.set(keys.request(rid), queued.model_dump_json(), ex=600)
+    client.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+    return queued
+
+
+def on_queue(client: redis.Redis, model: str, rid: str) -> bool:
+    return any(rid in m for name in keys.queue_lists(model) for m in client.lrange(name, 0, -1))
+
+
+def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
+        settings, redis_server, tiny_engine_factory, broker, caplog):
+    from workers.engine_host import EngineHost
+    from workers.reaper import Reaper
+
+    client = redis_server.client
+    engine = tiny_engine_factory(max_batch=4, max_wait_ms=0)
+    host = EngineHost(settings, "wedged@test", engine)
+    wedge, decoding = threading.Event(), threading.Event()
+    real_decode = engine.runner.decode
+
+    def stuck_decode(seqs):
+        decoding.set()
+        wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
+        return real_decode(seqs)
+
+    for t in host._threads:
+        t.start()
+    try:
+        wait_until(lambda: [w for w in fleet.live_workers(client) if w["instance"] == host.instance], 5,
+                   what="the first heartbeat")
+        queued = queued_request(settings, client)
+        served = threading.Thread(target=host.serve, args=(queued,), daemon=True)
+        engine.runner.decode = stuck_decode
+        served.start()
+        wait_until(decoding.is_set, 10, what="the engine to enter a decode step")
+        assert client.hget(keys.CLAIMS, queued.request_id) == host.instance
+        # The process lives and its heartbeat thread runs, but it no longer vouches for the request.
+        wait_until(lambda: not client.exists(keys.worker(host.instance)), settings.engine_stall_s + 5,
+                   what="the wedged worker's heartbeat to lapse")
+        assert host._threads[2].is_alive() and host._threads[0].is_alive()
+        assert "event=engine_stalled" in caplog.text
+        assert fleet.live_workers(client) == []
+        reaper = Reaper(settings, redis.Redis.from_url(settings.redis_url))
+        swept = wait_until(lambda: reaper.sweep(), 10, interval=0.2, what="the reaper to act")
+        assert swept == {queued.request_id: "requeue"}
+        assert on_queue(client, settings.model_name, queued.request_id)
+        assert client.hget(keys.claim(queued.request_id), "state") == "queued"
+    finally:
+        wedge.set()
+        host.close()
+    # Unwedged, the old owner finds its claim taken over and publishes nothing more for it.
+    served.join(10)
+    assert not served.is_alive()
+    assert "event=fenced request_id=" + queued.request_id in caplog.text
+
+
+def test_an_idle_engine_keeps_beating(settings, redis_server, tiny_engine_factory):
+    """The converse: no requests for longer than engine_stall_s is not a stall."""
+    from workers.engine_host import EngineHost
+
+    client = redis_server.client
+    host = EngineHost(settings, "idle@test", tiny_engine_factory(max_batch=2))
+    for t in host._threads:
+        t.start()
+    try:
+        wait_until(lambda: client.exists(keys.worker(host.instance)), 5, what="the first heartbeat")
+        deadline = time.monotonic() + settings.engine_stall_s * 2
+        while time.monotonic() < deadline:
+            assert client.exists(keys.worker(host.instance)), "an idle worker stopped beating"
+            time.sleep(0.2)
+    finally:
+        host.close()
+    # A clean stop leaves the registry at once.
+    assert client.zscore(keys.WORKERS, host.instance) is None
+    assert not client.exists(keys.worker(host.instance))
+
+
+def test_the_registry_lists_live_workers_without_scanning_the_keyspace(settings, redis_server):
+    client = redis_server.client
+    # A cache-sized keyspace beside the workers: readers must not walk it.
+    pipe = client.pipeline(transaction=False)
+    for i in range(20_000):
+        pipe.set(f"{keys.PREFIX}:cache:entry:{i}", "x")
+    pipe.execute()
+    now = time.time()
+    for name, ttl_ms in (("a", 60_000), ("b", 60_000), ("gone", 1)):
+        pipe = client.pipeline()
+        fleet.record_beat(pipe, name, {"instance": name, "worker": name}, ttl_ms, now)
+        pipe.execute()
+    client.zadd(keys.WORKERS, {"forgotten": now - fleet.FORGET_S - 5})
+    time.sleep(0.05)
+    client.config_resetstat()
+    assert sorted(w["instance"] for w in fleet.live_workers(client)) == ["a", "b"]
+    stats = client.info("commandstats")
+    assert "cmdstat_scan" not in stats and "cmdstat_keys" not in stats, stats
+    calls = {k: v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_info", "cmdstat_config"))}
+    assert calls == {"cmdstat_zrange": 1, "cmdstat_mget": 1}, calls
+    # Each beat drops members silent for longer than FORGET_S.
+    pipe = client.pipeline()
+    fleet.record_beat(pipe, "a", {"instance": "a"}, 60_000, now)
+    pipe.execute()
+    assert client.zscore(keys.WORKERS, "forgotten") is None
+    assert client.zscore(keys.WORKERS, "gone") is not None  # recent: kept, but read as dead
+
+
+def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_reading_the_queue(
+        settings, redis_server, broker):
+    from workers.reaper import Reaper
+
+    settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
+    client = redis_server.client
+    claims = ClaimStore.from_settings(redis.Redis.from_url(settings.redis_url), settings)
+    pipe = client.pipeline()
+    fleet.record_beat(pipe, "alive#1", {"instance": "alive#1"}, 60_000, time.time())
+    pipe.execute()
+    backlog = keys.queue_lists(settings.model_name)[2]
+    client.lpush(backlog, *[json.dumps({"body": f"someone else's request {i}"}) for i in range(1000)])
+
+    waiting = queued_request(settings, client)  # never received by a worker: still on the (long) queue
+    prefetched = queued_request(settings, client)  # held by a live worker's prefetch
+    claims.mark_taken(prefetched.request_id, "alive#1")
+    orphaned = queued_request(settings, client)  # received by a worker that died before claiming it
+    claims.mark_taken(orphaned.request_id, "dead#1")
+    for q in (waiting, prefetched, orphaned):
+        client.zadd(keys.UNCLAIMED, {q.request_id: 0})  # queued long ago
+
+    reaper = Reaper(settings, redis.Redis.from_url(settings.redis_url))
+    wait_until(lambda: reaper._heartbeats_trustworthy(), 5, what="the reaper to trust heartbeats")
+    client.config_resetstat()
+    assert reaper.sweep() == {orphaned.request_id: "unclaimed"}
+    assert "cmdstat_lrange" not in client.info("commandstats")
+    assert on_queue(client, settings.model_name, orphaned.request_id)
+    assert client.get(keys.taken(orphaned.request_id)) is None  # the dead receiver's mark went with it
+    assert reaper.sweep() == {}  # the others are looked at again later, not resent
+
+    # Once the queue is empty, a request no worker received was lost between a pop and its receipt.
+    client.delete(*keys.queue_lists(settings.model_name))
+    client.zadd(keys.UNCLAIMED, {waiting.request_id: 0})
+    assert reaper.sweep() == {waiting.request_id: "unclaimed"}
+    # A live worker's prefetched request is never resent while it lives.
+    client.zadd(keys.UNCLAIMED, {prefetched.request_id: 0})
+    assert reaper.sweep() == {}
+    # A claim clears the receiver's mark.
+    claims.claim(prefetched.request_id, "alive#1")
+    assert client.get(keys.taken(prefetched.request_id)) is None
