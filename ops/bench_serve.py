@@ -55,6 +55,7 @@ class LoadConfig:
     cache: str | None  # sent as Brigade's `cache` field when set
     timeout_s: float
     api_key: str | None = None
+    redis_url: str | None = None  # count this Redis's commands during the run (INFO commandstats)
 
     def to_json(self) -> dict:
         if self.max_concurrency and math.isinf(self.rate):
@@ -462,6 +463,10 @@ def _summary_lines(report: dict) -> list[str]:
         lines.append(f"  {metric:<10}" + "".join(f"{ms(d, k):>9}" for k in ("mean", "p50", "p90", "p95", "p99")))
     if report["errors"]:
         lines.append("  errors: " + ", ".join(f"{code} {n}" for code, n in report["errors"].items()))
+    if "redis" in report:
+        r = report["redis"]
+        lines.append(f"  redis: {r['commands']} commands, {r['per_request']} per request, {r['per_output_token']} per "
+                     f"output token, {r['per_second']}/s")
     return lines
 
 
@@ -474,7 +479,9 @@ async def _bench(config: LoadConfig, objectives) -> dict:
         await backend.check()
         workers = await gateway_workers(config.http_base)
         started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        before = redis_commands(config.redis_url) if config.redis_url else None
         results, duration = await run_load(backend, config, requests, gaps)
+        after = redis_commands(config.redis_url) if config.redis_url else None
     finally:
         await backend.close()
     settings = config.to_json()
@@ -482,10 +489,35 @@ async def _bench(config: LoadConfig, objectives) -> dict:
         settings["model"] = backend.model
     report = {"target": "serve", "config": {**settings, "started_at": started_at, "target_workers": workers}}
     report.update(run_metrics(results, duration))
+    if before is not None:
+        report["redis"] = redis_cost(before, after, report)
     if objectives is not None:
         report["slo"] = judge(objectives, results, duration)
     report["per_request"] = [r.to_json() for r in results]
     return report
+
+
+def redis_commands(url: str) -> dict[str, int]:
+    """Calls per command since the server started (commands run by scripts included)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
+    finally:
+        client.close()
+
+
+def redis_cost(before: dict[str, int], after: dict[str, int], report: dict) -> dict:
+    """What the run cost Redis, by everyone using it meanwhile (heartbeats and monitors included)."""
+    calls = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0}
+    calls.pop("info", None)  # this measurement's own
+    total = sum(calls.values())
+    done, tokens, seconds = report["requests"]["completed"], report["total_output_tokens"], report["duration_s"]
+    return {"commands": total, "per_request": round(total / done, 2) if done else None,
+            "per_output_token": round(total / tokens, 3) if tokens else None,
+            "per_second": round(total / seconds, 1) if seconds else None,
+            "by_command": dict(sorted(calls.items(), key=lambda kv: -kv[1]))}
 
 
 def run(config: LoadConfig, slo: str | None = None) -> dict:
@@ -519,7 +551,8 @@ def config_from_args(args, settings: Settings) -> LoadConfig:
         backend=args.backend, url=url, http_base=http_base, model=args.model, rate=args.rate,
         burstiness=args.burstiness, max_concurrency=args.max_concurrency, num_requests=num_requests,
         duration_s=args.duration, max_tokens=args.max_tokens, dataset=args.dataset, repeat_ratio=args.repeat_ratio,
-        seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout, api_key=args.api_key)
+        seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout, api_key=args.api_key,
+        redis_url=args.redis_url)
 
 
 def main(args, settings: Settings) -> int:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from urllib.parse import urlparse
 
 from ops.logs import setup_logging
@@ -35,7 +36,13 @@ def cmd_worker(args) -> int:
 
     settings = get_settings()
     name = args.name or f"brigade-{os.getpid()}@{socket.gethostname()}"
+    # Celery warns at every start of a worker run as root (as in many containers and these
+    # machines). Brigade's workers accept JSON only, never pickle, which is what makes root
+    # dangerous for a Celery worker (Celery itself refuses root with pickle); the compose image
+    # runs as an unprivileged user.
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges")
     argv = [
+        "--quiet",  # no 20-line banner: event=worker_ready says what matters, in one line
         "worker", "--pool", "threads", "--concurrency", str(settings.worker_concurrency),
         "--queues", interactive_queue(settings.model_name), "--hostname", name,
         "--task-events", "--without-gossip", "--without-mingle", "--loglevel", args.loglevel,
@@ -106,11 +113,14 @@ def _redis_answers(url: str) -> bool:
 
 
 def cmd_up(args) -> int:
-    """Redis (when none answers), one worker, the gateway and a reaper (and Flower), stopped in
-    order on Ctrl-C or SIGTERM."""
+    """Redis (when none answers), the workers (one by default), the gateway and a reaper (and
+    Flower), stopped in order on Ctrl-C or SIGTERM."""
     from ops.ports import CannotListen, ensure_free
 
     settings = get_settings()
+    if args.workers < 1:
+        print("brigade up: --workers must be at least 1", file=sys.stderr)
+        return 2
     # Before anything starts: on a taken port (a second `brigade up`), the gateway could only
     # fail, after a worker had joined the shared queue for nothing.
     try:
@@ -131,19 +141,27 @@ def cmd_up(args) -> int:
             print("redis-server is not installed: sudo apt-get install -y redis-server", file=sys.stderr)
             return 1
         bind = "127.0.0.1" if url.hostname == "localhost" else url.hostname
+        # Its log goes to a file: Redis repeats on every start warnings about the host (memory
+        # overcommit) that a development machine need not act on.
+        settings.home.mkdir(parents=True, exist_ok=True)
+        redis_log = settings.home / "redis.log"
         redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "",
-                                        "--appendonly", "no"], start_new_session=True)
+                                        "--appendonly", "no", "--logfile", str(redis_log)], start_new_session=True)
         deadline = time.monotonic() + 5
         while not _redis_answers(settings.redis_url):
             if redis_child.poll() is not None or time.monotonic() > deadline:
                 stop_processes([redis_child])
-                print(f"redis-server did not come up at {settings.redis_url} (its output is above)", file=sys.stderr)
+                print(f"redis-server did not come up at {settings.redis_url} (its log: {redis_log})", file=sys.stderr)
                 return 1
             time.sleep(0.1)
     # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
     # order (STOP_ORDER), so nothing is left talking to a part that is gone.
     me = [sys.executable, "-m", "ops.cli"]
-    parts = {"worker": me + ["worker"], "gateway": me + ["gateway"], "reaper": me + ["reaper"]}
+    parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
+    host = socket.gethostname()
+    for i in range(1, args.workers + 1):
+        parts["worker" if args.workers == 1 else f"worker-{i}"] = me + (
+            ["worker"] if args.workers == 1 else ["worker", "--name", f"brigade-{os.getpid()}-{i}@{host}"])
     if args.flower:
         parts["flower"] = me + ["flower"]
     children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in parts.items()}
@@ -184,12 +202,16 @@ STOP_ORDER = ("gateway", "worker", "reaper", "flower", "redis")
 
 def stop_in_order(children: dict[str, subprocess.Popen], settings) -> None:
     grace = {"gateway": settings.gateway_shutdown_grace_s + 5, "worker": settings.drain_seconds + 10}
-    running = [name for name in STOP_ORDER if name in children and children[name].poll() is None]
+    def part(name: str) -> str:
+        return name.split("-")[0]  # worker-2 stops with the workers
+
+    running = [name for name in STOP_ORDER if any(part(n) == name and p.poll() is None for n, p in children.items())]
     if running:
         print(f"stopping {', then '.join(running)}", file=sys.stderr, flush=True)
     for name in STOP_ORDER:
-        if name in children:
-            stop_processes([children[name]], grace_s=grace.get(name, 5.0))
+        group = [p for n, p in children.items() if part(n) == name]
+        if group:
+            stop_processes(group, grace_s=grace.get(name, 5.0))
 
 
 def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
@@ -243,7 +265,17 @@ def cmd_bench(args) -> int:
         from ops.bench_serve import main as bench_serve
 
         return bench_serve(args, settings)
-    if args.target == "engine":
+    if args.target == "scale":
+        from ops.bench_serve import config_from_args
+        from ops.scale_bench import parse_sizes, run
+
+        try:
+            sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
+        except ValueError as exc:
+            print(f"brigade bench scale: {exc}", file=sys.stderr)
+            return 2
+        report = run(sizes, load, args.threads_per_worker)
+    elif args.target == "engine":
         from engine import Engine
         from engine.bench import run
         from workers.engine_host import engine_config
@@ -308,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(fn=cmd_worker)
     sub.add_parser("gateway", help="start the WebSocket gateway").set_defaults(fn=cmd_gateway)
-    p = sub.add_parser("up", help="start Redis (if needed), a worker and the gateway")
+    p = sub.add_parser("up", help="start Redis (if needed), the workers, the gateway and a reaper")
     p.add_argument("--flower", action="store_true", help="also start Flower")
+    p.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1; on one machine, "
+                   "give each BRIGADE_TORCH_THREADS so that together they use the cores once)")
     p.set_defaults(fn=cmd_up)
     sub.add_parser("reaper", help="hand the requests of workers whose heartbeat expired to other workers "
                    "(several may run)").set_defaults(fn=cmd_reaper)
@@ -333,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve"])
+    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale"])
     p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
     p.add_argument("--max-tokens", type=int,
                    help="new tokens per request (default: engine 128, soak and doors 16, serve each dataset line's)")
@@ -348,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="doors, serve: a key, when keys are required")
     p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
     p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
+    p.add_argument("--workers", default="1,2", help="scale: fleet sizes to start in turn, each under the same "
+                   "serve load (the serve flags below)")
+    p.add_argument("--threads-per-worker", type=int, default=1, help="scale: BRIGADE_TORCH_THREADS of each worker")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(fn=cmd_bench)
     from ops.load_commands import add_serve_arguments

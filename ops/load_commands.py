@@ -43,6 +43,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="serve: sampling temperature (default 0, greedy)")
     g.add_argument("--cache", choices=["auto", "exact", "off"],
                    help="serve: Brigade's cache field on every request (default: not sent; the server's default)")
+    g.add_argument("--redis-url", help="serve: also count this Redis's commands per request and per output token "
+                                       "(INFO commandstats; every client's commands during the run count)")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"serve: hard limit on the whole run in seconds (default {DEFAULT_TIMEOUT_S:.0f}); requests "
                         "still running then count as client_timeout")

@@ -314,6 +314,9 @@ def test_an_endless_run_is_refused(capsys):
 # ---- real runs against a real stack ---------------------------------------------------------------
 
 
+stack_redis: dict[str, str] = {}  # the stack's gateway URL -> its Redis
+
+
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("bench-serve-logs")
@@ -323,6 +326,7 @@ def stack(redis_server, model_dir, tmp_path_factory):
              BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@bench-serve"])]
     try:
         wait_until(lambda: http_status(port, "/readyz") == 200, 180, interval=0.2, what="the gateway and a worker")
+        stack_redis[f"http://127.0.0.1:{port}"] = redis_server.url
         yield f"http://127.0.0.1:{port}"
     except BaseException:
         for p in procs:
@@ -345,14 +349,16 @@ REPORT_FIELDS = {"target", "config", "duration_s", "requests", "request_throughp
 
 @pytest.fixture(scope="module")
 def short_runs(stack, tmp_path_factory):
-    """One short open-loop run per backend: 8 requests at 4/s, 8 tokens each, uncached."""
+    """One short open-loop run per backend: 8 requests at 4/s, 8 tokens each, uncached; the
+    WebSocket run also counts the Redis commands."""
     out = tmp_path_factory.mktemp("bench-serve")
     runs = {}
     for seed, backend in enumerate(("ws", "openai")):
         json_path, png_path = out / f"{backend}.json", out / f"{backend}.png"
+        redis_flags = ["--redis-url", stack_redis[stack]] if backend == "ws" else []
         done = bench_serve(stack, "--backend", backend, "--num-requests", "8", "--max-tokens", "8", "--rate", "4",
                            "--seed", str(seed), "--cache", "off", "--slo", "ttft_p95<=60s",
-                           "--json", str(json_path), "--plot", str(png_path))
+                           "--json", str(json_path), "--plot", str(png_path), *redis_flags)
         runs[backend] = (done, json_path, png_path)
     return runs
 
@@ -363,7 +369,7 @@ def test_a_short_run_reports_every_field_and_passes_a_loose_slo(short_runs, back
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(json_path.read_text())
     assert json.loads(done.stdout) == report
-    assert set(report) == REPORT_FIELDS
+    assert set(report) == REPORT_FIELDS | ({"redis"} if backend == "ws" else set())
     assert report["config"]["backend"] == backend and report["config"]["rate"] == 4.0
     assert report["config"]["target_workers"] == 1
     assert report["requests"]["sent"] == report["requests"]["completed"] == 8
@@ -383,6 +389,14 @@ def test_a_short_run_reports_every_field_and_passes_a_loose_slo(short_runs, back
     assert slo["passed"] is True and slo["good_requests"] == 8
     assert slo["objectives"][0]["measured"] == report["ttft_s"]["p95"]
     assert "PASS ttft_p95<=60s" in done.stderr
+    if backend == "ws":
+        # Every token was published live and logged for replay: at least one of each per token.
+        r = report["redis"]
+        tokens = report["total_output_tokens"]
+        assert r["by_command"]["publish"] >= tokens and r["by_command"]["xadd"] >= tokens, r
+        assert r["per_output_token"] == pytest.approx(r["commands"] / tokens, rel=1e-2)
+        assert r["per_request"] == pytest.approx(r["commands"] / 8, rel=1e-2)
+        assert "redis:" in done.stderr
 
 
 @pytest.mark.parametrize("backend", ["ws", "openai"])
@@ -435,3 +449,30 @@ def test_repeated_questions_are_answered_from_the_cache(stack, backend, seed):
     cached = {row["index"]: row["cached"] for row in report["per_request"]}
     assert all(cached[i] == "exact" for i in settled), (settled, cached)
     assert report["errors"] == {}
+
+
+# ---- bench scale ----------------------------------------------------------------------------------
+
+
+def test_scale_refuses_a_bad_fleet_size_before_starting_anything():
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "1,zero"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--workers takes fleet sizes" in done.stderr, done.stderr
+
+
+def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tmp_path):
+    """`brigade up --workers 2` under bench scale: both workers start and the fleet serves every
+    request, the report has the asked shape, and the fleet is stopped in order."""
+    out = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "2", "--num-requests",
+                           "6", "--max-tokens", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert row["workers"] == 2 and row["errors"] == 0 and row["ratio"] == 1.0
+    assert row["output_tokens"] == 24 and row["tok_s"] == pytest.approx(24 / row["duration_s"], rel=0.05)
+    log = (Path(report["logs"]) / "fleet-2.log").read_text()
+    assert log.count("event=worker_ready") == 2, log[-3000:]
+    assert log.count("event=request_done") == 6, log[-3000:]
+    assert "stopping gateway, then worker, then reaper, then redis" in log

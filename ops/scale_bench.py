@@ -1,0 +1,130 @@
+"""`brigade bench scale`: output tokens/s as the fleet grows, under the same load.
+
+For each fleet size it starts its own Brigade (`brigade up --workers N`: a fresh redis-server,
+the gateway, a reaper and N workers of BRIGADE_TORCH_THREADS each, on free ports, the answer
+cache off so that every request reaches a worker), waits until all N workers beat, runs the
+same `bench serve` load against it, and stops it. Reported per size: output tokens/s, requests/s,
+TTFT and end-to-end medians, errors, and the ratio to the first size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ops.bench_serve import LoadConfig
+from ops.bench_serve import run as run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--workers takes fleet sizes separated by commas, e.g. 1,2 (got {text!r})") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError("--workers needs fleet sizes of at least 1, e.g. 1,2")
+    return sizes
+
+
+class Fleet:
+    """`brigade up --workers N` in its own process session, on free ports, with its own Redis."""
+
+    def __init__(self, workers: int, torch_threads: int, log_dir: Path, extra_env: dict[str, str] | None = None):
+        self.workers = workers
+        self.port = free_port()
+        self.redis_port = free_port()
+        self.log_path = log_dir / f"fleet-{workers}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BRIGADE_")}
+        env.update({
+            "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "BRIGADE_GATEWAY_HOST": "127.0.0.1", "BRIGADE_GATEWAY_PORT": str(self.port),
+            "BRIGADE_TORCH_THREADS": str(torch_threads), "BRIGADE_CACHE_ENABLED": "0",
+            "BRIGADE_WORKER_METRICS_PORT": "0", "BRIGADE_LOG_LEVEL": "INFO",
+            "BRIGADE_MAX_QUEUE_DEPTH": "100000",  # the load, not admission, is what is measured
+        })
+        for key in ("BRIGADE_HOME", "BRIGADE_MODEL", "BRIGADE_MAX_BATCH", "BRIGADE_WORKER_CONCURRENCY"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        env.update(extra_env or {})
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Fleet":
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--workers", str(self.workers)],
+                                     env=self.env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.ready_workers() < self.workers:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the fleet of {self.workers} exited while starting; its log: {self.log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fleet of {self.workers} was not ready in {START_TIMEOUT_S:.0f} s; "
+                                   f"its log: {self.log_path}")
+            time.sleep(0.5)
+        return self
+
+    def ready_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as resp:
+                return int(json.loads(resp.read()).get("workers", 0))
+        except (OSError, ValueError):
+            return 0
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # `up` stops its parts in order
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def row(workers: int, report: dict) -> dict:
+    return {
+        "workers": workers,
+        "tok_s": report["output_token_throughput"],
+        "req_s": report["request_throughput"],
+        "output_tokens": report["total_output_tokens"],
+        "duration_s": report["duration_s"],
+        "ttft_p50_s": report["ttft_s"]["p50"],
+        "e2e_p50_s": report["e2e_s"]["p50"],
+        "errors": report["requests"]["failed"],
+    }
+
+
+def run(sizes: list[int], load: LoadConfig, torch_threads: int = 1, log_dir: Path | None = None) -> dict:
+    """The same load against each fleet size in turn; the report as a dict."""
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="brigade-bench-scale-"))
+    results = []
+    for n in sizes:
+        with Fleet(n, torch_threads, log_dir) as fleet:
+            url = f"ws://127.0.0.1:{fleet.port}/v1/ws" if load.backend == "ws" else f"http://127.0.0.1:{fleet.port}/v1"
+            config = dataclasses.replace(load, url=url, http_base=f"http://127.0.0.1:{fleet.port}", api_key=None)
+            results.append(row(n, run_load(config)))
+        print(f"  {n} worker(s): {results[-1]['tok_s']:.1f} output tok/s, {results[-1]['errors']} errors",
+              file=sys.stderr, flush=True)
+    base = results[0]["tok_s"] or None
+    for r in results:
+        r["ratio"] = round(r["tok_s"] / base, 3) if base else None
+    return {"target": "scale", "torch_threads_per_worker": torch_threads, "load": load.to_json(), "logs": str(log_dir),
+            "results": results}
