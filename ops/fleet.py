@@ -5,8 +5,8 @@ key is a dead or wedged worker) and, in the same transaction, its instance into 
 scored by the beat's time. Readers (the gateway's load monitor and /readyz, `brigade status`)
 read the set, then the status keys of its members: two commands whatever else lives in Redis
 (a 100k-entry cache walked by SCAN every second was the cost this replaces). Members whose key
-expired stay in the set until some beat drops those silent for FORGET_S, so the set holds at
-most the workers seen in the last ten minutes.
+expired stay in the set until a beat drops those silent for FORGET_S (each worker prunes once
+every PRUNE_EVERY beats), so the set holds the workers seen in the last ten minutes or so.
 """
 from __future__ import annotations
 
@@ -20,11 +20,17 @@ from ops import keys
 FORGET_S = 600.0  # generous beside any heartbeat TTL, so clocks that disagree a little do no harm
 
 
-def record_beat(pipe, instance: str, status: dict, ttl_ms: int, now: float) -> None:
-    """Queue one heartbeat on a (transactional) pipeline: status key, registry member, pruning."""
+PRUNE_EVERY = 60  # beats between two prunings of the registry (one command a minute, not a second)
+
+
+def record_beat(pipe, instance: str, status: dict, ttl_ms: int, now: float, prune: bool = True) -> None:
+    """Queue one heartbeat on a pipeline: status key, registry member, and (when `prune`) the
+    members silent for FORGET_S dropped. No transaction is needed: a member whose key is missing
+    reads as dead, and a key written a moment before its member is seen at the next beat."""
     pipe.set(keys.worker(instance), json.dumps(status), px=ttl_ms)
     pipe.zadd(keys.WORKERS, {instance: now})
-    pipe.zremrangebyscore(keys.WORKERS, 0, now - FORGET_S)
+    if prune:
+        pipe.zremrangebyscore(keys.WORKERS, 0, now - FORGET_S)
 
 
 def forget(client: redis.Redis, instance: str) -> None:

@@ -139,7 +139,7 @@ def test_the_registry_lists_live_workers_without_scanning_the_keyspace(settings,
     assert "cmdstat_scan" not in stats and "cmdstat_keys" not in stats, stats
     calls = {k: v["calls"] for k, v in stats.items() if not k.startswith(("cmdstat_info", "cmdstat_config"))}
     assert calls == {"cmdstat_zrange": 1, "cmdstat_mget": 1}, calls
-    # Each beat drops members silent for longer than FORGET_S.
+    # A pruning beat (one in PRUNE_EVERY) drops members silent for longer than FORGET_S.
     pipe = client.pipeline()
     fleet.record_beat(pipe, "a", {"instance": "a"}, 60_000, now)
     pipe.execute()
