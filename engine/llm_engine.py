@@ -50,6 +50,7 @@ class EngineRequest:
     prompt_ids: list[int] | None = None
     # Tokens already generated elsewhere; generation continues at index len(resume_ids).
     resume_ids: list[int] = field(default_factory=list)
+    batch: bool = False  # the batch lane (engine/scheduler.py): behind interactive work, preemptible
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Engine:
                 f"exceeds the {limit} tokens this model and KV budget allow",
             )
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        seq = Sequence(request.request_id, prompt_ids, params, seed, request.resume_ids)
+        seq = Sequence(request.request_id, prompt_ids, params, seed, request.resume_ids, batch=request.batch)
         with self._lock:
             if request.request_id in self.sequences or any(s.request_id == seq.request_id for s in self._inbox):
                 raise RequestRejected("duplicate_id", f"request {request.request_id!r} is already in the engine")
@@ -243,6 +244,7 @@ class Engine:
             "kv_used_tokens": self.kv.used_tokens,
             "kv_budget_tokens": self.kv.budget_tokens,
             "tokens_generated": self.tokens_generated,
+            "preemptions": self.scheduler.preemptions,
         }
 
     # ---- internals -----------------------------------------------------------------------------

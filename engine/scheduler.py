@@ -3,6 +3,13 @@
 An idle engine waits up to `max_wait_ms` for `max_batch` requests before prefilling them
 together (a bigger first batch costs little more than a small one). While sequences run, new
 ones join at the next step and finished ones leave at once.
+
+Two lanes: interactive sequences wait ahead of batch ones (`Sequence.batch`), and an interactive
+sequence that finds no batch row or KV free preempts running batch sequences, newest first,
+as vLLM's recompute preemption does: the batch sequence gives back its row and KV, keeps the
+tokens it generated, and waits at the head of the batch lane to be prefilled again (prompt and
+tokens so far) when room returns. Batch work thus fills every row the interactive lane leaves,
+and an interactive request never waits behind it.
 """
 from __future__ import annotations
 
@@ -27,9 +34,19 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if seq.batch:
+            self.waiting.append(seq)
+        else:
+            self._before_batch(seq)
+
+    def _before_batch(self, seq: Sequence) -> None:
+        """Behind the waiting interactive sequences, ahead of the batch ones: an interactive
+        arrival, or a preempted batch sequence (it has work to keep)."""
+        head = next((i for i, other in enumerate(self.waiting) if other.batch), len(self.waiting))
+        self.waiting.insert(head, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -53,13 +70,18 @@ class Scheduler:
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
         width = 0
-        while self.waiting and len(self.running) + len(admitted) < self.config.max_batch:
+        while self.waiting:
             seq = self.waiting[0]
+            if len(self.running) + len(admitted) >= self.config.max_batch and not (
+                    not seq.batch and self._preempt_one()):
+                break
             # A prefill batch is padded to its longest context; keep the padded size bounded.
             new_width = max(width, seq.num_tokens)
             if admitted and new_width * (len(admitted) + 1) > self.config.max_prefill_tokens:
                 break
             slot = self.kv.allocate(seq.max_total_tokens)
+            while slot is None and not seq.batch and self._preempt_one():
+                slot = self.kv.allocate(seq.max_total_tokens)
             if slot is None:
                 break  # waits until running sequences free KV memory
             self.waiting.popleft()
@@ -70,6 +92,20 @@ class Scheduler:
             width = new_width
         self.running.extend(admitted)
         return admitted
+
+    def _preempt_one(self) -> bool:
+        """Give the newest running batch sequence's row and KV back; False when none runs."""
+        victims = [s for s in self.running if s.batch]
+        if not victims:
+            return False
+        seq = max(victims, key=lambda s: s.timing.admitted or 0.0)
+        self.running.remove(seq)
+        self.kv.free(seq.slot)
+        seq.slot = None
+        seq.status = SequenceStatus.WAITING
+        self.preemptions += 1
+        self._before_batch(seq)
+        return True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED

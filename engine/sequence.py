@@ -70,8 +70,11 @@ class Sequence:
         params: SamplingParams,
         seed: int,
         resume_ids: list[int] | None = None,
+        batch: bool = False,
     ):
         self.request_id = request_id
+        # The batch lane: served in the rows interactive requests leave, preempted when they need them.
+        self.batch = batch
         self.prompt_ids = list(prompt_ids)
         self.params = params
         # The seed actually used: the request's, or one drawn at arrival so that a resumed

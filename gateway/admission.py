@@ -58,6 +58,7 @@ class RequestContext:
     cache_vector: np.ndarray | None = None
     key_id: str | None = None  # the key charged at the end (the caller's, or the resumed request's)
     settled: bool = False
+    store_answer: bool = True  # into the answer cache when it ends (batch lines without --warm-cache: no)
 
 
 @dataclass(frozen=True)
@@ -87,30 +88,35 @@ class Admission:
 
     # ---- in ---------------------------------------------------------------------------------------
 
-    async def admit(self, cmd: Generate, caller: Caller, sink: Sink) -> Admitted:
+    async def admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str = "interactive",
+                    store_answer: bool = True) -> Admitted:
+        """`lane` batch: a batch job's line (queued behind interactive work, never refused for the
+        queue's depth: the job's window bounds it). `store_answer` False: looked up in the answer
+        cache, but its answer is not stored there."""
         try:
-            admitted = await self._admit(cmd, caller, sink)
+            admitted = await self._admit(cmd, caller, sink, lane, store_answer)
         except ProtocolError:
             metrics.REQUESTS.labels(cmd.model, caller.door, "refused").inc()
             raise
         metrics.REQUESTS.labels(cmd.model, caller.door, "queued" if admitted.request_id else "cached").inc()
         return admitted
 
-    async def _admit(self, cmd: Generate, caller: Caller, sink: Sink) -> Admitted:
+    async def _admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str, store_answer: bool) -> Admitted:
         rid = uuid.uuid4().hex
         guard_input = GuardInput(rid, cmd.model, cmd.prompt, cmd.messages, caller.key.name if caller.key else None)
-        context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None)
+        context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None,
+                                 store_answer=store_answer)
         await self._within_limits(caller, rid, cmd)
         try:
             await self._check_prompt(guard_input, cmd.id)
             hit = await self._look_up(cmd, context)
             if hit is not None:
                 return hit
-            await self._refuse_if_overloaded(cmd)
+            await self._refuse_if_overloaded(cmd, lane)
         except BaseException:
             self._release(caller, rid)
             raise
-        await self._enqueue(cmd, rid, context, sink)
+        await self._enqueue(cmd, rid, context, sink, lane)
         return Admitted(request_id=rid)
 
     async def _within_limits(self, caller: Caller, rid: str, cmd: Generate) -> None:
@@ -185,15 +191,17 @@ class Admission:
         self._spawn(self._settle_usage(context.key_id, context.guard_input.request_id, usage, cache_hit=True))
         return Admitted(cached=events, hit=hit, asked=query.question)
 
-    async def _refuse_if_overloaded(self, cmd: Generate) -> None:
+    async def _refuse_if_overloaded(self, cmd: Generate, lane: str) -> None:
         retry = self.settings.retry_after_s
         if self.load.observed and self.load.workers == 0 and not await self.load.any_worker_alive():
             metrics.OVERLOAD_REFUSALS.labels(cmd.model, "no_workers").inc()
             raise ProtocolError("no_workers", "no worker is serving this model now; try again shortly", cmd.id,
                                 retry_after_s=retry)
+        if lane == "batch":
+            return
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for name in keys.queue_lists(cmd.model):
+            for name in keys.interactive_lists(cmd.model):  # queued batch lines wait behind, they do not count
                 pipe.llen(name)
             depth = sum(await pipe.execute())
         except aioredis.RedisError:
@@ -211,7 +219,7 @@ class Admission:
                     "overloaded", f"the estimated wait ({wait:.1f} s) is longer than the deadline "
                     f"({cmd.deadline_ms} ms); try again shortly or allow more time", cmd.id, retry_after_s=retry)
 
-    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink) -> None:
+    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> None:
         params = cmd.params
         if params.temperature > 0 and params.seed is None:
             # Drawn here, once: a worker that continues this request after a crash samples the
@@ -223,7 +231,7 @@ class Admission:
             request_id=rid, client_id=cmd.id, reply_channel=self.reply_channel, enqueued_at=now, model=cmd.model,
             prompt=cmd.prompt, messages=cmd.messages, params=params,
             deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
-            api_key=key.id if key else None,
+            api_key=key.id if key else None, lane=lane,
         )
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
@@ -272,7 +280,7 @@ class Admission:
             # as far as this gateway saw it.
             usage = {"prompt_tokens": 0, "completion_tokens": route.next_index}
         if reply is not None and reply.type == "done" and context.cache_query is not None and self.cache is not None \
-                and reply.finish_reason in ("stop", "length"):
+                and context.store_answer and reply.finish_reason in ("stop", "length"):
             self._spawn(self.cache.insert(context.cache_query, context.cache_vector, route.chunks, reply.finish_reason,
                                           usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
         self._spawn(self._settle_usage(context.key_id, route.request_id, usage, cache_hit=False))

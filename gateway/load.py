@@ -86,9 +86,11 @@ class LoadMonitor:
             pipe.zcard(keys.CACHE_LRU)
         replies = await pipe.execute()
         lanes = len(keys.queue_lists(model))
-        queued = sum(replies[:lanes])
+        batch = replies[keys.PRIORITY_STEPS.index(keys.BATCH_STEP)]
+        queued = sum(replies[:lanes]) - batch
         metrics.WORKERS_ALIVE.set(self.workers)
         metrics.QUEUE_DEPTH.labels(model, "interactive").set(queued)
+        metrics.QUEUE_DEPTH.labels(model, "batch").set(batch)
         signal = scale_signal(self.statuses, queued, self.settings.per_worker_target)
         metrics.WORKERS_DESIRED.labels(model).set(signal.desired)
         metrics.DEAD_LETTERS.set(replies[lanes])

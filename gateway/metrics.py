@@ -28,6 +28,8 @@ CONTENT_BLOCKED = Counter("brigade_content_blocked_total", "Requests ended by a 
 WORKERS_ALIVE = Gauge("brigade_workers_alive", "Workers whose heartbeat is current", registry=REGISTRY)
 QUEUE_DEPTH = Gauge("brigade_queue_depth", "Requests waiting on the queue for a worker, by lane", ["model", "lane"],
                     registry=REGISTRY)
+BATCH_LINES = Counter("brigade_batch_lines_total", "Batch job lines written to their output, by outcome "
+                      "(completed, failed: the request's answer was an error, invalid: a skipped bad line)", ["model", "outcome"], registry=REGISTRY)
 WORKERS_DESIRED = Gauge("brigade_workers_desired", "Workers that the requests now queued and running call for "
                         "(the autoscaling signal; docs/scaling.md)", ["model"], registry=REGISTRY)
 DEAD_LETTERS = Gauge("brigade_dead_letter_queue_length", "Requests in the dead-letter list", registry=REGISTRY)

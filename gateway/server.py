@@ -35,6 +35,8 @@ from starlette.staticfiles import StaticFiles
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.api_keys import AuthError, KeyStore, bearer_key
+from gateway.batch_http import BatchDoor
+from gateway.batch_runner import BatchRunner
 from gateway.content_guards import GuardConfigError, configured
 from gateway.http_door import HttpDoor
 from gateway.limits import KeyLimiter
@@ -52,7 +54,8 @@ log = logging.getLogger("brigade.gateway")
 
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
-PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz", "/metrics"]
+PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches",
+         "/healthz", "/readyz", "/metrics"]
 
 
 class Gateway:
@@ -74,6 +77,8 @@ class Gateway:
         self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, self.spawn)
         self.ws_door = WebSocketDoor(self)
         self.http_door = HttpDoor(self)
+        self.batches = BatchRunner(self)
+        self.batch_door = BatchDoor(self, self.batches.store)
         self._background: set[asyncio.Task] = set()
 
     # ---- wiring ---------------------------------------------------------------------------------------
@@ -204,7 +209,8 @@ class Gateway:
             self._background.update(await self.admission.cache.start())
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
-                 asyncio.create_task(self.load.run(), name="load-monitor")]
+                 asyncio.create_task(self.load.run(), name="load-monitor"),
+                 asyncio.create_task(self.batches.run(), name="batch-runner")]
         await self.intake.subscribed.wait()
         log.info("event=gateway_listening url=%s http=%s gateway=%s auth=%s", self.settings.ws_url,
                  self.settings.http_url, self.id, "required" if self.settings.auth_required else "off")
@@ -223,6 +229,9 @@ class Gateway:
                 await asyncio.wait(pending, timeout=2)
             for task in [*tasks, *self._background]:
                 task.cancel()
+            # A job this gateway ran is left where its record says; its lease lapses and another
+            # gateway (or this one, restarted) continues it.
+            await self.batches.close()
 
     def _load_cache(self) -> None:
         # Imported here: the cache brings the embedding model (and torch) into the gateway.
@@ -241,6 +250,13 @@ class Gateway:
             Route("/v1/chat/completions", http.chat_completions, methods=["POST"]),
             Route("/v1/completions", http.completions, methods=["POST"]),
             Route("/v1/models", http.models),
+            Route("/v1/files", self.batch_door.upload_file, methods=["POST"]),
+            Route("/v1/files/{file_id}", self.batch_door.file),
+            Route("/v1/files/{file_id}/content", self.batch_door.file_content),
+            Route("/v1/batches", self.batch_door.create_batch, methods=["POST"]),
+            Route("/v1/batches", self.batch_door.list_batches, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", self.batch_door.batch),
+            Route("/v1/batches/{batch_id}/cancel", self.batch_door.cancel_batch, methods=["POST"]),
             Route("/healthz", self.healthz),
             Route("/readyz", self.readyz),
             Route("/metrics", self.prometheus),

@@ -319,6 +319,12 @@ def cmd_keys(args) -> int:
     return run(args, get_settings())
 
 
+def cmd_batch(args) -> int:
+    from ops.batch_commands import run
+
+    return run(args, get_settings())
+
+
 def cmd_status(args) -> int:
     from ops.status import run
 
@@ -398,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_keys_parser(sub)
     sub.choices["keys"].set_defaults(fn=cmd_keys)
+    from ops.batch_commands import add_parser as add_batch_parser
+
+    add_batch_parser(sub)
+    sub.choices["batch"].set_defaults(fn=cmd_batch)
     p = sub.add_parser("status", help="one screen: workers, queue, cache, dead letters (read from Redis)")
     p.add_argument("--json", action="store_true", help="the same as JSON")
     p.set_defaults(fn=cmd_status)

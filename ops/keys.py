@@ -104,12 +104,18 @@ def interactive_queue(model_name: str) -> str:
 # separator, and step 0 under the plain queue name; workers pop lower steps first.
 KOMBU_PRIORITY_SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
+BATCH_STEP = 9  # batch jobs' lines (workers/app.BATCH_PRIORITY): popped only when the others are empty
 
 
 def queue_lists(model_name: str) -> list[str]:
-    """Every Redis list holding a model's queued interactive requests (for the queue depth)."""
+    """Every Redis list holding a model's queued requests, one per priority step (batch lines last)."""
     q = interactive_queue(model_name)
     return [q if step == 0 else f"{q}{KOMBU_PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
+
+def interactive_lists(model_name: str) -> list[str]:
+    """The lists of interactive requests only (every step but the batch one)."""
+    return [name for step, name in zip(PRIORITY_STEPS, queue_lists(model_name)) if step != BATCH_STEP]
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------
@@ -183,3 +189,33 @@ def key_tokens_total(key_id: str) -> str:
 def key_in_flight(key_id: str) -> str:
     """Sorted set: request id -> admission time, the key's requests still running (max_concurrent)."""
     return f"{PREFIX}:limit:{key_id}:in_flight"
+
+
+# ---- batch jobs (gateway/batch_jobs.py) -----------------------------------------------------------
+# A job's keys live Settings.batch_retention_s past its completion window (expires_at): its hash,
+# its in-flight map (at most Settings.batch_window fields) and its lease (seconds). The job index
+# and the active set lose a member when its hash is gone (pruned by `list`) or the job ends.
+
+
+def batch_job(job_id: str) -> str:
+    """One batch job (hash: state, counts, files, cursor, written, output offset, timestamps, errors)."""
+    return f"{PREFIX}:batch:{job_id}"
+
+
+def batch_in_flight(job_id: str) -> str:
+    """Hash: input line number -> request id, for the lines queued and not yet written out."""
+    return f"{PREFIX}:batch:{job_id}:inflight"
+
+
+def batch_lease(job_id: str) -> str:
+    """The gateway that runs the job now (string, a short TTL it renews while it runs it)."""
+    return f"{PREFIX}:batch:{job_id}:lease"
+
+
+BATCH_JOBS = f"{PREFIX}:batches"  # sorted set: job id -> created at (unix seconds), for `list`
+BATCH_ACTIVE = f"{PREFIX}:batches:active"  # set: jobs not yet in a final state, for the runners to find
+
+
+def batch_file(file_id: str) -> str:
+    """An uploaded or produced file's record (hash: filename, bytes, purpose, created_at, path)."""
+    return f"{PREFIX}:file:{file_id}"

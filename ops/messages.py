@@ -42,6 +42,9 @@ class QueuedRequest(BaseModel):
     deadline_at: float | None = None
     # The id of the API key it is charged to (never the key itself), when keys are required.
     api_key: str | None = None
+    # interactive, or batch: a batch job's line, served in the rows interactive work leaves
+    # (queued behind it, preempted for it in the engine).
+    lane: Literal["interactive", "batch"] = "interactive"
 
 
 class ReplyEvent(BaseModel):

@@ -68,6 +68,16 @@ class Settings(BaseSettings):
     model: str = ""
     model_name: str = "smollm2-135m-instruct"
     max_batch: int = 16
+    # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
+    # folder), lines in flight per job, how long a job's records outlive its completion window,
+    # the runner's lease and how often gateways look for jobs to run.
+    batch_files_dir: str = ""  # empty: BRIGADE_HOME/batches
+    batch_window: int = 64
+    batch_max_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
+    batch_retention_s: float = 86_400.0
+    batch_completion_window_s: float = 86_400.0
+    batch_lease_s: float = 10.0
+    batch_poll_s: float = 1.0
     # The autoscaling signal's requests per worker (ops/capacity.ScaleSignal); 0: max_batch.
     scale_target_per_worker: int = 0
     max_wait_ms: float = 10.0
@@ -165,6 +175,10 @@ class Settings(BaseSettings):
     flower_password: str = "brigade"
     # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
     flower_show_prompts: bool = False
+
+    @property
+    def batch_dir(self) -> Path:
+        return Path(self.batch_files_dir).expanduser() if self.batch_files_dir else self.home / "batches"
 
     @property
     def model_dir(self) -> Path:

@@ -17,8 +17,9 @@ from ops import fleet, keys
 from ops.capacity import scale_signal
 from ops.settings import Settings
 
-# kombu's priority steps as Brigade uses them (workers/app.py): continued requests jump the queue.
-STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "priority 9"}
+# kombu's priority steps as Brigade uses them (workers/app.py): continued requests jump the queue,
+# batch lines wait behind all interactive work.
+STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "batch"}
 
 
 def collect(settings: Settings) -> dict:

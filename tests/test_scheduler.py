@@ -101,3 +101,86 @@ def test_duplicate_request_id_is_refused(tiny_engine_factory):
     with pytest.raises(RequestRejected) as refused:
         engine.add_request(req("same"))
     assert refused.value.code == "duplicate_id"
+
+
+# ---- lanes: batch work fills the rows interactive work leaves ---------------------------------------
+
+
+def batch_req(i: str, n: int = 8, prompt: str = "hello there") -> EngineRequest:
+    return EngineRequest(i, SamplingParams(max_tokens=n, ignore_eos=True), prompt=prompt, batch=True)
+
+
+def run_to_end(engine, ids: set[str], tokens: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+    tokens = tokens if tokens is not None else {}
+    ended: set[str] = set()
+    for _ in range(500):
+        collect(engine.step(), tokens, ended)
+        if ids <= ended:
+            return tokens
+    raise AssertionError(f"not finished: {ids - ended}")
+
+
+def collect(updates, tokens: dict[str, list[int]], ended: set[str] | None = None) -> list:
+    for u in updates:
+        if u.token_id is not None:
+            tokens.setdefault(u.request_id, []).append(u.token_id)
+        if u.finish_reason is not None and ended is not None:
+            ended.add(u.request_id)
+    return updates
+
+
+def test_waiting_interactive_requests_are_admitted_before_waiting_batch_ones(tiny_engine_factory):
+    engine = tiny_engine_factory(max_batch=2, max_wait_ms=0)
+    engine.add_request(batch_req("b1"))
+    engine.add_request(batch_req("b2"))
+    engine.add_request(req("i1"))
+    first = engine.step()
+    assert sorted(u.request_id for u in first) == ["b1", "i1"]  # i1 jumped ahead of b2
+
+
+@pytest.mark.real_model
+def test_an_interactive_arrival_preempts_the_newest_batch_row_which_later_ends_as_if_never_stopped(model_dir):
+    """The real model, greedy: a preempted row's answer is token for token the uninterrupted one."""
+    from engine import Engine, EngineConfig
+
+    def engine():
+        return Engine.load(EngineConfig(model=str(model_dir), max_batch=3, max_wait_ms=0, torch_threads=1))
+
+    questions = {"b0": "Name three rivers in Europe.", "b1": "What is a prime number?",
+                 "b2": "Describe a cat in one sentence."}
+
+    def batch_question(rid: str) -> EngineRequest:
+        return EngineRequest(rid, SamplingParams(max_tokens=16), messages=[{"role": "user", "content": questions[rid]}],
+                             batch=True)
+
+    alone = engine()
+    for rid in questions:
+        alone.add_request(batch_question(rid))
+    expected = run_to_end(alone, set(questions))
+
+    busy = engine()
+    tokens: dict[str, list[int]] = {}
+    for rid in questions:
+        busy.add_request(batch_question(rid))
+    for _ in range(4):  # the three batch rows fill the engine and decode a while
+        collect(busy.step(), tokens)
+    assert len(busy.scheduler.running) == 3
+    busy.add_request(EngineRequest("live", SamplingParams(max_tokens=4), prompt="Hello"))
+    joined = collect(busy.step(), tokens)
+    assert [u.request_id for u in joined] == ["live"]  # admitted at once, not after a batch row ends
+    assert busy.scheduler.preemptions == 1
+    assert [s.request_id for s in busy.scheduler.waiting] == ["b2"]  # the last admitted of the three
+    run_to_end(busy, set(questions) | {"live"}, tokens)
+    # The preempted row was prefilled again (prompt and tokens so far) and went on as before.
+    assert {rid: tokens[rid] for rid in questions} == expected
+    assert busy.stats()["preemptions"] == 1
+
+
+def test_interactive_requests_never_preempt_each_other(tiny_engine_factory):
+    engine = tiny_engine_factory(max_batch=2, max_wait_ms=0)
+    engine.add_request(req("i1", 10))
+    engine.add_request(req("i2", 10))
+    engine.step()
+    engine.add_request(req("i3", 10))
+    assert all(u.request_id != "i3" for u in engine.step())
+    assert engine.scheduler.preemptions == 0

@@ -33,7 +33,8 @@ HISTOGRAMS = {
 GAUGES = {"brigade_num_requests_running", "brigade_num_requests_waiting", "brigade_kv_cache_usage_perc"}
 COUNTERS = {  # family names; the samples carry _total
     "brigade_prompt_tokens", "brigade_generation_tokens", "brigade_request_success", "brigade_request_errors",
-    "brigade_failovers", "brigade_dead_letters",
+    "brigade_failovers", "brigade_dead_letters", "brigade_lane_requests", "brigade_lane_generation_tokens",
+    "brigade_num_preemptions",
 }
 QUESTIONS = ["What is the capital of France?", "List three colors.", "What is 2 + 2?"]
 LONG_PROMPTS = [
@@ -245,6 +246,10 @@ def test_metrics_count_a_known_set_of_requests(fleet):
                                                                       for a in greedy]
         assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [len(a.tokens) for a in greedy]
         assert delta(before, after, "brigade_generation_tokens_total") == generated
+        # All of it interactive: by lane, the same counts, and none for the batch lane.
+        assert delta(before, after, "brigade_lane_generation_tokens_total", lane="interactive") == generated
+        assert delta(before, after, "brigade_lane_requests_total", lane="interactive") == 4
+        assert delta(before, after, "brigade_lane_requests_total", lane="batch") == 0
         assert delta(before, after, "brigade_prompt_tokens_total") == sum(d["usage"]["prompt_tokens"] for d in dones)
 
         # A first token for each request that produced one; the whole-answer latencies for the three

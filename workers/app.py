@@ -9,11 +9,12 @@ import uuid
 
 from celery import Celery
 
-from ops.keys import interactive_queue
+from ops.keys import BATCH_STEP, interactive_queue
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
 
 GENERATE_TASK = "brigade.generate"
+BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Flower shows batch lines apart
 
 
 def make_app(redis_url: str | None = None) -> Celery:
@@ -43,9 +44,11 @@ app = make_app()
 
 
 # Redis priorities (kombu): lower is served first. A request continued after a crash or a drain
-# has a client mid-answer, so it goes ahead of new work instead of behind the whole queue.
+# has a client mid-answer, so it goes ahead of new work instead of behind the whole queue. Batch
+# lines wait behind all interactive work (kombu pops the lower steps' lists first).
 NEW_PRIORITY = 6
 CONTINUED_PRIORITY = 0
+BATCH_PRIORITY = BATCH_STEP
 
 
 def enqueue(queued: QueuedRequest, first: bool = False) -> None:
@@ -53,15 +56,17 @@ def enqueue(queued: QueuedRequest, first: bool = False) -> None:
     Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
     rid = queued.request_id
     shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
-    app.send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")], queue=interactive_queue(queued.model),
-                  task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
-                  priority=NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
+    batch = queued.lane == "batch"
+    app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
+                  queue=interactive_queue(queued.model), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                  priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
 
 
 def task_summary(queued: QueuedRequest) -> str:
     """What task events (and so Flower) show of a request instead of its arguments: its shape,
     never its text. Prompts are the users' words; whoever watches the workers need not read them."""
-    shape = {"request_id": queued.request_id, "model": queued.model, "max_tokens": queued.params.max_tokens}
+    shape = {"request_id": queued.request_id, "model": queued.model, "lane": queued.lane,
+             "max_tokens": queued.params.max_tokens}
     if queued.prompt is not None:
         shape["prompt_chars"] = len(queued.prompt)
     if queued.messages is not None:

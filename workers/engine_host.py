@@ -78,6 +78,8 @@ class EngineHost:
         # Unique per process start: a restarted worker with the same name is a new owner.
         self.instance = f"{worker_name}#{uuid.uuid4().hex[:8]}"
         self.engine = engine
+        # The engine may have been loaded long before this host starts its thread: count from now.
+        engine.loop_at = time.monotonic()
         # A stuck Redis must not freeze the engine thread inside a publish.
         self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.claims = ClaimStore.from_settings(self.redis, settings)
@@ -176,6 +178,7 @@ class EngineHost:
                     prompt=queued.prompt,
                     messages=[m.model_dump() for m in queued.messages] if queued.messages is not None else None,
                     resume_ids=resume_ids,
+                    batch=queued.lane == "batch",
                 )
             )
         except RequestRejected as refused:
@@ -299,25 +302,31 @@ class EngineHost:
         now, wall = time.monotonic(), time.time()
         tokens = 0
         for entry, u, done in step:
+            # Batch lines' latencies (minutes behind interactive work, by design) would drown the
+            # interactive lane's in the histograms: they are counted by lane only.
+            interactive = entry.queued.lane == "interactive"
             if u.index is not None:
                 tokens += 1
+                m.lane_tokens[entry.queued.lane].inc()
                 if entry.last_token_at is None:  # its first token here: this worker prefilled the prompt
                     m.prompt_tokens.inc(u.prompt_tokens)
-                    if u.index == 0:  # the request's first token at all (a continued one has sent it before)
+                    if u.index == 0 and interactive:  # the request's first token at all
                         m.ttft.observe(max(0.0, wall - entry.queued.enqueued_at))
-                else:
+                elif interactive:
                     m.itl.observe(now - entry.last_token_at)
                 entry.last_token_at = now
             if done is not None:
+                m.lane_requests[entry.queued.lane].inc()
                 # A continued request's broker wait would include its earlier run: count only its
                 # wait on this engine.
                 queue_s = (u.timing or {}).get("queue_s") if entry.continued else done.timing.get("queue_s")
-                m.finished(u.finish_reason, done.timing, queue_s)
+                m.finished(u.finish_reason, done.timing if interactive else {}, queue_s if interactive else None)
                 usage, t = done.usage or {}, done.timing or {}
-                log.info("event=request_done request_id=%s finish_reason=%s prompt_tokens=%s completion_tokens=%s "
-                         "queue_s=%s ttft_s=%s e2e_s=%s continued=%s", u.request_id, done.finish_reason,
-                         usage.get("prompt_tokens"), usage.get("completion_tokens"), t.get("queue_s"),
-                         t.get("ttft_s"), t.get("e2e_s"), entry.continued)
+                log.info("event=request_done request_id=%s lane=%s finish_reason=%s prompt_tokens=%s "
+                         "completion_tokens=%s queue_s=%s ttft_s=%s e2e_s=%s continued=%s", u.request_id,
+                         entry.queued.lane, done.finish_reason, usage.get("prompt_tokens"),
+                         usage.get("completion_tokens"), t.get("queue_s"), t.get("ttft_s"), t.get("e2e_s"),
+                         entry.continued)
         if tokens:
             m.generation_tokens.inc(tokens)
 
@@ -411,7 +420,7 @@ class EngineHost:
         last_tokens, last_time = self.engine.tokens_generated, time.monotonic()
         interval = self.settings.heartbeat_interval_s
         ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
-        stalled = False
+        stalled, beats = False, 0
         while not self._stop.is_set():
             if not self._threads[0].is_alive():
                 # No engine, no progress: stop beating so that the reaper hands our requests on.
@@ -431,12 +440,14 @@ class EngineHost:
                 self._stop.wait(interval)
                 continue
             if stalled:
-                log.warning("event=engine_recovered stalled_s=%.1f", silent)
+                log.warning("event=engine_recovered heartbeat=resumed")
                 stalled = False
             try:
-                pipe = self.redis.pipeline()
-                fleet.record_beat(pipe, self.instance, self.status(rate), ttl_ms, time.time())
+                pipe = self.redis.pipeline(transaction=False)
+                fleet.record_beat(pipe, self.instance, self.status(rate), ttl_ms, time.time(),
+                                  prune=beats % fleet.PRUNE_EVERY == 0)
                 pipe.execute()
+                beats += 1
             except redis.RedisError as exc:
                 log.warning("event=heartbeat_failed error=%r", exc)
             if self.publisher.waiting or self._unsettled:

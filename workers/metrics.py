@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("brigade.worker")
@@ -76,6 +76,12 @@ REQUEST_SUCCESS = Counter(
 REQUEST_ERRORS = Counter(
     "brigade_request_errors", "Requests this worker ended with an error event, by error code.",
     [*MODEL, "code"], registry=REGISTRY)
+LANE_REQUESTS = Counter(
+    "brigade_lane_requests", "Requests this worker ended, by lane (interactive, batch). The latency histograms "
+    "describe the interactive lane only.", [*MODEL, "lane"], registry=REGISTRY)
+LANE_TOKENS = Counter(
+    "brigade_lane_generation_tokens", "Tokens this worker generated, by lane (interactive, batch).",
+    [*MODEL, "lane"], registry=REGISTRY)
 FAILOVERS = Counter(
     "brigade_failovers", "Requests this worker continued after another worker died or handed them back.",
     MODEL, registry=REGISTRY)
@@ -83,6 +89,8 @@ DEAD_LETTERS = Counter(
     "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", MODEL, registry=REGISTRY)
 
 
+# Batch sequences preempted to give their row and KV to interactive ones (read from the engine).
+PREEMPTIONS = ("brigade_num_preemptions", "Batch-lane sequences preempted (recomputed later) for interactive ones")
 # The engine gauges, registered once a worker has an engine (EngineGauges): name, help.
 ENGINE_GAUGES = (
     ("brigade_num_requests_running", "Requests in the engine's running batch."),
@@ -106,6 +114,9 @@ class EngineGauges(Collector):
             family = GaugeMetricFamily(name, doc, labels=MODEL)
             family.add_metric([self.model], value)
             yield family
+        preempted = CounterMetricFamily(PREEMPTIONS[0], PREEMPTIONS[1], labels=MODEL)
+        preempted.add_metric([self.model], s.get("preemptions", 0))
+        yield preempted
 
 
 _engine_gauges: EngineGauges | None = None
@@ -132,6 +143,8 @@ class WorkerMetrics:
         self.dead_letters = DEAD_LETTERS.labels(model)
         for reason in ("stop", "length", "cancelled", "error"):  # present at 0 from the start, for rate()
             REQUEST_SUCCESS.labels(model, reason)
+        self.lane_requests = {lane: LANE_REQUESTS.labels(model, lane) for lane in ("interactive", "batch")}
+        self.lane_tokens = {lane: LANE_TOKENS.labels(model, lane) for lane in ("interactive", "batch")}
         self._gauges: EngineGauges | None = None
 
     def watch_engine(self, stats: Callable[[], dict]) -> None:

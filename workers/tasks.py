@@ -15,7 +15,7 @@ from celery.signals import task_received, worker_init, worker_shutdown, worker_s
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
 from workers import broker_patches
-from workers.app import GENERATE_TASK, app
+from workers.app import BATCH_TASK, GENERATE_TASK, app
 from workers.engine_host import EngineHost
 
 log = logging.getLogger("brigade.worker")
@@ -35,7 +35,7 @@ def _note_taken(request=None, **_):
     # The message has left the queue for this worker, which may hold it in its prefetch for a
     # while before a task thread claims it. If this worker dies in between, the reaper learns
     # from this mark, not from reading the whole queue, that the request must be sent again.
-    if _host is None or request is None or request.name != GENERATE_TASK:
+    if _host is None or request is None or request.name not in (GENERATE_TASK, BATCH_TASK):
         return
     try:
         _host.note_taken(request.args[0]["request_id"])
@@ -55,6 +55,11 @@ def _drain(sig=None, how=None, **_):
 def _close_engine(**_):
     if _host is not None:
         _host.close()
+
+
+@app.task(name=BATCH_TASK)
+def generate_batch_line(payload: dict) -> dict:
+    return generate(payload)
 
 
 @app.task(name=GENERATE_TASK)

@@ -1,0 +1,263 @@
+"""Batch jobs on real processes: a real redis-server (append-only), a real gateway (the job runner),
+two real workers with the real model, a reaper, and the `brigade batch` CLI as a user runs it.
+Faults are real: a worker SIGKILLed mid-job, a gateway SIGKILLed mid-job and started again."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.batch_input import Checker
+from gateway.protocol import ClientProtocol
+from ops.settings import Settings
+from tests.services import (BrigadeProcess, RedisServer, free_port, http_status, service_env, wait_until,
+                            worker_statuses)
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTIONS = [
+    "What is the capital of France?", "Name a primary colour.", "What is two plus two?",
+    "Give me a word that rhymes with cat.", "What do bees make?", "Which planet is closest to the sun?",
+    "What is the opposite of hot?", "Name a fruit that is yellow.", "How many legs does a spider have?",
+    "What language is spoken in Brazil?",
+]
+
+
+@dataclass
+class Stack:
+    redis: RedisServer
+    env: dict
+    logs: Path
+    port: int
+    gateway: BrigadeProcess
+    workers: dict[str, BrigadeProcess] = field(default_factory=dict)
+    others: list[BrigadeProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_gateway(self, n: int) -> None:
+        self.gateway = BrigadeProcess("gateway", self.env, self.logs / f"gateway-{n}.log")
+        wait_until(lambda: http_status(self.port, "/readyz") == 200, 120, what="the gateway")
+
+    def batch(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", self.url, *args], cwd=ROOT,
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def job(self, job_id: str) -> dict:
+        return httpx.get(f"{self.url}/v1/batches/{job_id}", timeout=10).json()
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.tail()}" for p in [self.gateway, *self.workers.values()])
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("batch-logs")
+    redis_server = RedisServer(tmp_path_factory.mktemp("batch-redis"), persistent=True)
+    port = free_port()
+    env = service_env(redis_server.url, port, BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+                      BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
+                      BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
+                      BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")))
+    s = Stack(redis_server, env, logs, port, None)  # type: ignore[arg-type]
+    try:
+        s.others.append(BrigadeProcess("reaper", env, logs / "reaper.log"))
+        for name in ("w1@batch", "w2@batch"):
+            s.workers[name] = BrigadeProcess("worker", env, logs / f"{name}.log", ["--name", name])
+        wait_until(lambda: len(worker_statuses(redis_server.client)) == 2, 180, what="two workers")
+        s.start_gateway(1)
+        yield s
+    except BaseException:
+        if s.gateway is not None:
+            print(s.tails())
+        raise
+    finally:
+        for p in [s.gateway, *s.workers.values(), *s.others]:
+            if p is not None:
+                p.stop()
+        redis_server.stop()
+
+
+def line(i: int, max_tokens: int = 8, chat: bool = True) -> dict:
+    question = QUESTIONS[i % len(QUESTIONS)] + ("" if i < len(QUESTIONS) else f" (number {i})")
+    body = {"model": "smollm2-135m-instruct", "max_tokens": max_tokens, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": question}]
+    else:
+        body["prompt"] = question
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions" if chat else "/v1/completions",
+            "body": body}
+
+
+def write_lines(path: Path, lines: list) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def read_output(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def text_of(result: dict) -> str:
+    body = result["response"]["body"]
+    choice = body["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def interactive(stack: Stack, request: dict) -> str:
+    resp = httpx.post(stack.url + request["url"], json=request["body"], timeout=120)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
+def test_every_line_once_in_order_each_answer_as_asked_interactively(stack, tmp_path):
+    requests = [line(i, chat=i % 5 != 4) for i in range(40)]
+    source = write_lines(tmp_path / "jobs.jsonl", requests)
+    out = tmp_path / "out.jsonl"
+    done = stack.batch("submit", str(source), "--wait", "--output", str(out))
+    assert done.returncode == 0, done.stderr + stack.tails()
+    job_id = done.stdout.strip().splitlines()[0]
+    results = read_output(out)
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in results)
+    assert len({r["id"] for r in results}) == 40
+    for r in results:
+        usage = r["response"]["body"]["usage"]
+        assert usage["completion_tokens"] >= 1 and usage["prompt_tokens"] > 0
+    # The same requests asked one by one over the HTTP API say the same (greedy).
+    for request, result in zip(requests[:12], results[:12]):
+        assert text_of(result) == interactive(stack, request), request["custom_id"]
+    job = stack.job(job_id)
+    assert job["status"] == "completed"
+    assert job["request_counts"] == {"total": 40, "completed": 40, "failed": 0}
+    # The results again, from a CLI process that never saw the job start.
+    again = stack.batch("results", job_id)
+    assert again.returncode == 0 and [json.loads(x) for x in again.stdout.splitlines()] == results
+
+
+def test_invalid_lines_are_all_reported_with_their_numbers_before_anything_runs(stack, tmp_path):
+    lines = [line(0), "this is not json", line(1), {"custom_id": "x", "method": "GET", "url": "/v1/chat/completions",
+                                                     "body": {}},
+             {**line(2), "body": {"messages": [{"role": "user", "content": "hi"}], "n": 3}}, line(0)]
+    source = write_lines(tmp_path / "bad.jsonl", lines)
+    refused = stack.batch("submit", str(source))
+    assert refused.returncode == 2, refused.stderr
+    err = refused.stderr
+    assert "4 invalid line(s)" in err, err
+    assert "line 2: the line is not valid JSON" in err and "line 4: `method` must be" in err
+    assert "line 5: body.n" in err and "line 6: `custom_id` 'req-0' appears on an earlier line" in err
+    # --skip-invalid runs the rest; each bad line still has its line in the output, as an error.
+    out = tmp_path / "bad.output.jsonl"
+    done = stack.batch("submit", str(source), "--skip-invalid", "--wait", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    results = read_output(out)
+    assert [r["error"]["code"] if r["error"] else 200 for r in results] == [
+        200, "invalid_line", 200, "invalid_line", "invalid_line", "invalid_line"]
+    assert [r["custom_id"] for r in results] == ["req-0", None, "req-1", "x", "req-2", "req-0"]
+
+
+def test_identical_deterministic_lines_are_answered_once(stack, tmp_path):
+    same = line(3, max_tokens=12)
+    requests = [{**same, "custom_id": f"copy-{i}"} for i in range(6)] + [line(4, max_tokens=12)]
+    out = tmp_path / "dup.out.jsonl"
+    done = stack.batch("submit", str(write_lines(tmp_path / "dup.jsonl", requests)), "--wait", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    results = read_output(out)
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
+    rids = {r["response"]["request_id"] for r in results[:6]}
+    assert len(rids) == 1  # one request answered all six copies
+    assert len({text_of(r) for r in results[:6]}) == 1 and len({r["id"] for r in results}) == 7
+
+
+def test_the_checker_gives_every_bad_line_a_reason():
+    checker = Checker(ClientProtocol(Settings()), 64)
+    good = checker.check(1, json.dumps(line(0)))
+    assert good.custom_id == "req-0" and good.chat
+    reasons = [checker.check(n, raw).reason for n, raw in enumerate([
+        "[]", json.dumps({"method": "POST"}), json.dumps({**line(1), "url": "/v1/embeddings"}),
+        json.dumps({**line(2), "extra": 1}), json.dumps({**line(3), "body": {**line(3)["body"], "stream": True}}),
+        json.dumps({**line(4), "body": {**line(4)["body"], "max_tokens": -1}})], start=2)]
+    assert reasons[0] == "a line must be a JSON object"
+    assert reasons[1] == "`custom_id` must be a non-empty string"
+    assert reasons[2].startswith("`url` must be one of")
+    assert reasons[3] == "unknown field 'extra'"
+    assert reasons[4] == "`body.stream` must be false or absent in a batch"
+    assert reasons[5].startswith("body.max_tokens:")
+    assert checker.check(9, "   \n") is None  # blank lines are skipped
+
+
+def test_cancel_stops_a_running_job_and_keeps_what_it_finished(stack, tmp_path):
+    requests = [line(i, max_tokens=48) for i in range(60)]
+    source = write_lines(tmp_path / "long.jsonl", requests)
+    submitted = stack.batch("submit", str(source))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
+    cancelled = stack.batch("cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    job = wait_until(lambda: (j := stack.job(job_id))["status"] == "cancelled" and j, 60, what="the cancel")
+    out = tmp_path / "cancelled.jsonl"
+    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
+    results = read_output(out)
+    assert 3 <= len(results) < 60
+    numbers = [int(r["custom_id"].split("-")[1]) for r in results]
+    assert numbers == sorted(set(numbers))  # in input order, each once
+    assert all(r["response"]["status_code"] == 200 for r in results)
+    assert job["request_counts"]["completed"] == len(results)
+    # Nothing of the job keeps running: the workers' engines empty out.
+    wait_until(lambda: all(s["running"] == 0 and s["waiting"] == 0 for s in worker_statuses(stack.redis.client)),
+               30, what="the cancelled lines to leave the workers")
+
+
+def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
+    requests = [line(i, max_tokens=24) for i in range(30)]
+    source = write_lines(tmp_path / "kill.jsonl", requests)
+    submitted = stack.batch("submit", str(source))
+    job_id = submitted.stdout.strip()
+    wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
+    busy = max(worker_statuses(stack.redis.client), key=lambda s: s["running"])
+    os.kill(busy["pid"], signal.SIGKILL)
+    name = busy["worker"]
+    stack.workers[name].proc.wait(10)
+    job = wait_until(lambda: (j := stack.job(job_id))["status"] in ("completed", "failed") and j, 240,
+                     what="the job to end")
+    stack.workers[name] = BrigadeProcess("worker", stack.env, stack.logs / f"{name}-2.log", ["--name", name])
+    assert job["status"] == "completed" and job["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+    out = tmp_path / "kill.out.jsonl"
+    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
+    results = read_output(out)
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
+    assert all(r["response"]["status_code"] == 200 for r in results)
+    wait_until(lambda: len(worker_statuses(stack.redis.client)) == 2, 180, what="the replacement worker")
+
+
+def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_written_once(stack, tmp_path):
+    requests = [line(i, max_tokens=20) for i in range(30)]
+    source = write_lines(tmp_path / "gw.jsonl", requests)
+    submitted = stack.batch("submit", str(source))
+    job_id = submitted.stdout.strip()
+    wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
+    os.kill(stack.gateway.proc.pid, signal.SIGKILL)
+    stack.gateway.proc.wait(10)
+    stack.gateway.log.close()
+    stack.start_gateway(2)
+    # A CLI started now reports the same job, and the new gateway finishes it.
+    shown = stack.batch("status", job_id)
+    assert job_id in shown.stdout, shown.stdout + shown.stderr
+    job = wait_until(lambda: (j := stack.job(job_id))["status"] in ("completed", "failed") and j, 240,
+                     what="the job to end on the new gateway")
+    assert job["status"] == "completed" and job["request_counts"]["completed"] == 30, job
+    out = tmp_path / "gw.out.jsonl"
+    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
+    results = read_output(out)
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
+    assert "event=batch_job_taken job=" + job_id in stack.gateway.log_path.read_text()
