@@ -250,6 +250,10 @@ class BatchRunner:
                 await self._harvest(run, force=True, skip_gaps=bool(stopping))
         finally:
             output.close()
+            if run.pending:  # left by an error (Redis away) or a shutdown: the next pass follows them
+                run.stopping = run.stopping or "lease"
+                for task in run.pending.values():
+                    task.cancel()
         if stopping == "lease":
             raise LeaseLost()
         if stopping in ("cancelled", "expired"):
