@@ -5,8 +5,12 @@ holds (a short TTL it renews), so a job outlives the gateway that started it: wh
 stops or dies, the lease lapses and another gateway (or the same one, restarted) continues.
 
 Running a job: validate every line first (all bad lines reported at once); then stream the input,
-keeping at most `batch_window` lines in flight through the same admission as any request (the
-answer cache applies) on the batch lane, and write the output in input order. Results that come
+keeping a window of lines in flight through the same admission as any request (the answer cache
+applies) on the batch lane, and write the output in input order. The window is the live workers'
+batch width (`max_batch` each) shared among the jobs this gateway runs, unless `batch_window`
+sets it: enough to fill every engine row, while each worker's other task threads (it takes
+`worker_concurrency`, twice its batch width, off the queue) stay free for interactive requests,
+which would otherwise wait on the queue for a batch line to end before a worker took them. Results that come
 back early wait in a reorder buffer no larger than the window; written results are fsynced, then
 the job records how far it got (lines written, bytes of output) and forgets their request ids.
 A job continued after a crash truncates the output to the recorded length, follows the requests
@@ -162,6 +166,12 @@ class BatchRunner:
             except aioredis.RedisError as exc:
                 log.warning("event=batch_lease_renew_failed job=%s error=%r", job_id, exc)
 
+    def window(self) -> int:
+        if self.settings.batch_window:
+            return self.settings.batch_window
+        workers = max(self.gateway.load.workers, 1)
+        return max(1, workers * self.settings.max_batch // max(len(self.running), 1))
+
     async def _owner_key(self, job: dict):
         """The API key that submitted the job: its lines are charged to it and held to its limits
         (a line refused for a limit waits and is sent again, so a job runs at its key's pace)."""
@@ -233,7 +243,7 @@ class BatchRunner:
                     elif isinstance(result, BadLine):
                         run.done[number] = invalid_result(run.id, result)
                     else:
-                        while len(run.pending) >= self.settings.batch_window and not stopping:
+                        while len(run.pending) >= self.window() and not stopping:
                             await self._wait_some(run)
                             stopping = await self._should_stop(run, lost)
                         if stopping:
@@ -339,11 +349,20 @@ class BatchRunner:
     # ---- one line -------------------------------------------------------------------------------------
 
     async def _line(self, run: JobRun, line: BatchLine, checker: Checker, known_rid: str | None) -> LineResult:
-        try:
-            return await self._line_once(run, line, checker, known_rid)
-        except Exception as exc:  # a bug on one line must not leave a hole that stalls the output
-            log.exception("event=batch_line_failed job=%s line=%d", run.id, line.number)
-            return request_failed(run.id, line, None, "internal_error", f"the gateway failed on this line: {exc!r}")
+        delay = 0.5
+        while True:
+            try:
+                return await self._line_once(run, line, checker, known_rid)
+            except (aioredis.RedisError, OSError) as exc:
+                # Redis away (a restart): the line is tried again once it answers. If its request
+                # was already queued, it may run twice; its line is still written once.
+                log.warning("event=batch_line_retry job=%s line=%d error=%r", run.id, line.number, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except Exception as exc:  # a bug on one line must not leave a hole that stalls the output
+                log.exception("event=batch_line_failed job=%s line=%d", run.id, line.number)
+                return request_failed(run.id, line, None, "internal_error",
+                                      f"the gateway failed on this line: {exc!r}")
 
     async def _line_once(self, run: JobRun, line: BatchLine, checker: Checker, known_rid: str | None) -> LineResult:
         cmd, opts = checker.parse(line)

@@ -69,10 +69,10 @@ class Settings(BaseSettings):
     model_name: str = "smollm2-135m-instruct"
     max_batch: int = 16
     # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
-    # folder), lines in flight per job, how long a job's records outlive its completion window,
+    # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
     batch_files_dir: str = ""  # empty: BRIGADE_HOME/batches
-    batch_window: int = 64
+    batch_window: int = 0  # 0: the live workers' batch width, shared among this gateway's jobs
     batch_max_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
     batch_retention_s: float = 86_400.0
     batch_completion_window_s: float = 86_400.0

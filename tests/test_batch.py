@@ -261,3 +261,58 @@ def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_wri
     results = read_output(out)
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert "event=batch_job_taken job=" + job_id in stack.gateway.log_path.read_text()
+
+
+def test_a_redis_restart_mid_job_with_the_append_only_file_loses_nothing(stack, tmp_path):
+    requests = [line(i, max_tokens=16, chat=False) for i in range(30)]
+    source = write_lines(tmp_path / "redis.jsonl", requests)
+    submitted = stack.batch("submit", str(source))
+    job_id = submitted.stdout.strip()
+    wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
+    stack.redis.stop()
+    stack.redis.start()
+
+    def ended():
+        try:
+            job = stack.job(job_id)
+        except (httpx.HTTPError, ValueError):
+            return None  # the gateway may answer 503 while it reconnects
+        return job if job.get("status") in ("completed", "failed") else None
+
+    job = wait_until(ended, 240, interval=0.5, what="the job to end after the restart")
+    assert job["status"] == "completed" and job["request_counts"]["completed"] == 30, job
+    out = tmp_path / "redis.out.jsonl"
+    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
+    results = read_output(out)
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
+    assert all(r["response"]["status_code"] == 200 for r in results)
+
+
+def test_the_official_openai_client_drives_a_batch_end_to_end(stack, tmp_path):
+    """files.create, batches.create/retrieve/list, files.content: OpenAI's own client, its shapes."""
+    import time
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=stack.url + "/v1", api_key="unused")
+    requests = [line(i, max_tokens=6) for i in range(5)]
+    source = write_lines(tmp_path / "sdk.jsonl", requests)
+    uploaded = client.files.create(file=source.open("rb"), purpose="batch")
+    assert uploaded.id.startswith("file_") and uploaded.bytes == source.stat().st_size
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"team": "support"})
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "support"}
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch.id)
+    lines = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert batch.status == "completed" and batch.request_counts.completed == 5 and batch.request_counts.total == 5, \
+        [x["response"] for x in lines if x["response"]["status_code"] != 200]
+    assert batch.id in [b.id for b in client.batches.list(limit=10).data]
+    assert [x["custom_id"] for x in lines] == [r["custom_id"] for r in requests]
+    assert all(x["response"]["body"]["object"] == "chat.completion" for x in lines)
+    metrics = httpx.get(stack.url + "/metrics", timeout=10).text
+    assert 'brigade_batch_lines_total{model="smollm2-135m-instruct",outcome="completed"}' in metrics
+    assert 'door="batch"' in metrics
