@@ -76,10 +76,36 @@ class RequestRejected(Exception):
         self.message = message
 
 
+class SerializedTokenizer:
+    """One call at a time into a fast tokenizer. Celery task threads encode prompts while the
+    engine thread decodes tokens, and the Rust tokenizer under a transformers fast tokenizer
+    raises "Already borrowed" when two threads use it at once (its padding and truncation
+    settings are mutable state). Calls take microseconds to milliseconds; the lock costs less."""
+
+    _LOCKED = frozenset({"__call__", "encode", "decode", "batch_decode", "apply_chat_template", "convert_ids_to_tokens"})
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        value = getattr(self._tokenizer, name)
+        if name in self._LOCKED and callable(value):
+            def locked(*args, **kwargs):
+                with self._lock:
+                    return value(*args, **kwargs)
+            return locked
+        return value
+
+
 class Engine:
     def __init__(self, model, tokenizer, config: EngineConfig):
         self.model = model.eval()
-        self.tokenizer = tokenizer
+        self.tokenizer = SerializedTokenizer(tokenizer)
         self.config = config
         mc = model.config
         head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
