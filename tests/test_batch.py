@@ -316,3 +316,34 @@ def test_the_official_openai_client_drives_a_batch_end_to_end(stack, tmp_path):
     metrics = httpx.get(stack.url + "/metrics", timeout=10).text
     assert 'brigade_batch_lines_total{model="smollm2-135m-instruct",outcome="completed"}' in metrics
     assert 'door="batch"' in metrics
+
+
+def test_with_keys_a_job_belongs_to_its_key_and_its_lines_are_charged_to_it(stack, tmp_path):
+    """A second gateway on the same Redis and workers, with keys required: the key that submits
+    a job sees it, another caller does not, and the key's usage counts the job's lines."""
+    from tests.services import create_key
+
+    port = free_port()
+    env = dict(stack.env, BRIGADE_GATEWAY_PORT=str(port), BRIGADE_AUTH="required")
+    keyed = BrigadeProcess("gateway", env, stack.logs / "gateway-keys.log")
+    try:
+        wait_until(lambda: http_status(port, "/readyz") == 200, 120, what="the keyed gateway")
+        key = create_key(stack.redis.url, "batcher")
+        url = f"http://127.0.0.1:{port}"
+        source = write_lines(tmp_path / "keyed.jsonl", [line(i, max_tokens=4) for i in range(3)])
+        run = lambda *a: subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", url, *a], cwd=ROOT,
+                                        env=env, capture_output=True, text=True, timeout=300)
+        refused = run("submit", str(source))
+        assert refused.returncode != 0 and "401" in refused.stderr, refused.stderr
+        done = run("--api-key", key, "submit", str(source), "--wait", "--output", str(tmp_path / "k.out"))
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.strip().splitlines()[0]
+        assert len(read_output(tmp_path / "k.out")) == 3
+        # Another caller (the keyless gateway's anonymous one) does not see it.
+        assert httpx.get(f"{stack.url}/v1/batches/{job_id}", timeout=10).status_code == 404
+        usage = subprocess.run([sys.executable, "-m", "ops.cli", "keys", "usage", "--json"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)
+        row = next(json.loads(x) for x in usage.stdout.splitlines() if json.loads(x)["name"].startswith("batcher-"))
+        assert row["requests"] == 3 and row["completion_tokens"] > 0, row
+    finally:
+        keyed.stop()
