@@ -87,3 +87,20 @@ def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_serve
     indexes, text = asyncio.run(main())
     assert indexes == list(range(100, 300))
     assert text == "".join(f"t{i} " for i in range(300))
+
+
+def test_the_gateways_pooled_client_survives_a_redis_restart_without_failing_a_command(redis_server):
+    """Every pooled connection is dead after a restart; the first command on one is tried again."""
+    from ops.redis_pool import shared_client
+
+    async def main():
+        client = shared_client(redis_server.url, socket_timeout=5, socket_connect_timeout=2)
+        await asyncio.gather(*[client.set(f"k{i}", i) for i in range(8)])  # several pooled connections
+        redis_server.stop()
+        redis_server.start()
+        try:
+            return await asyncio.gather(*[client.ping() for _ in range(8)])
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == [True] * 8
