@@ -80,9 +80,8 @@ class SerializedTokenizer:
     """One call at a time into a fast tokenizer. Celery task threads encode prompts while the
     engine thread decodes tokens, and the Rust tokenizer under a transformers fast tokenizer
     raises "Already borrowed" when two threads use it at once (its padding and truncation
-    settings are mutable state). Calls take microseconds to milliseconds; the lock costs less."""
-
-    _LOCKED = frozenset({"__call__", "encode", "decode", "batch_decode", "apply_chat_template", "convert_ids_to_tokens"})
+    settings are mutable state). Calls take microseconds to milliseconds; the lock costs less.
+    Other attributes (ids of special tokens, ...) are read through."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
@@ -92,14 +91,16 @@ class SerializedTokenizer:
         with self._lock:
             return self._tokenizer(*args, **kwargs)
 
+    def decode(self, *args, **kwargs):
+        with self._lock:
+            return self._tokenizer.decode(*args, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        with self._lock:
+            return self._tokenizer.apply_chat_template(*args, **kwargs)
+
     def __getattr__(self, name):
-        value = getattr(self._tokenizer, name)
-        if name in self._LOCKED and callable(value):
-            def locked(*args, **kwargs):
-                with self._lock:
-                    return value(*args, **kwargs)
-            return locked
-        return value
+        return getattr(self._tokenizer, name)
 
 
 class Engine:

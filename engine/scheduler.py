@@ -72,12 +72,12 @@ class Scheduler:
         width = 0
         while self.waiting:
             seq = self.waiting[0]
-            if len(self.running) + len(admitted) >= self.config.max_batch and not (
-                    not seq.batch and self._preempt_one()):
-                break
             # A prefill batch is padded to its longest context; keep the padded size bounded.
             new_width = max(width, seq.num_tokens)
             if admitted and new_width * (len(admitted) + 1) > self.config.max_prefill_tokens:
+                break
+            rows_full = len(self.running) + len(admitted) >= self.config.max_batch
+            if rows_full and (seq.batch or not self._preempt_one()):
                 break
             slot = self.kv.allocate(seq.max_total_tokens)
             while slot is None and not seq.batch and self._preempt_one():

@@ -10,6 +10,7 @@ the key that made them. The jobs themselves run in whichever gateway holds their
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from typing import TYPE_CHECKING
@@ -32,6 +33,20 @@ def not_found(what: str) -> ProtocolError:
     return ProtocolError("not_found", f"no {what} with that id (or it expired)")
 
 
+def endpoint(handler):
+    """An endpoint of the door: called with the caller's owner id (the API key's, or "" with
+    keys off); bad input comes back in OpenAI's error shape."""
+    @functools.wraps(handler)
+    async def serve(self: "BatchDoor", request: Request) -> Response:
+        try:
+            return await handler(self, request, await self._owner(request))
+        except ProtocolError as err:
+            return error_response(err)
+        except ValueError as err:
+            return error_response(ProtocolError("invalid_field", str(err)))
+    return serve
+
+
 class BatchDoor:
     def __init__(self, gateway: "Gateway", store: JobStore):
         self.gateway = gateway
@@ -42,20 +57,10 @@ class BatchDoor:
         key = await self.gateway.authenticate(request.headers.get("authorization"))
         return key.id if key is not None else ""
 
-    async def _guarded(self, request: Request, handler) -> Response:
-        try:
-            return await handler(request, await self._owner(request))
-        except ProtocolError as err:
-            return error_response(err)
-        except ValueError as err:
-            return error_response(ProtocolError("invalid_field", str(err)))
-
     # ---- files ----------------------------------------------------------------------------------
 
-    async def upload_file(self, request: Request) -> Response:
-        return await self._guarded(request, self._upload)
-
-    async def _upload(self, request: Request, owner: str) -> Response:
+    @endpoint
+    async def upload_file(self, request: Request, owner: str) -> Response:
         limit = self.settings.batch_max_file_bytes
         if int(request.headers.get("content-length") or 0) > limit + 65536:
             raise ProtocolError("prompt_too_long", f"files are limited to {limit} bytes")
@@ -75,16 +80,14 @@ class BatchDoor:
                                            self.store.ttl_s(self.settings.batch_completion_window_s), owner)
         return JSONResponse(_file_view(record))
 
-    async def file(self, request: Request) -> Response:
-        async def handler(request: Request, owner: str) -> Response:
-            return JSONResponse(_file_view(await self._own_file(request.path_params["file_id"], owner)))
-        return await self._guarded(request, handler)
+    @endpoint
+    async def file(self, request: Request, owner: str) -> Response:
+        return JSONResponse(_file_view(await self._own_file(request.path_params["file_id"], owner)))
 
-    async def file_content(self, request: Request) -> Response:
-        async def handler(request: Request, owner: str) -> Response:
-            record = await self._own_file(request.path_params["file_id"], owner)
-            return FileResponse(record["path"], media_type="application/jsonl", filename=record["filename"])
-        return await self._guarded(request, handler)
+    @endpoint
+    async def file_content(self, request: Request, owner: str) -> Response:
+        record = await self._own_file(request.path_params["file_id"], owner)
+        return FileResponse(record["path"], media_type="application/jsonl", filename=record["filename"])
 
     async def _own_file(self, file_id: str, owner: str) -> dict:
         record = await self.store.get_file(file_id)
@@ -94,10 +97,8 @@ class BatchDoor:
 
     # ---- batches --------------------------------------------------------------------------------
 
-    async def create_batch(self, request: Request) -> Response:
-        return await self._guarded(request, self._create)
-
-    async def _create(self, request: Request, owner: str) -> Response:
+    @endpoint
+    async def create_batch(self, request: Request, owner: str) -> Response:
         try:
             body = json.loads(await request.body())
         except ValueError:
@@ -134,25 +135,22 @@ class BatchDoor:
                                       bool(body.get("warm_cache")), owner)
         return JSONResponse(public_view(job))
 
-    async def batch(self, request: Request) -> Response:
-        async def handler(request: Request, owner: str) -> Response:
-            return JSONResponse(public_view(await self._own_job(request.path_params["batch_id"], owner)))
-        return await self._guarded(request, handler)
+    @endpoint
+    async def batch(self, request: Request, owner: str) -> Response:
+        return JSONResponse(public_view(await self._own_job(request.path_params["batch_id"], owner)))
 
-    async def cancel_batch(self, request: Request) -> Response:
-        async def handler(request: Request, owner: str) -> Response:
-            job = await self._own_job(request.path_params["batch_id"], owner)
-            return JSONResponse(public_view(await self.store.request_cancel(job["id"])))
-        return await self._guarded(request, handler)
+    @endpoint
+    async def cancel_batch(self, request: Request, owner: str) -> Response:
+        job = await self._own_job(request.path_params["batch_id"], owner)
+        return JSONResponse(public_view(await self.store.request_cancel(job["id"])))
 
-    async def list_batches(self, request: Request) -> Response:
-        async def handler(request: Request, owner: str) -> Response:
-            limit = min(max(int(request.query_params.get("limit", 20)), 1), 100)
-            jobs = [j for j in await self.store.list(limit + 1, request.query_params.get("after"), owner)]
-            data = [public_view(j) for j in jobs[:limit]]
-            return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                                 "last_id": data[-1]["id"] if data else None, "has_more": len(jobs) > limit})
-        return await self._guarded(request, handler)
+    @endpoint
+    async def list_batches(self, request: Request, owner: str) -> Response:
+        limit = min(max(int(request.query_params.get("limit", 20)), 1), 100)
+        jobs = await self.store.list(limit + 1, request.query_params.get("after"), owner)
+        data = [public_view(j) for j in jobs[:limit]]
+        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None, "has_more": len(jobs) > limit})
 
     async def _own_job(self, job_id: str, owner: str) -> dict:
         job = await self.store.get(job_id)

@@ -26,6 +26,8 @@ class BatchLine:
     custom_id: str
     url: str
     body: dict
+    command: Generate  # the request, as the HTTP door makes it from `body`
+    options: oa.Options
 
     @property
     def chat(self) -> bool:
@@ -84,18 +86,14 @@ class Checker:
         if body.get("stream"):
             return BadLine(number, "`body.stream` must be false or absent in a batch", custom_id)
         try:
-            self.parse(BatchLine(number, custom_id, url, body))
+            command, options = oa.parse(body, URLS[url], self.protocol, self.default_max_tokens, f"b{number}")
         except ProtocolError as err:
             where = f"body.{err.field}: " if err.field else ""
             return BadLine(number, f"{where}{err.message} ({err.code})", custom_id)
         if custom_id in self.seen:
             return BadLine(number, f"`custom_id` {custom_id!r} appears on an earlier line", custom_id)
         self.seen.add(custom_id)
-        return BatchLine(number, custom_id, url, body)
-
-    def parse(self, line: BatchLine) -> tuple[Generate, oa.Options]:
-        """The line's request, as the HTTP door would make it."""
-        return oa.parse(line.body, line.chat, self.protocol, self.default_max_tokens, f"b{line.number}")
+        return BatchLine(number, custom_id, url, body, command, options)
 
 
 def check_all(lines: Iterable[str | bytes], checker: Checker) -> Iterator[BatchLine | BadLine]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -248,7 +249,7 @@ class BatchRunner:
                             stopping = await self._should_stop(run, lost)
                         if stopping:
                             break
-                        run.pending[number] = asyncio.ensure_future(self._line(run, result, checker, known.get(number)))
+                        run.pending[number] = asyncio.ensure_future(self._line(run, result, known.get(number)))
                     await self._harvest(run)
             while run.pending and not stopping:
                 await self._wait_some(run)
@@ -295,26 +296,20 @@ class BatchRunner:
         """Take finished lines into the buffer; write what is next in order (all of it, in order,
         when stopping: lines that never ran leave gaps)."""
         for number, task in list(run.pending.items()):
-            if task.done():
-                del run.pending[number]
-                if not task.cancelled() and task.exception() is None:
-                    run.done[number] = task.result()
-                elif task.exception() is not None:
-                    log.error("event=batch_line_crashed job=%s line=%d error=%r", run.id, number, task.exception())
+            if not task.done():
+                continue
+            del run.pending[number]
+            if not task.cancelled():
+                run.done[number] = task.result()  # _line turns every failure into a failed line
         if not force and time.monotonic() - run.flushed_at < FLUSH_EVERY_S and len(run.done) < 64:
             return
+        if skip_gaps:
+            ready = sorted(run.done)
+        else:
+            ready = list(itertools.takewhile(run.done.__contains__, itertools.count(run.written + 1)))
         out: list[bytes] = []
         numbers: list[int] = []
-        order = sorted(run.done) if skip_gaps else []
-        while True:
-            if skip_gaps:
-                if not order:
-                    break
-                number = order.pop(0)
-            elif run.written + 1 in run.done:
-                number = run.written + 1
-            else:
-                break
+        for number in ready:
             result = run.done.pop(number)
             run.written = number
             if result is BLANK:
@@ -326,7 +321,7 @@ class BatchRunner:
             run.output_tokens += result.output_tokens
             metrics.BATCH_LINES.labels(self.settings.model_name, result.kind).inc()
         run.flushed_at = time.monotonic()
-        if not out and not numbers and not force:
+        if not ready and not force:
             return
         if out:
             run.output.write(b"".join(out))
@@ -348,11 +343,11 @@ class BatchRunner:
 
     # ---- one line -------------------------------------------------------------------------------------
 
-    async def _line(self, run: JobRun, line: BatchLine, checker: Checker, known_rid: str | None) -> LineResult:
+    async def _line(self, run: JobRun, line: BatchLine, known_rid: str | None) -> LineResult:
         delay = 0.5
         while True:
             try:
-                return await self._line_once(run, line, checker, known_rid)
+                return await self._line_once(run, line, known_rid)
             except (aioredis.RedisError, OSError) as exc:
                 # Redis away (a restart): the line is tried again once it answers. If its request
                 # was already queued, it may run twice; its line is still written once.
@@ -364,8 +359,8 @@ class BatchRunner:
                 return request_failed(run.id, line, None, "internal_error",
                                       f"the gateway failed on this line: {exc!r}")
 
-    async def _line_once(self, run: JobRun, line: BatchLine, checker: Checker, known_rid: str | None) -> LineResult:
-        cmd, opts = checker.parse(line)
+    async def _line_once(self, run: JobRun, line: BatchLine, known_rid: str | None) -> LineResult:
+        cmd, opts = line.command, line.options
         key = dedup_key(run.id, line)
         if key is not None:
             first = self._answers.get(key)

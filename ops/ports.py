@@ -17,6 +17,13 @@ class PortInUse(CannotListen):
     """Another process listens on HOST:PORT."""
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for fleets started on one machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def ensure_free(host: str, port: int, setting: str = "BRIGADE_GATEWAY_PORT") -> None:
     """Raise PortInUse (or CannotListen) unless every address HOST resolves to can be bound at PORT.
 

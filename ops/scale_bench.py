@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,15 +21,10 @@ from pathlib import Path
 
 from ops.bench_serve import LoadConfig
 from ops.bench_serve import run as run_load
+from ops.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_sizes(text: str) -> list[int]:

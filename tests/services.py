@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from ops.ports import free_port  # noqa: F401  (the tests take it from here)
+
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
     "run `make test` (it installs it) or `sudo apt-get install -y redis-server`"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):

@@ -54,6 +54,25 @@ class Stack:
     def job(self, job_id: str) -> dict:
         return httpx.get(f"{self.url}/v1/batches/{job_id}", timeout=10).json()
 
+    def submit(self, source: Path) -> str:
+        submitted = self.batch("submit", str(source))
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip()
+
+    def wait_end(self, job_id: str, what: str, timeout: float = 240) -> dict:
+        def ended():
+            try:
+                job = self.job(job_id)
+            except (httpx.HTTPError, ValueError):
+                return None  # the gateway may answer 503 while it reconnects or restarts
+            return job if job.get("status") in ("completed", "failed", "cancelled", "expired") else None
+        return wait_until(ended, timeout, interval=0.5, what=what)
+
+    def results(self, job_id: str, out: Path) -> list[dict]:
+        done = self.batch("results", job_id, "--output", str(out))
+        assert done.returncode == 0, done.stderr
+        return read_output(out)
+
     def tails(self) -> str:
         return "\n".join(f"--- {p.log_path.name}\n{p.tail()}" for p in [self.gateway, *self.workers.values()])
 
@@ -198,16 +217,13 @@ def test_the_checker_gives_every_bad_line_a_reason():
 def test_cancel_stops_a_running_job_and_keeps_what_it_finished(stack, tmp_path):
     requests = [line(i, max_tokens=48) for i in range(60)]
     source = write_lines(tmp_path / "long.jsonl", requests)
-    submitted = stack.batch("submit", str(source))
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip()
+    job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
     cancelled = stack.batch("cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr
-    job = wait_until(lambda: (j := stack.job(job_id))["status"] == "cancelled" and j, 60, what="the cancel")
-    out = tmp_path / "cancelled.jsonl"
-    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
-    results = read_output(out)
+    job = stack.wait_end(job_id, "the cancel", 60)
+    assert job["status"] == "cancelled", job
+    results = stack.results(job_id, tmp_path / "cancelled.jsonl")
     assert 3 <= len(results) < 60
     numbers = [int(r["custom_id"].split("-")[1]) for r in results]
     assert numbers == sorted(set(numbers))  # in input order, each once
@@ -221,20 +237,16 @@ def test_cancel_stops_a_running_job_and_keeps_what_it_finished(stack, tmp_path):
 def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
     requests = [line(i, max_tokens=24) for i in range(30)]
     source = write_lines(tmp_path / "kill.jsonl", requests)
-    submitted = stack.batch("submit", str(source))
-    job_id = submitted.stdout.strip()
+    job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
     busy = max(worker_statuses(stack.redis.client), key=lambda s: s["running"])
     os.kill(busy["pid"], signal.SIGKILL)
     name = busy["worker"]
     stack.workers[name].proc.wait(10)
-    job = wait_until(lambda: (j := stack.job(job_id))["status"] in ("completed", "failed") and j, 240,
-                     what="the job to end")
+    job = stack.wait_end(job_id, "the job to end")
     stack.workers[name] = BrigadeProcess("worker", stack.env, stack.logs / f"{name}-2.log", ["--name", name])
     assert job["status"] == "completed" and job["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
-    out = tmp_path / "kill.out.jsonl"
-    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
-    results = read_output(out)
+    results = stack.results(job_id, tmp_path / "kill.out.jsonl")
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert all(r["response"]["status_code"] == 200 for r in results)
     wait_until(lambda: len(worker_statuses(stack.redis.client)) == 2, 180, what="the replacement worker")
@@ -243,8 +255,7 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
 def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_written_once(stack, tmp_path):
     requests = [line(i, max_tokens=20) for i in range(30)]
     source = write_lines(tmp_path / "gw.jsonl", requests)
-    submitted = stack.batch("submit", str(source))
-    job_id = submitted.stdout.strip()
+    job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
     os.kill(stack.gateway.proc.pid, signal.SIGKILL)
     stack.gateway.proc.wait(10)
@@ -253,12 +264,9 @@ def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_wri
     # A CLI started now reports the same job, and the new gateway finishes it.
     shown = stack.batch("status", job_id)
     assert job_id in shown.stdout, shown.stdout + shown.stderr
-    job = wait_until(lambda: (j := stack.job(job_id))["status"] in ("completed", "failed") and j, 240,
-                     what="the job to end on the new gateway")
+    job = stack.wait_end(job_id, "the job to end on the new gateway")
     assert job["status"] == "completed" and job["request_counts"]["completed"] == 30, job
-    out = tmp_path / "gw.out.jsonl"
-    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
-    results = read_output(out)
+    results = stack.results(job_id, tmp_path / "gw.out.jsonl")
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert "event=batch_job_taken job=" + job_id in stack.gateway.log_path.read_text()
 
@@ -266,24 +274,13 @@ def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_wri
 def test_a_redis_restart_mid_job_with_the_append_only_file_loses_nothing(stack, tmp_path):
     requests = [line(i, max_tokens=16, chat=False) for i in range(30)]
     source = write_lines(tmp_path / "redis.jsonl", requests)
-    submitted = stack.batch("submit", str(source))
-    job_id = submitted.stdout.strip()
+    job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
     stack.redis.stop()
     stack.redis.start()
-
-    def ended():
-        try:
-            job = stack.job(job_id)
-        except (httpx.HTTPError, ValueError):
-            return None  # the gateway may answer 503 while it reconnects
-        return job if job.get("status") in ("completed", "failed") else None
-
-    job = wait_until(ended, 240, interval=0.5, what="the job to end after the restart")
+    job = stack.wait_end(job_id, "the job to end after the restart")
     assert job["status"] == "completed" and job["request_counts"]["completed"] == 30, job
-    out = tmp_path / "redis.out.jsonl"
-    assert stack.batch("results", job_id, "--output", str(out)).returncode == 0
-    results = read_output(out)
+    results = stack.results(job_id, tmp_path / "redis.out.jsonl")
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert all(r["response"]["status_code"] == 200 for r in results)
 

@@ -3,6 +3,7 @@ the replay log by reading only what the client lacks, not the whole log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import redis.asyncio as aioredis
 
@@ -29,6 +30,19 @@ def log_tokens(client, rid: str, start: int, stop: int) -> None:
     pipe.execute()
 
 
+@contextlib.asynccontextmanager
+async def intake_on(url: str):
+    """A reply intake over a real Redis, with an empty router; yields it and its deliveries."""
+    delivered = []
+    aio = aioredis.Redis.from_url(url)
+    intake = ReplyIntake(Settings(redis_url=url), ReplyRouter(), aio, "reply", delivered.append, asyncio.ensure_future)
+    try:
+        yield intake, delivered
+    finally:
+        await intake.close()
+        await aio.aclose()
+
+
 def commands(client) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()
             if not k.startswith(("cmdstat_info", "cmdstat_config", "cmdstat_hello", "cmdstat_client"))}  # (connection set-up)
@@ -40,23 +54,16 @@ def test_a_gap_reads_back_from_the_newest_entry_only_to_what_the_client_has(redi
     log_tokens(client, rid, 0, 2000)
 
     async def main():
-        delivered = []
-        router = ReplyRouter()
-        aio = aioredis.Redis.from_url(redis_server.url)
-        intake = ReplyIntake(Settings(redis_url=redis_server.url), router, aio, "reply", delivered.append,
-                             asyncio.ensure_future)
-        route = Route(rid, "c", Collect(), next_index=1990, keep_text=False)
-        router.add(route)
-        client.config_resetstat()
-        await intake.catch_up([rid])
-        first = commands(client)
-        # More tokens, another gap: read from where the last catch-up left off.
-        log_tokens(client, rid, 2000, 2010)
-        client.config_resetstat()
-        await intake.catch_up([rid])
-        second = commands(client)
-        await intake.close()
-        await aio.aclose()
+        async with intake_on(redis_server.url) as (intake, delivered):
+            intake.router.add(Route(rid, "c", Collect(), next_index=1990, keep_text=False))
+            client.config_resetstat()
+            await intake.catch_up([rid])
+            first = commands(client)
+            # More tokens, another gap: read from where the last catch-up left off.
+            log_tokens(client, rid, 2000, 2010)
+            client.config_resetstat()
+            await intake.catch_up([rid])
+            second = commands(client)
         return [d.event["index"] for d in delivered], first, second
 
     indexes, first, second = asyncio.run(main())
@@ -72,16 +79,10 @@ def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_serve
     log_tokens(client, rid, 0, 300)
 
     async def main():
-        delivered = []
-        router = ReplyRouter()
-        aio = aioredis.Redis.from_url(redis_server.url)
-        intake = ReplyIntake(Settings(redis_url=redis_server.url), router, aio, "reply", delivered.append,
-                             asyncio.ensure_future)
-        route = Route(rid, "c", Collect(), next_index=100, keep_text=True, chunks=[f"t{i} " for i in range(100)])
-        router.add(route)
-        await intake.catch_up([rid])
-        await intake.close()
-        await aio.aclose()
+        async with intake_on(redis_server.url) as (intake, delivered):
+            route = Route(rid, "c", Collect(), next_index=100, keep_text=True, chunks=[f"t{i} " for i in range(100)])
+            intake.router.add(route)
+            await intake.catch_up([rid])
         return [d.event["index"] for d in delivered], route.text
 
     indexes, text = asyncio.run(main())

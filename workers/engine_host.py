@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 import redis
@@ -297,17 +298,17 @@ class EngineHost:
         self._publish(events, ended)
 
     def _record(self, step: list[tuple[InFlight, SequenceUpdate, ReplyEvent | None]]) -> None:
-        """One engine step's facts into the metrics (engine thread, outside the host's lock)."""
+        """One engine step's facts into the metrics and the request log (engine thread, outside
+        the host's lock): counters are added once per step, not once per token."""
         m = self.metrics
         now, wall = time.monotonic(), time.time()
-        tokens = 0
+        tokens: Counter[str] = Counter()  # by lane
         for entry, u, done in step:
             # Batch lines' latencies (minutes behind interactive work, by design) would drown the
             # interactive lane's in the histograms: they are counted by lane only.
             interactive = entry.queued.lane == "interactive"
             if u.index is not None:
-                tokens += 1
-                m.lane_tokens[entry.queued.lane].inc()
+                tokens[entry.queued.lane] += 1
                 if entry.last_token_at is None:  # its first token here: this worker prefilled the prompt
                     m.prompt_tokens.inc(u.prompt_tokens)
                     if u.index == 0 and interactive:  # the request's first token at all
@@ -320,15 +321,17 @@ class EngineHost:
                 # A continued request's broker wait would include its earlier run: count only its
                 # wait on this engine.
                 queue_s = (u.timing or {}).get("queue_s") if entry.continued else done.timing.get("queue_s")
-                m.finished(u.finish_reason, done.timing if interactive else {}, queue_s if interactive else None)
+                m.finished(u.finish_reason, done.timing, queue_s, latencies=interactive)
                 usage, t = done.usage or {}, done.timing or {}
                 log.info("event=request_done request_id=%s lane=%s finish_reason=%s prompt_tokens=%s "
                          "completion_tokens=%s queue_s=%s ttft_s=%s e2e_s=%s continued=%s", u.request_id,
                          entry.queued.lane, done.finish_reason, usage.get("prompt_tokens"),
                          usage.get("completion_tokens"), t.get("queue_s"), t.get("ttft_s"), t.get("e2e_s"),
                          entry.continued)
+        for lane, n in tokens.items():
+            m.lane_tokens[lane].inc(n)
         if tokens:
-            m.generation_tokens.inc(tokens)
+            m.generation_tokens.inc(sum(tokens.values()))
 
     def _publish(self, events: list, ended: list[InFlight]) -> None:
         """Publish (or retry what waits); a request's task returns only once its last event is out."""

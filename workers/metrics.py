@@ -167,10 +167,11 @@ class WorkerMetrics:
         if not is_prefill:
             self.batch_size.observe(sequences)
 
-    def finished(self, reason: str, timing: dict, queue_s: float | None) -> None:
-        """A done event: counted by reason; latencies only for answers that ran to their end."""
+    def finished(self, reason: str, timing: dict, queue_s: float | None, latencies: bool = True) -> None:
+        """A done event: counted by reason; latencies only for answers that ran to their end (and
+        not for batch lines: `latencies` False)."""
         REQUEST_SUCCESS.labels(self.model, reason).inc()
-        if reason not in self.FULL_RUN:
+        if reason not in self.FULL_RUN or not latencies:
             return
         for histogram, value in ((self.e2e, timing.get("e2e_s")), (self.tpot, timing.get("tpot_s")),
                                  (self.queue_time, queue_s), (self.prefill_time, timing.get("prefill_s"))):
