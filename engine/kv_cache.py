@@ -1,16 +1,16 @@
-"""KV-cache memory: one row (a slot) per running sequence, bounded by a budget in tokens.
+"""KV-cache memory: one contiguous tensor per sequence, charged to one budget in tokens.
 
-Layout, per layer: keys and values of shape [rows, kv_heads, capacity, head_dim]. A running
-sequence owns one row; its token at position p lives at column p. Decode then reads plain
-views (`[:rows, :, :length]`) with no gather or copy per step, which matters on a CPU where
-decode is bound by memory bandwidth. The price is padding: the tensor is a rectangle of
-rows x capacity, and the budget is charged for the whole rectangle, not for the sum of the
-sequences' own lengths. The rectangle is resized only when a sequence is admitted (growth) or
-when admission would not fit (shrink to the tightest rectangle), never during a decode step.
+Layout of a sequence's cache: [layers, kv_heads, capacity, 2 x head_dim], a position's key and
+value side by side (one copy writes both). Its token at position p lives at column p, so attention
+reads plain views (`[layer, :, :length, :head_dim]` and `[..., head_dim:]`), with no gather or
+copy per step. On a CPU decode is bound by memory bandwidth, and a paged layout
+(vLLM's blocks) would copy every sequence's keys into one tensor per layer per step: as many bytes
+again as the attention reads. The price of contiguity is a copy when a sequence outgrows its
+capacity (every CAPACITY_STEP positions, amortised to a few bytes per token).
 
-The object also stands in for a transformers `Cache` during a forward pass: attention layers
-call `update(keys, values, layer_idx)`, and the plan set by `plan_prefill` / `plan_decode`
-says where the new keys go.
+The budget is charged for what each sequence holds now (its capacity), not for the most it may
+ever need, and not for a padded rectangle of rows: a request with a long prompt costs its own
+tokens and nobody else's. The prefix cache (engine/prefix_cache.py) draws on the same budget.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-# Capacity grows in steps of this many positions, so admissions rarely reallocate.
+# A sequence's capacity grows in steps of this many positions.
 CAPACITY_STEP = 128
 
 
-def _round_up(n: int, step: int) -> int:
+def round_up(n: int, step: int = CAPACITY_STEP) -> int:
     return -(-n // step) * step
 
 
@@ -32,6 +32,7 @@ class KVShape:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    device: torch.device = torch.device("cpu")
 
     @property
     def bytes_per_token(self) -> int:
@@ -39,104 +40,60 @@ class KVShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
 
 
-class SlotKVCache:
-    def __init__(self, shape: KVShape, budget_tokens: int, max_slots: int):
-        self.shape = shape
-        self.budget_tokens = budget_tokens
-        self.max_slots = max_slots
-        self.rows = 0
-        self.capacity = 0
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        # slot -> the positions its sequence may ever need
-        self.reserved: dict[int, int] = {}
-        # (mode, rows, positions, length) for the next forward pass
-        self._plan: tuple[str, torch.Tensor, torch.Tensor | None, int] | None = None
+class KVMemory:
+    """The budget in tokens and what is held of it. Taking never blocks: it fails, and the
+    scheduler decides what gives way (prefix-cache blocks first, then a preemption)."""
 
-    # ---- accounting -------------------------------------------------------------------------
+    def __init__(self, budget_tokens: int):
+        self.budget_tokens = budget_tokens
+        self.used_tokens = 0
 
     @property
-    def used_tokens(self) -> int:
-        """Tokens of KV memory held now (the rectangle)."""
-        return self.rows * self.capacity
+    def free_tokens(self) -> int:
+        return self.budget_tokens - self.used_tokens
 
     def can_ever_fit(self, need: int) -> bool:
-        return _round_up(need, CAPACITY_STEP) <= self.budget_tokens
+        return round_up(need) <= self.budget_tokens
 
-    def _tight(self, slots: dict[int, int]) -> tuple[int, int]:
-        if not slots:
-            return 0, 0
-        return max(slots) + 1, _round_up(max(slots.values()), CAPACITY_STEP)
+    def take(self, tokens: int) -> bool:
+        if tokens > self.free_tokens:
+            return False
+        self.used_tokens += tokens
+        return True
 
-    def allocate(self, need: int) -> int | None:
-        """Reserve a slot for a sequence that may need `need` positions; None if it must wait."""
-        free = [s for s in range(self.max_slots) if s not in self.reserved]
-        if not free:
-            return None
-        slot = free[0]
-        wanted = dict(self.reserved)
-        wanted[slot] = need
-        # Grow the current rectangle if that fits; otherwise try the tightest one.
-        rows = max(self.rows, slot + 1)
-        capacity = max(self.capacity, _round_up(need, CAPACITY_STEP))
-        if rows * capacity > self.budget_tokens:
-            rows, capacity = self._tight(wanted)
-            if rows * capacity > self.budget_tokens:
-                return None
-        self.reserved[slot] = need
-        self._resize(rows, capacity)
-        return slot
+    def give(self, tokens: int) -> None:
+        self.used_tokens -= tokens
+        assert self.used_tokens >= 0, "KV memory given back twice"
 
-    def free(self, slot: int) -> None:
-        self.reserved.pop(slot, None)
-        if not self.reserved:
-            self._resize(0, 0)  # idle: give the memory back
 
-    def _resize(self, rows: int, capacity: int) -> None:
-        if (rows, capacity) == (self.rows, self.capacity):
-            return
-        shape = self.shape
-        new_keys, new_values = [], []
-        keep_r, keep_c = min(rows, self.rows), min(capacity, self.capacity)
-        for layer in range(shape.layers if rows and capacity else 0):
-            k = torch.zeros(rows, shape.kv_heads, capacity, shape.head_dim, dtype=shape.dtype)
-            v = torch.zeros_like(k)
-            if keep_r and keep_c:
-                k[:keep_r, :, :keep_c] = self.keys[layer][:keep_r, :, :keep_c]
-                v[:keep_r, :, :keep_c] = self.values[layer][:keep_r, :, :keep_c]
-            new_keys.append(k)
-            new_values.append(v)
-        self.keys, self.values = new_keys, new_values
-        self.rows, self.capacity = rows, capacity
+class SequenceKV:
+    """One sequence's keys and values (see the module docstring for the layout)."""
 
-    # ---- the forward-pass plan ----------------------------------------------------------------
+    def __init__(self, shape: KVShape, capacity: int):
+        self.shape = shape
+        self.data = self._empty(capacity)
 
-    def plan_prefill(self, slots: list[int], length: int) -> None:
-        """Next forward writes `length` positions (from 0) of each row into these slots."""
-        self._plan = ("prefill", torch.tensor(slots, dtype=torch.long), None, length)
-
-    def plan_decode(self, rows: int, positions: list[int], view_length: int) -> None:
-        """Next forward writes one position per row 0..rows-1 and attends over `view_length`."""
-        self._plan = ("decode", torch.arange(rows), torch.tensor(positions, dtype=torch.long), view_length)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        assert self._plan is not None, "forward pass without a KV plan"
-        mode, rows, positions, length = self._plan
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if mode == "prefill":
-            keys[rows, :, :length] = key_states
-            values[rows, :, :length] = value_states
-            # A fresh prefill attends only to its own tokens.
-            return key_states, value_states
-        keys[rows, :, positions] = key_states[:, :, 0]
-        values[rows, :, positions] = value_states[:, :, 0]
-        n = rows.shape[0]
-        return keys[:n, :, :length], values[:n, :, :length]
-
-    # transformers asks a few questions of its cache; these answer them for a 4D-mask forward.
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
+    def _empty(self, capacity: int) -> torch.Tensor:
+        s = self.shape
+        return torch.empty(s.layers, s.kv_heads, capacity, 2 * s.head_dim, dtype=s.dtype, device=s.device)
 
     @property
-    def is_compileable(self) -> bool:
-        return False
+    def capacity(self) -> int:
+        return self.data.shape[2]
+
+    def resize(self, capacity: int, keep: int) -> None:
+        """Grow (or shrink) to `capacity` positions, keeping the first `keep`."""
+        new = self._empty(capacity)
+        if keep:
+            new[:, :, :keep] = self.data[:, :, :keep]
+        self.data = new
+
+    def write(self, layer: int, start: int, keys_values: torch.Tensor) -> None:
+        """Store [kv_heads, n, 2 x head_dim] keys and values at positions start .. start+n-1."""
+        self.data[layer, :, start:start + keys_values.shape[1]] = keys_values
+
+    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions 0 .. length-1: [kv_heads, length, head_dim] views."""
+        both = self.data[layer, :, :length]
+        d = self.shape.head_dim
+        return both[..., :d], both[..., d:]

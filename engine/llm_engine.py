@@ -1,8 +1,9 @@
 """The engine: requests in, token updates out, one forward pass per step.
 
-    seqs, is_prefill = scheduler.schedule()
-    tokens = sample(runner.prefill(seqs) if is_prefill else runner.decode(seqs), seqs)
-    updates = self._postprocess(seqs, tokens)
+    chunks = scheduler.schedule()          # decode tokens and prefill chunks, packed
+    logits = runner.forward(chunks)        # one pass; logits of the chunks that end a context
+    tokens = sample(logits, sampled)
+    updates = self._postprocess(sampled, tokens)
 
 `add_request` and `cancel` may be called from any thread; `step` and `run` belong to one thread.
 """
@@ -19,9 +20,11 @@ from typing import Callable
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import KVShape, SlotKVCache
+from engine.kv_cache import KVMemory, KVShape
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
+from engine.placement import Placement, resolve
+from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FinishReason, SamplingParams, Sequence
@@ -33,11 +36,16 @@ IDLE_POLL_S = 0.5  # an idle engine thread wakes this often (to notice its stop 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    max_batch: int = 16
+    max_batch: int = 64
     max_wait_ms: float = 10.0
     kv_budget_tokens: int = 32_768
     kv_budget_bytes: int | None = None  # when set, wins over kv_budget_tokens
-    max_prefill_tokens: int = 4096
+    max_prefill_tokens: int = 4096  # tokens in one pass while nothing decodes
+    prefill_chunk_tokens: int = 64  # prompt tokens in one pass beside decoding streams
+    prefix_cache: bool = True
+    device: str = "auto"  # engine/placement.py
+    dtype: str = "auto"
+    fast_max_tokens: int = 64  # mixed precision: passes up to this many tokens use the bf16 copy
     torch_threads: int = 0  # 0: leave torch's default
 
 
@@ -104,26 +112,31 @@ class SerializedTokenizer:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: EngineConfig):
+    def __init__(self, model, tokenizer, config: EngineConfig, placement: Placement | None = None):
         self.model = model.eval()
         self.tokenizer = SerializedTokenizer(tokenizer)
         self.config = config
+        self.placement = placement or resolve(config.device, config.dtype)
         mc = model.config
         head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         self.kv_shape = KVShape(
             layers=mc.num_hidden_layers,
             kv_heads=getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads,
             head_dim=head_dim,
-            dtype=next(model.parameters()).dtype,
+            dtype=self.placement.kv_dtype,
+            device=self.placement.device,
         )
         budget = config.kv_budget_tokens
         if config.kv_budget_bytes:
             budget = config.kv_budget_bytes // self.kv_shape.bytes_per_token
-        self.kv = SlotKVCache(self.kv_shape, budget_tokens=budget, max_slots=config.max_batch)
+        self.kv = KVMemory(budget)
+        self.prefix = PrefixCache(self.kv, enabled=config.prefix_cache)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_batch, config.max_wait_ms, config.max_prefill_tokens), self.kv
+            SchedulerConfig(config.max_batch, config.max_wait_ms, config.max_prefill_tokens,
+                            config.prefill_chunk_tokens),
+            self.kv, self.prefix, self.kv_shape,
         )
-        self.runner = ModelRunner(model, self.kv)
+        self.runner = ModelRunner(model, self.placement, config.fast_max_tokens)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.sequences: dict[str, Sequence] = {}
@@ -151,12 +164,15 @@ class Engine:
         hf_logging.disable_progress_bar()
         if config.torch_threads > 0:
             torch.set_num_threads(config.torch_threads)
+        placement = resolve(config.device, config.dtype)
         path = Path(config.model)
         started = time.monotonic()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-        log.info("event=model_loaded path=%s seconds=%.1f", path, time.monotonic() - started)
-        return cls(model, tokenizer, config)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=placement.load_dtype, attn_implementation="sdpa")
+        model.to(placement.device)
+        log.info("event=model_loaded path=%s device=%s dtype=%s seconds=%.1f", path, placement.device,
+                 placement.dtype, time.monotonic() - started)
+        return cls(model, tokenizer, config, placement)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -226,18 +242,21 @@ class Engine:
 
     def step(self) -> list[SequenceUpdate]:
         updates = self._take_inbox()
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
+        chunks = self.scheduler.schedule()
+        if not chunks:
             return updates
+        prefill = any(c.length > 1 for c in chunks)
         if self.on_step is not None:
-            self.on_step(len(seqs), is_prefill)
+            self.on_step(len(chunks), prefill)
         try:
-            logits = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
-            tokens = sample(logits, seqs)
+            logits = self.runner.forward(chunks)
+            self.scheduler.computed(chunks)
+            sampled = [c.seq for c in chunks if c.samples]
+            tokens = sample(logits, sampled)
         except Exception:
-            log.exception("event=step_failed batch=%d prefill=%s", len(seqs), is_prefill)
-            return updates + [self._finish(s, FinishReason.ERROR) for s in seqs]
-        return updates + self._postprocess(seqs, tokens)
+            log.exception("event=step_failed chunks=%d prefill=%s", len(chunks), prefill)
+            return updates + [self._finish(c.seq, FinishReason.ERROR) for c in chunks]
+        return updates + self._postprocess(sampled, tokens)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -270,6 +289,9 @@ class Engine:
             "waiting": len(self.scheduler.waiting) + len(self._inbox),
             "kv_used_tokens": self.kv.used_tokens,
             "kv_budget_tokens": self.kv.budget_tokens,
+            "prefix_cached_tokens": self.prefix.cached_tokens,
+            "prefix_query_tokens": self.prefix.query_tokens,
+            "prefix_hit_tokens": self.prefix.hit_tokens,
             "tokens_generated": self.tokens_generated,
             "preemptions": self.scheduler.preemptions,
         }

@@ -1,60 +1,185 @@
-"""Tensors in, logits out: one batched forward pass of the model over the slot KV cache.
+"""Tokens in, logits out: one forward pass over a step's chunks, packed into one row of tokens.
 
-Works with any transformers causal LM whose attention layers take a `cache=` object with an
-`update()` method and accept a prepared 4D attention mask (Llama, Mistral, Qwen2, SmolLM, ...).
+A step carries chunks: a decoding sequence's one new token, a slice of a long prompt (chunked
+prefill), a whole short prompt. Their tokens are packed into one [tokens, hidden] batch, so every
+linear layer runs once per step over all of them, with no padding; only attention is done per
+chunk, each over its own sequence's contiguous cache (engine/kv_cache.py). This is nano-vllm's
+packed ("varlen") layout, with a loop of SDPA calls standing in for a varlen attention kernel.
+
+The forward is written here, over the model's own weights and rotary embedding, so it serves any
+Llama-shaped transformers causal LM (Llama, Mistral, Qwen2, SmolLM) with few operations per layer:
+a step at batch 1 is a few milliseconds of Python per layer on top of the matrix products. In
+`mixed` precision (engine/placement.py) a pass of at most `fast_max_tokens` tokens uses the bf16
+copy of the weights, a longer one the fp32 copy.
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from engine.kv_cache import SlotKVCache
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from engine.placement import Placement
 from engine.sequence import Sequence
 
 
+@dataclass
+class Chunk:
+    """Positions start .. start+length-1 of a sequence's context, computed in this step."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the context, so its last logits give a token."""
+        return self.start + self.length == self.seq.num_tokens
+
+
+@dataclass
+class Layer:
+    """One decoder layer's tensors, with the projections that read the same input fused:
+    q, k and v into one matrix, gate and up into another (fewer, larger matrix products)."""
+
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class Weights:
+    """One copy of the model's weights, in one precision, as the forward reads them."""
+
+    def __init__(self, model, dtype: torch.dtype):
+        body = model.base_model
+        config = model.config
+        cast = lambda t: t.detach().to(dtype)  # noqa: E731 (a no-op when dtype is the model's)
+        self.dtype = dtype
+        self.embed = cast(body.embed_tokens.weight)
+        self.head = cast(model.get_output_embeddings().weight)
+        self.norm = cast(body.norm.weight)
+        self.eps = config.rms_norm_eps
+        self.rotary = body.rotary_emb
+        self.act = ACT2FN[config.hidden_act]
+        attn = body.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.group = self.heads // self.kv_heads
+        self.scale = attn.scaling
+        self.layers = []
+        for layer in body.layers:
+            a, m = layer.self_attn, layer.mlp
+            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            qkv_parts = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+            gate_up_parts = [m.gate_proj.weight, m.up_proj.weight]
+            self.layers.append(Layer(
+                attn_norm=cast(layer.input_layernorm.weight),
+                qkv=cast(torch.cat(qkv_parts)),
+                qkv_bias=cast(torch.cat(biases)) if biases[0] is not None else None,
+                o=cast(a.o_proj.weight),
+                mlp_norm=cast(layer.post_attention_layernorm.weight),
+                gate_up=cast(torch.cat(gate_up_parts)),
+                down=cast(m.down_proj.weight),
+            ))
+            if dtype == model.dtype:  # same precision: the model's own weights become views of the fused ones
+                _share(qkv_parts, self.layers[-1].qkv)
+                _share(gate_up_parts, self.layers[-1].gate_up)
+
+
 class ModelRunner:
-    def __init__(self, model, kv: SlotKVCache):
-        self.model = model
-        self.kv = kv
-        self.body = model.base_model
-        self.head = model.get_output_embeddings()
+    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64):
+        self.placement = placement
+        self.exact = Weights(model, placement.weights_dtype)
+        self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
+        self.fast_max_tokens = fast_max_tokens
+        self.device = placement.device
+
+    def weights_for(self, tokens: int) -> Weights:
+        if self.fast is not None and tokens <= self.fast_max_tokens:
+            return self.fast
+        return self.exact
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Run each sequence's whole context (prompt + any resumed tokens); logits of its last one."""
-        contexts = [s.all_ids for s in seqs]
-        lengths = torch.tensor([len(c) for c in contexts])
-        width = int(lengths.max())
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, c in enumerate(contexts):
-            ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-        positions = torch.arange(width).expand(len(seqs), width)
-        # Right padding: row i attends causally within its own first lengths[i] tokens.
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        valid_key = positions < lengths[:, None]
-        mask = (causal[None] & valid_key[:, None, :])[:, None]
-        self.kv.plan_prefill([s.slot for s in seqs], width)
-        hidden = self.body(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.kv, use_cache=True
-        ).last_hidden_state
-        last = hidden[torch.arange(len(seqs)), lengths - 1]
-        return self.head(last).float()
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """Compute every chunk; float32 logits [chunks that sample, vocab], in chunk order."""
+        ids: list[int] = []
+        positions: list[int] = []
+        for c in chunks:
+            ids.extend(c.seq.all_ids[c.start:c.start + c.length])
+            positions.extend(range(c.start, c.start + c.length))
+        w = self.weights_for(len(ids))
+        dev = self.device
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        hidden = F.embedding(torch.tensor(ids, dtype=torch.long, device=dev), w.embed)  # [T, H]
+        cos, sin = w.rotary(hidden[None], position_ids=pos[None])
+        cos, sin = cos[0, :, None].to(w.dtype), sin[0, :, None].to(w.dtype)  # [T, 1, head_dim]
+        width = (hidden.shape[1],)
+        for index, layer in enumerate(w.layers):
+            x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
+            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks), layer.o)
+            x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(w.act(gate) * up, layer.down)
+        ends, at = [], 0
+        for c in chunks:
+            at += c.length
+            if c.samples:
+                ends.append(at - 1)
+        last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
+        return F.linear(last, w.head).float()
 
-    @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One new token for every running sequence; logits in the order of `seqs`."""
-        rows = max(s.slot for s in seqs) + 1
-        # Rows of free slots ride along as padding: they attend to column 0 only and are ignored.
-        ids = torch.zeros(rows, 1, dtype=torch.long)
-        pos = [0] * rows
-        for s in seqs:
-            ids[s.slot, 0] = s.output_ids[-1]
-            pos[s.slot] = s.num_tokens - 1
-        view = max(pos) + 1
-        positions = torch.tensor(pos, dtype=torch.long)
-        mask = (torch.arange(view)[None, :] <= positions[:, None])[:, None, None, :]
-        self.kv.plan_decode(rows, pos, view)
-        hidden = self.body(
-            input_ids=ids, attention_mask=mask, position_ids=positions[:, None], cache=self.kv, use_cache=True
-        ).last_hidden_state
-        slots = torch.tensor([s.slot for s in seqs])
-        return self.head(hidden[slots, 0]).float()
+    def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk]) -> torch.Tensor:
+        tokens, d = x.shape[0], w.head_dim
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
+        qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
+        kv_dtype = self.placement.kv_dtype
+        q = qk[:, : w.heads].to(kv_dtype).transpose(0, 1)  # [heads, T, d]
+        new_kv = torch.cat((qk[:, w.heads:], v), dim=-1).to(kv_dtype).transpose(0, 1)  # [kv_heads, T, 2d]
+        outs, at = [], 0
+        for c in chunks:
+            span = slice(at, at + c.length)
+            c.seq.kv.write(index, c.start, new_kv[:, span])
+            keys, values = c.seq.kv.view(index, c.start + c.length)
+            outs.append(self._attend(w, q[:, span], keys, values, c.start))
+            at += c.length
+        return torch.cat(outs).to(w.dtype)
+
+    @staticmethod
+    def _attend(w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Attention of n new queries [heads, n, d] at positions start.. over a sequence's keys
+        [kv_heads, start+n, d]; returns [n, heads*d]. The query heads that share a KV head are
+        stacked as more queries of that head (grouped-query attention with no repeated keys)."""
+        heads, n, d = q.shape
+        g = w.group
+        grouped = q.reshape(w.kv_heads, g * n, d)
+        mask = None
+        if n > 1:  # new query i (position start+i) sees keys 0 .. start+i
+            seen = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+            mask = seen.repeat(g, 1)
+        # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
+        out = F.scaled_dot_product_attention(grouped[None], keys[None], values[None], attn_mask=mask, scale=w.scale)
+        if n == 1:
+            return out.view(1, heads * d)
+        return out[0].view(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of queries and keys together ([T, heads, d]; Llama's halves)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _share(parts: list[torch.nn.Parameter], fused: torch.Tensor) -> None:
+    """Point each part at its rows of `fused`, so that the model and the engine hold one copy."""
+    at = 0
+    for p in parts:
+        rows = p.shape[0]
+        p.data = fused[at:at + rows]
+        at += rows

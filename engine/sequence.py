@@ -85,7 +85,12 @@ class Sequence:
         self.output_ids: list[int] = list(resume_ids or [])
         self.resumed_tokens = len(self.output_ids)
         self.status = SequenceStatus.WAITING
-        self.slot: int | None = None
+        # Its keys and values while admitted (engine/kv_cache.SequenceKV), and how many of its
+        # context's positions they hold: positions num_computed.. are fed in coming steps.
+        self.kv = None
+        self.num_computed = 0
+        # When admission first passed this sequence over for lack of memory (engine/scheduler.py).
+        self.passed_over_at: float | None = None
         self.finish_reason: FinishReason | None = None
         self.cancel_requested = False
         self.timing = Timing()
@@ -98,6 +103,11 @@ class Sequence:
     def max_total_tokens(self) -> int:
         """The KV positions this sequence may ever need: prompt plus every token it may generate."""
         return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def uncomputed(self) -> int:
+        """Context positions whose keys and values are still to be computed (1 when decoding)."""
+        return self.num_tokens - self.num_computed
 
     @property
     def all_ids(self) -> list[int]:

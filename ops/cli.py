@@ -43,7 +43,7 @@ def cmd_worker(args) -> int:
     warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges")
     argv = [
         "--quiet",  # no 20-line banner: event=worker_ready says what matters, in one line
-        "worker", "--pool", "threads", "--concurrency", str(settings.worker_concurrency),
+        "worker", "--pool", "threads", "--concurrency", str(settings.task_threads),
         "--queues", interactive_queue(settings.model_name), "--hostname", name,
         "--task-events", "--without-gossip", "--without-mingle", "--loglevel", args.loglevel,
     ]

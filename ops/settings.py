@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
     model: str = ""
     model_name: str = "smollm2-135m-instruct"
-    max_batch: int = 16
+    # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
+    max_batch: int = 32
     # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
     # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
@@ -84,12 +85,23 @@ class Settings(BaseSettings):
     # KV memory budget in tokens; kv_budget_bytes, when set, wins and is converted per model.
     kv_budget_tokens: int = 32_768
     kv_budget_bytes: int | None = None
-    max_prefill_tokens: int = 4096
+    max_prefill_tokens: int = 4096  # prompt tokens in one forward pass while nothing decodes
+    # Prompt tokens in one pass beside decoding streams (chunked prefill): bounds how long a long
+    # prompt stalls the streams already running.
+    prefill_chunk_tokens: int = 64
+    # Reuse the KV of shared prompt prefixes (a system prompt, earlier turns): engine/prefix_cache.py.
+    prefix_cache: bool = True
+    # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
+    # and auto | float32 | mixed | bfloat16 | float16. auto: mixed on a CPU (bf16 decode, fp32
+    # prefill), bfloat16 on a GPU; float32 gives Hugging Face generate's greedy tokens exactly.
+    device: str = "auto"
+    dtype: str = "auto"
     # 0 means: the cores this process may run on.
     torch_threads: int = 0
 
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
-    worker_concurrency: int = 32
+    # 0: twice max_batch, so that finished rows refill at once from requests already held.
+    worker_concurrency: int = 0
     # Each worker serves its Prometheus metrics on http://host:port/metrics (workers/metrics.py) and
     # publishes that address in its heartbeat (metrics_url). Port 0: any free port, so several
     # workers on one host never clash. A port that cannot be bound is logged once
@@ -195,6 +207,10 @@ class Settings(BaseSettings):
         if self.auth:
             return self.auth == "required"
         return self.gateway_host not in LOOPBACK_HOSTS
+
+    @property
+    def task_threads(self) -> int:
+        return self.worker_concurrency or 2 * self.max_batch
 
     @property
     def per_worker_target(self) -> int:

@@ -23,10 +23,11 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def engine(model_dir):
-    """The real default model (SmolLM2-135M-Instruct) in one engine, shared by the session."""
+    """The real default model (SmolLM2-135M-Instruct) in one engine, shared by the session, in the
+    exact precision (float32: Hugging Face generate's greedy tokens, batch- and resume-invariant)."""
     from engine import Engine, EngineConfig
 
-    return Engine.load(EngineConfig(model=str(model_dir), max_batch=16, max_wait_ms=0, torch_threads=2))
+    return Engine.load(EngineConfig(model=str(model_dir), max_batch=16, max_wait_ms=0, torch_threads=2, dtype="float32"))
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +56,7 @@ def tiny_engine_factory(tiny_model_dir):
 
     def make(**config):
         config.setdefault("torch_threads", 1)
+        config.setdefault("dtype", "float32")
         return Engine.load(EngineConfig(model=str(tiny_model_dir), **config))
 
     return make

@@ -110,7 +110,8 @@ def test_cancelled_sequence_frees_its_kv_memory(engine):
     engine.cancel("c")
     updates = engine.step()
     assert [(u.request_id, u.finish_reason) for u in updates if u.finish_reason] == [("c", "cancelled")]
-    assert engine.kv.reserved == {} and engine.kv.used_tokens == 0
+    # All its memory is back; what stays held is the prefix cache's (its prompt, for reuse).
+    assert engine.kv.used_tokens == engine.prefix.cached_tokens
     assert engine.stats()["running"] == 0
 
 

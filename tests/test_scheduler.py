@@ -38,8 +38,8 @@ def test_new_request_joins_the_running_batch_at_the_next_step(tiny_engine_factor
     for _ in range(3):
         engine.step()
     engine.add_request(req("late", 20))
-    joined = engine.step()
-    assert [(u.request_id, u.index) for u in joined] == [("late", 0)]
+    joined = engine.step()  # its prefill rides in the same pass as the others' decode
+    assert sorted((u.request_id, u.index) for u in joined) == [("a", 3), ("b", 3), ("late", 0)]
     decoded = engine.step()
     assert sorted(u.request_id for u in decoded) == ["a", "b", "late"]
 
@@ -144,7 +144,8 @@ def test_an_interactive_arrival_preempts_the_newest_batch_row_which_later_ends_a
     from engine import Engine, EngineConfig
 
     def engine():
-        return Engine.load(EngineConfig(model=str(model_dir), max_batch=3, max_wait_ms=0, torch_threads=1))
+        return Engine.load(EngineConfig(model=str(model_dir), max_batch=3, max_wait_ms=0, torch_threads=1,
+                                        dtype="float32"))
 
     questions = {"b0": "Name three rivers in Europe.", "b1": "What is a prime number?",
                  "b2": "Describe a cat in one sentence."}
@@ -167,7 +168,7 @@ def test_an_interactive_arrival_preempts_the_newest_batch_row_which_later_ends_a
     assert len(busy.scheduler.running) == 3
     busy.add_request(EngineRequest("live", SamplingParams(max_tokens=4), prompt="Hello"))
     joined = collect(busy.step(), tokens)
-    assert [u.request_id for u in joined] == ["live"]  # admitted at once, not after a batch row ends
+    assert "live" in [u.request_id for u in joined]  # admitted at once, not after a batch row ends
     assert busy.scheduler.preemptions == 1
     assert [s.request_id for s in busy.scheduler.waiting] == ["b2"]  # the last admitted of the three
     run_to_end(busy, set(questions) | {"live"}, tokens)

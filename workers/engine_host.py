@@ -55,6 +55,10 @@ def engine_config(settings: Settings) -> EngineConfig:
         kv_budget_tokens=settings.kv_budget_tokens,
         kv_budget_bytes=settings.kv_budget_bytes,
         max_prefill_tokens=settings.max_prefill_tokens,
+        prefill_chunk_tokens=settings.prefill_chunk_tokens,
+        prefix_cache=settings.prefix_cache,
+        device=settings.device,
+        dtype=settings.dtype,
         torch_threads=torch_threads(settings),
     )
 

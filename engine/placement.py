@@ -1,0 +1,98 @@
+"""Where the model runs and in which precision (`BRIGADE_DEVICE`, `BRIGADE_DTYPE`).
+
+Precision modes:
+
+- `float32`: every pass in fp32. Greedy output equals Hugging Face `generate` token for token.
+- `bfloat16` / `float16`: the weights and the KV cache in half precision. About 2x faster than
+  fp32 on a CPU with bf16 instructions (AVX512_BF16 or AMX), at every pass size; the default
+  there and on a GPU.
+- `mixed`: for a CPU without them (AVX2). There a bf16 matrix product still reads half the bytes
+  and runs about 2x faster for the few rows of a decode step, but a bf16 prefill is about 5x slower
+  than fp32 (the kernels convert). So passes of at most `fast_max_tokens` tokens use a bf16 copy
+  of the weights and longer passes the fp32 copy; the second copy costs memory (~270 MB for the
+  default model), not time. The KV cache stays fp32: both copies write and read it.
+
+`auto` picks `bfloat16` on a GPU (`float16` where bf16 is unsupported), and on a CPU `bfloat16`
+when /proc/cpuinfo lists avx512_bf16 or amx_bf16, `mixed` otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = ("auto", "float32", "mixed", "bfloat16", "float16")
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PlacementError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: str  # one of DTYPES but auto
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The precision of the copy every pass may use (the only copy, unless mixed)."""
+        return torch.float32 if self.dtype == "mixed" else _TORCH[self.dtype]
+
+    @property
+    def fast_dtype(self) -> torch.dtype | None:
+        """The precision of the second copy used for small passes (mixed only)."""
+        return torch.bfloat16 if self.dtype == "mixed" else None
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.weights_dtype
+
+    @property
+    def load_dtype(self) -> torch.dtype:
+        """The precision the model is loaded in. On a CPU always fp32: the engine makes its own
+        copies, and the loaded model stays the reference (Hugging Face generate, in tests and
+        `brigade bench engine`). On a GPU, memory counts: load in the serving precision."""
+        return torch.float32 if self.device.type == "cpu" else self.weights_dtype
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise PlacementError(
+                f"BRIGADE_DEVICE={name} but this torch sees no CUDA device (a CPU build of torch, no "
+                "driver, or CUDA_VISIBLE_DEVICES hides them); use BRIGADE_DEVICE=auto or cpu")
+        device = torch.device(name)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PlacementError(f"BRIGADE_DEVICE={name} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return device
+    raise PlacementError(f"BRIGADE_DEVICE must be auto, cpu, cuda or cuda:N, not {name!r}")
+
+
+def resolve(device: str = "auto", dtype: str = "auto") -> Placement:
+    where = resolve_device(device)
+    dtype = (dtype or "auto").strip().lower()
+    if dtype not in DTYPES:
+        raise PlacementError(f"BRIGADE_DTYPE must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if dtype == "auto":
+        if where.type == "cpu":
+            dtype = "bfloat16" if cpu_has_native_bf16() else "mixed"
+        else:
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype == "mixed" and where.type != "cpu":
+        dtype = "bfloat16"  # a GPU's half-precision prefill is fast: one copy serves both
+    return Placement(where, dtype)
