@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -20,9 +21,9 @@ from typing import Callable
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import KVMemory, KVShape
+from engine.kv_cache import KVMemory, KVShape, SequenceKV
 from engine.model_files import offline
-from engine.model_runner import ModelRunner
+from engine.model_runner import Chunk, ModelRunner
 from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
@@ -46,6 +47,7 @@ class EngineConfig:
     device: str = "auto"  # engine/placement.py
     dtype: str = "auto"
     fast_max_tokens: int = 64  # mixed precision: passes up to this many tokens use the bf16 copy
+    admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
 
 
@@ -133,7 +135,7 @@ class Engine:
         self.prefix = PrefixCache(self.kv, enabled=config.prefix_cache)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_batch, config.max_wait_ms, config.max_prefill_tokens,
-                            config.prefill_chunk_tokens),
+                            config.prefill_chunk_tokens, config.admission_patience_s),
             self.kv, self.prefix, self.kv_shape,
         )
         self.runner = ModelRunner(model, self.placement, config.fast_max_tokens)
@@ -282,6 +284,17 @@ class Engine:
             for u in self.step():
                 done[u.request_id].absorb(u)
         return done
+
+    def perplexity(self, ids: list[int], fast: bool = False) -> float:
+        """Perplexity of a text's token ids under the exact copy of the weights, or the fast copy
+        (`fast`: what decode steps use; the same copy unless the precision is mixed). For
+        checking a precision mode against float32, not for serving."""
+        seq = Sequence("perplexity", ids, SamplingParams(), seed=0)
+        seq.kv = SequenceKV(self.kv_shape, len(ids))
+        weights = (self.runner.fast or self.runner.exact) if fast else self.runner.exact
+        logits = self.runner.forward([Chunk(seq, 0, len(ids))], every_position=True, weights=weights)
+        nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:], device=logits.device))
+        return math.exp(float(nll))
 
     def stats(self) -> dict[str, int]:
         return {

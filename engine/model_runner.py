@@ -106,14 +106,15 @@ class ModelRunner:
         return self.exact
 
     @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """Compute every chunk; float32 logits [chunks that sample, vocab], in chunk order."""
+    def forward(self, chunks: list[Chunk], every_position: bool = False, weights: Weights | None = None) -> torch.Tensor:
+        """Compute every chunk; float32 logits [chunks that sample, vocab], in chunk order (or of
+        every position: `every_position`, for scoring a text). `weights` overrides the copy."""
         ids: list[int] = []
         positions: list[int] = []
         for c in chunks:
             ids.extend(c.seq.all_ids[c.start:c.start + c.length])
             positions.extend(range(c.start, c.start + c.length))
-        w = self.weights_for(len(ids))
+        w = weights or self.weights_for(len(ids))
         dev = self.device
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = F.embedding(torch.tensor(ids, dtype=torch.long, device=dev), w.embed)  # [T, H]
@@ -129,8 +130,8 @@ class ModelRunner:
         ends, at = [], 0
         for c in chunks:
             at += c.length
-            if c.samples:
-                ends.append(at - 1)
+            if c.samples or every_position:
+                ends.extend(range(at - c.length, at) if every_position else [at - 1])
         last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
         return F.linear(last, w.head).float()
 

@@ -86,6 +86,10 @@ def fleet(model_dir, tmp_path_factory):
         redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         BRIGADE_UNCLAIMED_AFTER_S="3",
+        # Exact precision: a continued answer must equal the uninterrupted one token for token. In
+        # half precision the continuing worker's prefill of the tokens already sent is not bitwise
+        # the decode that produced them, so a continuation may go its own (valid) way.
+        BRIGADE_DTYPE="float32",
     )
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
     # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
