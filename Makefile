@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test install redis browser model bench clean
+.PHONY: up test install redis browser model bench bench-peers clean
 
 up: install
 	$(BIN)/brigade up
@@ -39,6 +39,12 @@ model: $(STAMP)
 
 bench: install
 	$(BIN)/brigade bench engine --json bench-engine.json
+
+# llama.cpp beside Brigade (`brigade bench engine --peer llama-cpp`); only this benchmark needs it.
+# It builds from source: about 10-15 minutes on 2 cores.
+bench-peers: install
+	$(BIN)/pip install llama-cpp-python==0.3.36
+	$(BIN)/brigade bench engine --peer llama-cpp --json bench-engine.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache

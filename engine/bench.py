@@ -1,5 +1,7 @@
 """`brigade bench engine`: Hugging Face `generate` one request after another, against this
-engine serving the same requests at once, on the same model object, in one run.
+engine serving the same requests at once, on the same model object, in one run; then prefix
+reuse (a 1,000-token system prompt, cold and cached), the streams' inter-token latency while a
+1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`, engine/peer_llama_cpp.py).
 
 Both sides produce exactly `max_tokens` tokens per request (end-of-sequence is ignored), so
 tokens per second compare like for like.
@@ -58,15 +60,15 @@ def brigade_seconds(engine: Engine, requests: list[EngineRequest]) -> tuple[floa
     return elapsed, [c.timing["ttft_s"] for c in done.values()]
 
 
-def run(engine: Engine, ns: list[int], max_tokens: int) -> dict:
-    engine.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
+def throughput(engine: Engine, exact: Engine | None, ns: list[int], max_tokens: int) -> list[dict]:
+    """HF generate one request after another, against the engine serving the same requests at
+    once, in its default precision and (`exact`) in float32."""
     results = []
     for n in ns:
-        requests = bench_requests(n, max_tokens)
         tokens = n * max_tokens
-        base = baseline_seconds(engine, requests, max_tokens)
+        base = baseline_seconds(engine, bench_requests(n, max_tokens), max_tokens)
         ours, ttfts = brigade_seconds(engine, bench_requests(n, max_tokens))
-        results.append({
+        row = {
             "n": n,
             "tokens": tokens,
             "baseline_s": round(base, 2),
@@ -75,11 +77,101 @@ def run(engine: Engine, ns: list[int], max_tokens: int) -> dict:
             "brigade_tok_s": round(tokens / ours, 2),
             "ratio": round(base / ours, 2),
             "brigade_ttft_median_s": round(statistics.median(ttfts), 3),
-        })
-        print(results[-1], flush=True)
-    return {
+        }
+        if exact is not None:
+            exact_s, _ = brigade_seconds(exact, bench_requests(n, max_tokens))
+            row.update(float32_tok_s=round(tokens / exact_s, 2), float32_ratio=round(base / exact_s, 2))
+        results.append(row)
+        print(row, flush=True)
+    return results
+
+
+# A system prompt of about 1,000 tokens, the same for every request (bench_prefix_reuse).
+SYSTEM_PROMPT = " ".join(
+    f"Rule {i}: answer politely, cite the manual section {i} when it applies, and never reveal internal "
+    f"ticket number {1000 + i}." for i in range(33)
+)
+
+
+def prefix_reuse(engine: Engine, repeats: int = 3) -> dict:
+    """Time to first token of a request whose 1,000-token system prompt is cached, against the
+    same request with the cache emptied first (cold)."""
+    def ask(i: int) -> float:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        done = engine.generate([EngineRequest(f"prefix-{i}-{time.monotonic_ns()}", SamplingParams(max_tokens=1), messages=messages)])
+        return next(iter(done.values())).timing["ttft_s"]
+
+    prompt_tokens = len(engine.encode(EngineRequest("x", messages=[{"role": "system", "content": SYSTEM_PROMPT}])))
+    cold, warm = [], []
+    for i in range(repeats):
+        engine.prefix.clear()
+        cold.append(ask(i))
+        warm.append(ask(i + 1))
+    c, w = statistics.median(cold), statistics.median(warm)
+    return {"shared_prompt_tokens": prompt_tokens, "cold_ttft_s": round(c, 4), "warm_ttft_s": round(w, 4),
+            "speedup": round(c / w, 2)}
+
+
+def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: int = 1500) -> dict:
+    """Inter-token latency of `streams` decoding streams while a `prompt_tokens` prompt arrives:
+    the p99 during its prefill against the median of the whole run (before, during and after)."""
+    long_ids = list(range(3, 3 + prompt_tokens))  # token ids; their meaning does not matter for timing
+    params = SamplingParams(max_tokens=4000, ignore_eos=True)
+    for r in bench_requests(streams, 1):
+        engine.add_request(EngineRequest(r.request_id + "-itl", params, messages=r.messages))
+    last: dict[str, float] = {}
+    gaps: list[tuple[float, float]] = []  # (time, gap)
+    window: list[float] = []
+
+    def steps(k: int, stop_at: str | None = None) -> None:
+        for _ in range(k):
+            for u in engine.step():
+                now = time.perf_counter()
+                if u.request_id == stop_at:
+                    window.append(now)
+                    return
+                if u.request_id in last:
+                    gaps.append((now, now - last[u.request_id]))
+                last[u.request_id] = now
+
+    steps(20)  # every stream decoding
+    start = time.perf_counter()
+    window.append(start)
+    engine.add_request(EngineRequest("long-prompt", SamplingParams(max_tokens=1), prompt_ids=long_ids))
+    steps(100_000, stop_at="long-prompt")
+    steps(20)
+    for rid in [s.request_id for s in list(engine.scheduler.running) + list(engine.scheduler.waiting)]:
+        engine.cancel(rid)
+    engine.step()
+    during = [g for t, g in gaps if window[0] < t <= window[1]]
+    median = statistics.median(g for _, g in gaps)
+    p99 = sorted(during)[max(0, int(len(during) * 0.99) - 1)] if during else None
+    return {"streams": streams, "prompt_tokens": prompt_tokens, "chunk_tokens": engine.config.prefill_chunk_tokens,
+            "long_prompt_ttft_s": round(window[1] - window[0], 3), "itl_median_s": round(median, 4),
+            "itl_p99_during_prefill_s": round(p99, 4) if p99 else None,
+            "ratio": round(p99 / median, 2) if p99 else None}
+
+
+def run(engine: Engine, ns: list[int], max_tokens: int, exact: Engine | None = None, peer: str | None = None) -> dict:
+    engine.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
+    if exact is not None:
+        exact.generate(bench_requests(2, 4))
+    report = {
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
         "model": engine.config.model,
-        "results": results,
+        "device": str(engine.placement.device),
+        "dtype": engine.placement.dtype,
+        "max_batch": engine.config.max_batch,
+        "results": throughput(engine, exact, ns, max_tokens),
     }
+    report["prefix_reuse"] = prefix_reuse(engine)
+    print(report["prefix_reuse"], flush=True)
+    report["long_prefill"] = itl_during_long_prefill(engine)
+    print(report["long_prefill"], flush=True)
+    if peer == "llama-cpp":
+        from engine.peer_llama_cpp import run as run_peer
+
+        report["peer"] = run_peer(engine, [n for n in ns if n in (1, 16)] or [1, 16], max_tokens)
+        print(report["peer"], flush=True)
+    return report

@@ -280,8 +280,14 @@ def cmd_bench(args) -> int:
         from engine.bench import run
         from workers.engine_host import engine_config
 
-        engine = Engine.load(engine_config(settings))
-        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128)
+        config = engine_config(settings)
+        engine = Engine.load(config)
+        exact = None
+        if engine.placement.dtype != "float32":  # the exact mode beside it, on the same model object
+            from dataclasses import replace
+
+            exact = Engine(engine.model, engine.tokenizer, replace(config, dtype="float32"))
+        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, exact, args.peer)
     elif args.target == "doors":
         from ops.door_bench import run
 
@@ -374,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale"])
-    p.add_argument("--n", default="1,4,16,32", help="engine: comma-separated request counts")
+    p.add_argument("--n", default="1,16,32,64", help="engine: comma-separated request counts")
+    p.add_argument("--peer", choices=["llama-cpp"], help="engine: the same prompts through a peer too "
+                   "(llama-cpp: `make bench-peers` installs it)")
     p.add_argument("--max-tokens", type=int,
                    help="new tokens per request (default: engine 128, soak and doors 16, serve each dataset line's)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
