@@ -300,7 +300,9 @@ class Engine:
         return {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting) + len(self._inbox),
-            "kv_used_tokens": self.kv.used_tokens,
+            # Held by sequences; the prefix cache's blocks give way on demand and count apart (as
+            # vLLM's cached free blocks do not count as used).
+            "kv_used_tokens": self.kv.used_tokens - self.prefix.cached_tokens,
             "kv_budget_tokens": self.kv.budget_tokens,
             "prefix_cached_tokens": self.prefix.cached_tokens,
             "prefix_query_tokens": self.prefix.query_tokens,

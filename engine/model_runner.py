@@ -140,33 +140,32 @@ class ModelRunner:
         qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
         kv_dtype = self.placement.kv_dtype
-        q = qk[:, : w.heads].to(kv_dtype).transpose(0, 1)  # [heads, T, d]
+        q = qk[:, : w.heads].to(kv_dtype)  # [T, heads, d]
         new_kv = torch.cat((qk[:, w.heads:], v), dim=-1).to(kv_dtype).transpose(0, 1)  # [kv_heads, T, 2d]
         outs, at = [], 0
         for c in chunks:
-            span = slice(at, at + c.length)
-            c.seq.kv.write(index, c.start, new_kv[:, span])
+            c.seq.kv.write(index, c.start, new_kv[:, at:at + c.length])
             keys, values = c.seq.kv.view(index, c.start + c.length)
-            outs.append(self._attend(w, q[:, span], keys, values, c.start))
+            outs.append(self._attend(w, q[at:at + c.length], keys, values, c.start))
             at += c.length
-        return torch.cat(outs).to(w.dtype)
+        return (torch.cat(outs) if len(outs) > 1 else outs[0]).to(w.dtype)
 
     @staticmethod
     def _attend(w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-        """Attention of n new queries [heads, n, d] at positions start.. over a sequence's keys
+        """Attention of n new queries [n, heads, d] at positions start.. over a sequence's keys
         [kv_heads, start+n, d]; returns [n, heads*d]. The query heads that share a KV head are
         stacked as more queries of that head (grouped-query attention with no repeated keys)."""
-        heads, n, d = q.shape
+        n, heads, d = q.shape
         g = w.group
-        grouped = q.reshape(w.kv_heads, g * n, d)
-        mask = None
-        if n > 1:  # new query i (position start+i) sees keys 0 .. start+i
-            seen = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
-            mask = seen.repeat(g, 1)
-        # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
-        out = F.scaled_dot_product_attention(grouped[None], keys[None], values[None], attn_mask=mask, scale=w.scale)
-        if n == 1:
+        if n == 1:  # a decode step: [heads, d] is already [kv_heads, g, d], with no copy
+            out = F.scaled_dot_product_attention(q.view(1, w.kv_heads, g, d), keys[None], values[None], scale=w.scale)
             return out.view(1, heads * d)
+        grouped = q.transpose(0, 1).reshape(w.kv_heads, g * n, d)
+        # New query i (position start+i) sees keys 0 .. start+i.
+        seen = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+        # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
+        out = F.scaled_dot_product_attention(grouped[None], keys[None], values[None], attn_mask=seen.repeat(g, 1),
+                                             scale=w.scale)
         return out[0].view(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
 
 

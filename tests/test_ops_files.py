@@ -14,11 +14,11 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 def exported() -> set[str]:
     from gateway.metrics import REGISTRY as gateway_registry
-    from workers.metrics import ENGINE_GAUGES, PREEMPTIONS
+    from workers.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
     from workers.metrics import REGISTRY as worker_registry
 
     # Registered once a worker has its engine:
-    names = {name for name, _ in ENGINE_GAUGES} | {PREEMPTIONS[0] + "_total"}
+    names = {name for name, _ in ENGINE_GAUGES} | {name + "_total" for name, _, _ in ENGINE_COUNTERS}
     for registry in (gateway_registry, worker_registry):
         for family in registry.collect():
             names.update(family.name + suffix for suffix in SUFFIXES[family.type])

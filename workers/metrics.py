@@ -89,8 +89,15 @@ DEAD_LETTERS = Counter(
     "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", MODEL, registry=REGISTRY)
 
 
-# Batch sequences preempted to give their row and KV to interactive ones (read from the engine).
-PREEMPTIONS = ("brigade_num_preemptions", "Batch-lane sequences preempted (recomputed later) for interactive ones")
+# Counters read from the engine at scrape time: name, help, its Engine.stats key.
+ENGINE_COUNTERS = (
+    ("brigade_num_preemptions", "Sequences preempted and recomputed later: batch rows for interactive ones, or the "
+     "lowest-priority running sequence when running sequences outgrow the KV memory", "preemptions"),
+    ("brigade_prefix_cache_queries", "Prompt tokens looked up in the prefix cache (engine/prefix_cache.py)",
+     "prefix_query_tokens"),
+    ("brigade_prefix_cache_hits", "Prompt tokens whose KV was found in the prefix cache instead of computed",
+     "prefix_hit_tokens"),
+)
 # The engine gauges, registered once a worker has an engine (EngineGauges): name, help.
 ENGINE_GAUGES = (
     ("brigade_num_requests_running", "Requests in the engine's running batch."),
@@ -114,9 +121,10 @@ class EngineGauges(Collector):
             family = GaugeMetricFamily(name, doc, labels=MODEL)
             family.add_metric([self.model], value)
             yield family
-        preempted = CounterMetricFamily(PREEMPTIONS[0], PREEMPTIONS[1], labels=MODEL)
-        preempted.add_metric([self.model], s.get("preemptions", 0))
-        yield preempted
+        for name, doc, key in ENGINE_COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=MODEL)
+            counter.add_metric([self.model], s.get(key, 0))
+            yield counter
 
 
 _engine_gauges: EngineGauges | None = None
