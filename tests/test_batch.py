@@ -85,7 +85,10 @@ def stack(model_dir, tmp_path_factory):
     env = service_env(redis_server.url, port, BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
                       BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
                       BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
-                      BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")))
+                      BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")),
+                      # float32: every batch line is compared with the same request answered
+                      # interactively, token for token, whatever else shared its engine steps.
+                      BRIGADE_DTYPE="float32")
     s = Stack(redis_server, env, logs, port, None)  # type: ignore[arg-type]
     try:
         s.others.append(BrigadeProcess("reaper", env, logs / "reaper.log"))

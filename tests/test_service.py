@@ -43,8 +43,10 @@ class Stack:
 def stack(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     port = free_port()
+    # float32: the streamed answers are compared with the in-process engine's greedy ones, token
+    # for token; in half precision a different batch composition may round differently.
     env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="30",
-                      BRIGADE_RESUME_GRACE_S="1")
+                      BRIGADE_RESUME_GRACE_S="1", BRIGADE_DTYPE="float32")
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
     worker = None
     try:

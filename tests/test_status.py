@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def status(url: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {"BRIGADE_REDIS_URL": url, "PATH": "/usr/bin:/bin"}
+    env = {"BRIGADE_REDIS_URL": url, "PATH": "/usr/bin:/bin", "BRIGADE_MAX_BATCH": "16"}
     return subprocess.run([sys.executable, "-m", "ops.cli", "status", *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -60,12 +60,13 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
     engine = tiny_engine_factory(max_batch=4, max_wait_ms=0)
     host = EngineHost(settings, "wedged@test", engine)
     wedge, decoding = threading.Event(), threading.Event()
-    real_decode = engine.runner.decode
+    real_forward = engine.runner.forward
 
-    def stuck_decode(seqs):
-        decoding.set()
-        wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
-        return real_decode(seqs)
+    def stuck_forward(chunks, *args, **kwargs):
+        if all(c.length == 1 for c in chunks):  # a decode step
+            decoding.set()
+            wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
+        return real_forward(chunks, *args, **kwargs)
 
     for t in host._threads:
         t.start()
@@ -74,7 +75,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
                    what="the first heartbeat")
         queued = queued_request(settings, client)
         served = threading.Thread(target=host.serve, args=(queued,), daemon=True)
-        engine.runner.decode = stuck_decode
+        engine.runner.forward = stuck_forward
         served.start()
         wait_until(decoding.is_set, 10, what="the engine to enter a decode step")
         assert client.hget(keys.CLAIMS, queued.request_id) == host.instance
