@@ -8,6 +8,7 @@ tokens per second compare like for like.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -116,6 +117,7 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
     """Inter-token latency of `streams` decoding streams while a `prompt_tokens` prompt arrives:
     the p99 during its prefill against the median of the whole run (before, during and after)."""
     long_ids = list(range(3, 3 + prompt_tokens))  # token ids; their meaning does not matter for timing
+    engine.prefix.clear()  # the long prompt must be computed, not found cached from an earlier run
     params = SamplingParams(max_tokens=4000, ignore_eos=True)
     for r in bench_requests(streams, 1):
         engine.add_request(EngineRequest(r.request_id + "-itl", params, messages=r.messages))
@@ -134,7 +136,9 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
                     gaps.append((now, now - last[u.request_id]))
                 last[u.request_id] = now
 
-    steps(20)  # every stream decoding
+    while len(last) < streams:  # until every stream decodes (an idle engine first waits max_wait_ms)
+        steps(1)
+    steps(20)
     start = time.perf_counter()
     window.append(start)
     engine.add_request(EngineRequest("long-prompt", SamplingParams(max_tokens=1), prompt_ids=long_ids))
@@ -146,7 +150,7 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
     during = [g for t, g in gaps if window[0] < t <= window[1]]
     median = statistics.median(g for _, g in gaps)
     p99 = sorted(during)[max(0, int(len(during) * 0.99) - 1)] if during else None
-    return {"streams": streams, "prompt_tokens": prompt_tokens, "chunk_tokens": engine.config.prefill_chunk_tokens,
+    return {"streams": streams, "prompt_tokens": prompt_tokens, "chunk_tokens": engine.scheduler.config.prefill_chunk_tokens,
             "long_prompt_ttft_s": round(window[1] - window[0], 3), "itl_median_s": round(median, 4),
             "itl_p99_during_prefill_s": round(p99, 4) if p99 else None,
             "ratio": round(p99 / median, 2) if p99 else None}
@@ -169,6 +173,14 @@ def run(engine: Engine, ns: list[int], max_tokens: int, exact: Engine | None = N
     print(report["prefix_reuse"], flush=True)
     report["long_prefill"] = itl_during_long_prefill(engine)
     print(report["long_prefill"], flush=True)
+    # The same with the prompt in one pass (no chunking), as the engine did before.
+    chunked = engine.scheduler.config
+    engine.scheduler.config = dataclasses.replace(chunked, prefill_chunk_tokens=chunked.max_prefill_tokens)
+    try:
+        report["long_prefill_unchunked"] = itl_during_long_prefill(engine)
+    finally:
+        engine.scheduler.config = chunked
+    print(report["long_prefill_unchunked"], flush=True)
     if peer == "llama-cpp":
         from engine.peer_llama_cpp import run as run_peer
 

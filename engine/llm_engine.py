@@ -37,7 +37,7 @@ IDLE_POLL_S = 0.5  # an idle engine thread wakes this often (to notice its stop 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    max_batch: int = 64
+    max_batch: int = 32
     max_wait_ms: float = 10.0
     kv_budget_tokens: int = 32_768
     kv_budget_bytes: int | None = None  # when set, wins over kv_budget_tokens

@@ -40,7 +40,7 @@ from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch: int = 64
+    max_batch: int = 32
     max_wait_ms: float = 10.0
     max_prefill_tokens: int = 4096
     prefill_chunk_tokens: int = 64
