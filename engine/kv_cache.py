@@ -88,12 +88,9 @@ class SequenceKV:
             new[:, :, :keep] = self.data[:, :, :keep]
         self.data = new
 
-    def write(self, layer: int, start: int, keys_values: torch.Tensor) -> None:
-        """Store [kv_heads, n, 2 x head_dim] keys and values at positions start .. start+n-1."""
-        self.data[layer, :, start:start + keys_values.shape[1]] = keys_values
-
-    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions 0 .. length-1: [kv_heads, length, head_dim] views."""
-        both = self.data[layer, :, :length]
+    def step_views(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For a pass that computes positions start .. end-1, made once per step so that each
+        layer only indexes them: where the new keys and values go ([layers, kv_heads, n, 2d]),
+        and the keys and values attention reads ([layers, 1, kv_heads, end, d] each)."""
         d = self.shape.head_dim
-        return both[..., :d], both[..., d:]
+        return (self.data[:, :, start:end], self.data[:, None, :, :end, :d], self.data[:, None, :, :end, d:])

@@ -120,10 +120,11 @@ class ModelRunner:
         hidden = F.embedding(torch.tensor(ids, dtype=torch.long, device=dev), w.embed)  # [T, H]
         cos, sin = w.rotary(hidden[None], position_ids=pos[None])
         cos, sin = cos[0, :, None].to(w.dtype), sin[0, :, None].to(w.dtype)  # [T, 1, head_dim]
+        views = [c.seq.kv.step_views(c.start, c.start + c.length) for c in chunks]
         width = (hidden.shape[1],)
         for index, layer in enumerate(w.layers):
             x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
-            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks), layer.o)
+            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks, views), layer.o)
             x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(w.act(gate) * up, layer.down)
@@ -135,7 +136,7 @@ class ModelRunner:
         last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
         return F.linear(last, w.head).float()
 
-    def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk]) -> torch.Tensor:
+    def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views) -> torch.Tensor:
         tokens, d = x.shape[0], w.head_dim
         qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
@@ -143,29 +144,27 @@ class ModelRunner:
         q = qk[:, : w.heads].to(kv_dtype)  # [T, heads, d]
         new_kv = torch.cat((qk[:, w.heads:], v), dim=-1).to(kv_dtype).transpose(0, 1)  # [kv_heads, T, 2d]
         outs, at = [], 0
-        for c in chunks:
-            c.seq.kv.write(index, c.start, new_kv[:, at:at + c.length])
-            keys, values = c.seq.kv.view(index, c.start + c.length)
-            outs.append(self._attend(w, q[at:at + c.length], keys, values, c.start))
+        for c, (slot, keys, values) in zip(chunks, views):
+            slot[index].copy_(new_kv[:, at:at + c.length])
+            outs.append(self._attend(w, q[at:at + c.length], keys[index], values[index], c.start))
             at += c.length
         return (torch.cat(outs) if len(outs) > 1 else outs[0]).to(w.dtype)
 
     @staticmethod
     def _attend(w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
         """Attention of n new queries [n, heads, d] at positions start.. over a sequence's keys
-        [kv_heads, start+n, d]; returns [n, heads*d]. The query heads that share a KV head are
+        [1, kv_heads, start+n, d]; returns [n, heads*d]. The query heads that share a KV head are
         stacked as more queries of that head (grouped-query attention with no repeated keys)."""
         n, heads, d = q.shape
         g = w.group
         if n == 1:  # a decode step: [heads, d] is already [kv_heads, g, d], with no copy
-            out = F.scaled_dot_product_attention(q.view(1, w.kv_heads, g, d), keys[None], values[None], scale=w.scale)
+            out = F.scaled_dot_product_attention(q.view(1, w.kv_heads, g, d), keys, values, scale=w.scale)
             return out.view(1, heads * d)
         grouped = q.transpose(0, 1).reshape(w.kv_heads, g * n, d)
         # New query i (position start+i) sees keys 0 .. start+i.
         seen = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
         # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
-        out = F.scaled_dot_product_attention(grouped[None], keys[None], values[None], attn_mask=seen.repeat(g, 1),
-                                             scale=w.scale)
+        out = F.scaled_dot_product_attention(grouped[None], keys, values, attn_mask=seen.repeat(g, 1), scale=w.scale)
         return out[0].view(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
 
 
