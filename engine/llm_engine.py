@@ -286,12 +286,12 @@ class Engine:
         return done
 
     def perplexity(self, ids: list[int], fast: bool = False) -> float:
-        """Perplexity of a text's token ids under the exact copy of the weights, or the fast copy
+        """Perplexity of a text's token ids under the primary copy of the weights, or the fast copy
         (`fast`: what decode steps use; the same copy unless the precision is mixed). For
         checking a precision mode against float32, not for serving."""
         seq = Sequence("perplexity", ids, SamplingParams(), seed=0)
         seq.kv = SequenceKV(self.kv_shape, len(ids))
-        weights = (self.runner.fast or self.runner.exact) if fast else self.runner.exact
+        weights = (self.runner.fast or self.runner.primary) if fast else self.runner.primary
         logits = self.runner.forward([Chunk(seq, 0, len(ids))], every_position=True, weights=weights)
         nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:], device=logits.device))
         return math.exp(float(nll))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.placement import Placement
 from engine.sequence import Sequence
@@ -95,7 +96,7 @@ class Weights:
 class ModelRunner:
     def __init__(self, model, placement: Placement, fast_max_tokens: int = 64):
         self.placement = placement
-        self.exact = Weights(model, placement.weights_dtype)
+        self.primary = Weights(model, placement.weights_dtype)  # every pass, unless the fast copy takes it
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device
@@ -103,7 +104,7 @@ class ModelRunner:
     def weights_for(self, tokens: int) -> Weights:
         if self.fast is not None and tokens <= self.fast_max_tokens:
             return self.fast
-        return self.exact
+        return self.primary
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: bool = False, weights: Weights | None = None) -> torch.Tensor:
@@ -112,7 +113,7 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         for c in chunks:
-            ids.extend(c.seq.all_ids[c.start:c.start + c.length])
+            ids.extend(c.seq.token_ids(c.start, c.start + c.length))
             positions.extend(range(c.start, c.start + c.length))
         w = weights or self.weights_for(len(ids))
         dev = self.device
@@ -170,9 +171,7 @@ class ModelRunner:
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of queries and keys together ([T, heads, d]; Llama's halves)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + rotate_half(x) * sin
 
 
 def _share(parts: list[torch.nn.Parameter], fused: torch.Tensor) -> None:

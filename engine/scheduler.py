@@ -71,8 +71,10 @@ class Scheduler:
 
     def _at_lane_head(self, seq: Sequence) -> None:
         """First of its lane: a preempted sequence goes before those that never ran."""
-        head = next((i for i, other in enumerate(self.waiting) if other.batch), len(self.waiting)) if seq.batch else 0
-        self.waiting.insert(head, seq)
+        if seq.batch:
+            self._before_batch(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -129,13 +131,12 @@ class Scheduler:
         lowest-priority others when memory runs out. False if seq itself was preempted."""
         if seq.num_computed < seq.kv.capacity:
             return True
-        grow = min(CAPACITY_STEP, round_up(seq.max_total_tokens) - seq.kv.capacity) or CAPACITY_STEP
-        while not self._take(grow):
+        while not self._take(CAPACITY_STEP):
             victim = next((s for s in reversed(order) if s in self.running), None)
             self._preempt(victim)
             if victim is seq:
                 return False
-        seq.kv.resize(seq.kv.capacity + grow, keep=seq.num_computed)
+        seq.kv.resize(seq.kv.capacity + CAPACITY_STEP, keep=seq.num_computed)
         return True
 
     # ---- admission --------------------------------------------------------------------------

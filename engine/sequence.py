@@ -109,6 +109,13 @@ class Sequence:
         """Context positions whose keys and values are still to be computed (1 when decoding)."""
         return self.num_tokens - self.num_computed
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Context ids start .. end-1, without building the whole context (a decode step needs one)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p:end - p]
+        return self.prompt_ids[start:end] + self.output_ids[:max(0, end - p)]
+
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids

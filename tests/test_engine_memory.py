@@ -4,6 +4,7 @@ sequences outgrow the memory, and the prefix cache giving way to them."""
 from __future__ import annotations
 
 import random
+import time
 
 from engine import EngineRequest, SamplingParams
 
@@ -130,8 +131,6 @@ def test_a_request_that_does_not_fit_yet_is_passed_over_then_served(tiny_engine_
     running = {s.request_id for s in engine.scheduler.running}
     assert "small" in running and "large" not in running  # not held hostage by "large"
     # Once "large" has waited its patience, nobody passes it, and it gets the memory that frees up.
-    import time
-
     time.sleep(0.35)
     engine.add_request(ids_req("late", words(8, 51), n=8))
 
