@@ -147,9 +147,10 @@ class Engine:
         # When the engine thread last came round its loop (monotonic). Idle, it comes round at
         # least every IDLE_POLL_S; a value much older than that is a wedged thread.
         self.loop_at = time.monotonic()
-        # Told (sequences, is_prefill) before each forward pass, on the engine thread: the worker's
-        # metrics take the batch size here. Must be cheap; None: nobody listens.
-        self.on_step: Callable[[int, bool], None] | None = None
+        # Told each step's decode rows (a step may also carry prompt chunks) before its forward
+        # pass, on the engine thread: the worker's metrics take the batch size here. Must be cheap;
+        # None: nobody listens.
+        self.on_step: Callable[[int], None] | None = None
         self._inbox: list[Sequence] = []
         self._cancels: list[str] = []
         self._lock = threading.Lock()
@@ -249,7 +250,7 @@ class Engine:
             return updates
         prefill = any(c.length > 1 for c in chunks)
         if self.on_step is not None:
-            self.on_step(len(chunks), prefill)
+            self.on_step(sum(c.decodes for c in chunks))
         try:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)

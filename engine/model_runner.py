@@ -38,6 +38,11 @@ class Chunk:
         """Whether this chunk reaches the end of the context, so its last logits give a token."""
         return self.start + self.length == self.seq.num_tokens
 
+    @property
+    def decodes(self) -> bool:
+        """Whether this chunk feeds one generated token (a decode row), not a piece of a prompt."""
+        return self.length == 1 and self.start >= len(self.seq.prompt_ids)
+
 
 @dataclass
 class Layer:

