@@ -156,7 +156,10 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
             "ratio": round(p99 / median, 2) if p99 else None}
 
 
-def run(engine: Engine, ns: list[int], max_tokens: int, exact: Engine | None = None, peer: str | None = None) -> dict:
+def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None) -> dict:
+    exact = None
+    if engine.placement.dtype != "float32":  # the exact mode beside it, on the same model object
+        exact = Engine(engine.model, engine.tokenizer, dataclasses.replace(engine.config, dtype="float32"))
     engine.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
     if exact is not None:
         exact.generate(bench_requests(2, 4))

@@ -116,7 +116,8 @@ class SerializedTokenizer:
 class Engine:
     def __init__(self, model, tokenizer, config: EngineConfig, placement: Placement | None = None):
         self.model = model.eval()
-        self.tokenizer = SerializedTokenizer(tokenizer)
+        # One lock per tokenizer, also when engines share it (`brigade bench engine`'s float32 one).
+        self.tokenizer = tokenizer if isinstance(tokenizer, SerializedTokenizer) else SerializedTokenizer(tokenizer)
         self.config = config
         self.placement = placement or resolve(config.device, config.dtype)
         mc = model.config
@@ -248,7 +249,6 @@ class Engine:
         chunks = self.scheduler.schedule()
         if not chunks:
             return updates
-        prefill = any(c.length > 1 for c in chunks)
         if self.on_step is not None:
             self.on_step(sum(c.decodes for c in chunks))
         try:
@@ -257,7 +257,7 @@ class Engine:
             sampled = [c.seq for c in chunks if c.samples]
             tokens = sample(logits, sampled)
         except Exception:
-            log.exception("event=step_failed chunks=%d prefill=%s", len(chunks), prefill)
+            log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + [self._finish(c.seq, FinishReason.ERROR) for c in chunks]
         return updates + self._postprocess(sampled, tokens)
 

@@ -280,14 +280,8 @@ def cmd_bench(args) -> int:
         from engine.bench import run
         from workers.engine_host import engine_config
 
-        config = engine_config(settings)
-        engine = Engine.load(config)
-        exact = None
-        if engine.placement.dtype != "float32":  # the exact mode beside it, on the same model object
-            from dataclasses import replace
-
-            exact = Engine(engine.model, engine.tokenizer, replace(config, dtype="float32"))
-        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, exact, args.peer)
+        engine = Engine.load(engine_config(settings))
+        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, args.peer)
     elif args.target == "doors":
         from ops.door_bench import run
 

@@ -92,8 +92,9 @@ class Settings(BaseSettings):
     # Reuse the KV of shared prompt prefixes (a system prompt, earlier turns): engine/prefix_cache.py.
     prefix_cache: bool = True
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
-    # and auto | float32 | mixed | bfloat16 | float16. auto: mixed on a CPU (bf16 decode, fp32
-    # prefill), bfloat16 on a GPU; float32 gives Hugging Face generate's greedy tokens exactly.
+    # and auto | float32 | mixed | bfloat16 | float16. auto: bfloat16 on a GPU and on a CPU with bf16
+    # instructions, else mixed (bf16 decode, fp32 prefill); float32 gives Hugging Face generate's
+    # greedy tokens exactly.
     device: str = "auto"
     dtype: str = "auto"
     # 0 means: the cores this process may run on.

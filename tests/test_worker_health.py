@@ -63,7 +63,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
     real_forward = engine.runner.forward
 
     def stuck_forward(chunks, *args, **kwargs):
-        if all(c.length == 1 for c in chunks):  # a decode step
+        if all(c.decodes for c in chunks):  # a decode step
             decoding.set()
             wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
         return real_forward(chunks, *args, **kwargs)
