@@ -10,13 +10,12 @@ line listed) or bad flags, 3 the gateway does not answer.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from ops.cli_options import add_connection_options
+from ops.redaction import redact, redact_url
 from ops.settings import Settings
 
 FINAL = {"completed", "failed", "cancelled", "expired"}
@@ -31,9 +30,8 @@ class GatewayError(Exception):
 def add_parser(sub) -> None:
     p = sub.add_parser("batch", help="batch jobs: submit a JSONL file of OpenAI-style requests, follow, fetch results",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", help="the gateway (default http://BRIGADE_GATEWAY_HOST:PORT)")
-    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY") or None,
-                   help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
+    # Before the subcommand as well: where `brigade batch --api-key K submit F` has always put them.
+    add_connection_options(p, gateway="http", api_key=True)
     bs = p.add_subparsers(dest="batch_command", required=True)
     s = bs.add_parser("submit", help="upload FILE.jsonl and start a job; prints its id")
     s.add_argument("file", help="one request a line: {custom_id, method: POST, url, body}")
@@ -53,18 +51,25 @@ def add_parser(sub) -> None:
     r = bs.add_parser("results", help="the output JSONL, one line per input line, in input order")
     r.add_argument("job")
     r.add_argument("--output", help="write to this file (default: stdout)")
+    for leaf in (s, st, ls, c, r):
+        add_connection_options(leaf, gateway="http", api_key=True)
 
 
 class Client:
     def __init__(self, base: str, api_key: str | None):
+        import httpx  # here, not at the top: every `brigade` command builds this module's parser
+
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(60.0, connect=5.0))
 
     def call(self, method: str, path: str, **kwargs) -> dict:
+        import httpx
+
         try:
             resp = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise GatewayError(f"the gateway at {self.http.base_url} does not answer ({exc})") from None
+            raise GatewayError(f"the gateway at {redact_url(str(self.http.base_url))} does not answer "
+                               f"({redact(str(exc))})") from None
         if resp.status_code >= 400:
             try:
                 message = resp.json()["error"]["message"]

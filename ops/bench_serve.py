@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from ops.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
 from ops.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
 from ops.load_commands import DEFAULT_NUM_REQUESTS
+from ops.redaction import redact, redact_url
 from ops.settings import Settings
 
 # Requests one WebSocket connection carries at once (the gateway's per-connection limit is 64).
@@ -64,7 +65,7 @@ class LoadConfig:
             arrivals = "all at once"
         else:
             arrivals = "poisson" if self.burstiness == 1 else "gamma"
-        return {"backend": self.backend, "url": self.url, "model": self.model,
+        return {"backend": self.backend, "url": redact_url(self.url), "model": self.model,
                 "rate": None if math.isinf(self.rate) else self.rate, "arrivals": arrivals,
                 "burstiness": self.burstiness, "max_concurrency": self.max_concurrency,
                 "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
@@ -562,7 +563,7 @@ def main(args, settings: Settings) -> int:
         config = config_from_args(args, settings)
         report = run(config, args.slo)
     except (ValueError, OSError, CannotReach) as exc:  # bad flags, objectives or dataset; nothing answers
-        print(f"brigade bench serve: {exc}", file=sys.stderr)
+        print(f"brigade bench serve: {redact(str(exc))}", file=sys.stderr)  # a URL may hold a password
         return 2
     text = json.dumps(report, indent=2)
     print(text)

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ops.cli_options import add_connection_options
 from ops.settings import Settings
 
 
@@ -50,7 +51,8 @@ async def stats(settings: Settings) -> dict:
     }
 
 
-async def warm(settings: Settings, path: str, concurrency: int) -> dict:
+async def warm(settings: Settings, path: str, concurrency: int, url: str | None = None,
+               api_key: str | None = None) -> dict:
     """Ask every question of a JSONL file through the gateway, so the answers land in the cache."""
     from websockets.asyncio.client import connect
 
@@ -66,7 +68,8 @@ async def warm(settings: Settings, path: str, concurrency: int) -> dict:
                 d.update(type="generate", id=f"warm-{n}")
                 items.append(d)
     result = {"questions": len(items), "answered": 0, "already_cached": 0, "errors": 0}
-    async with connect(settings.ws_url, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with connect(url or settings.ws_url, additional_headers=headers, max_size=None) as ws:
         pending: set[str] = set()
         queue = list(items)
 
@@ -136,7 +139,7 @@ def run(args, settings: Settings) -> int:
         removed = asyncio.run(store.clear(args.namespace))
         print(json.dumps({"removed": removed, "namespace": args.namespace}))
     elif args.cache_command == "warm":
-        print(json.dumps(asyncio.run(warm(settings, args.file, args.concurrency))))
+        print(json.dumps(asyncio.run(warm(settings, args.file, args.concurrency, args.url, args.api_key))))
     elif args.cache_command == "forget":
         return asyncio.run(forget(settings, args.entries, args.asked))
     elif args.cache_command == "eval":
@@ -160,7 +163,8 @@ def add_parser(sub) -> None:
     w = cs.add_parser("warm", help="answer a JSONL list of questions through the workers ahead of traffic")
     w.add_argument("file", help='lines of {"question": ...} or {"messages": [...]} (+ optional sampling fields)')
     w.add_argument("--concurrency", type=int, default=8)
-    cs.add_parser("stats", help="entries, hits by layer, hit rate, memory")
+    add_connection_options(w, gateway="ws", api_key=True)
+    s = cs.add_parser("stats", help="entries, hits by layer, hit rate, memory")
     c = cs.add_parser("clear", help="remove every entry, or one namespace's")
     c.add_argument("--namespace")
     f = cs.add_parser("forget", help="evict entries whose answers were wrong (and learn from it)")
@@ -194,3 +198,5 @@ def add_parser(sub) -> None:
     t.add_argument("--max-paraphrase-wrong", type=float, default=0.025)
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
+    for leaf in (s, c, f, t):  # t: the hard negatives users reported, when the cache's Redis answers
+        add_connection_options(leaf, redis="cache_redis_url")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from ops.redaction import redact_url
+
 # Exit codes: an answer or a session that ended well, a failed answer, Ctrl-C (as shells count it).
 OK, FAILED, INTERRUPTED = 0, 1, 130
 
@@ -164,10 +166,10 @@ class GatewayLink:
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 hint = " (give --api-key or set BRIGADE_API_KEY)" if status == 401 else ""
-                raise GatewayRefused(f"the gateway at {o.url} refused the connection: HTTP {status}{hint}") from None
+                raise GatewayRefused(f"the gateway at {redact_url(o.url)} refused the connection: HTTP {status}{hint}") from None
             except (OSError, InvalidHandshake, TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
-                    raise GatewayUnreachable(f"cannot reach the gateway at {o.url}: {exc or type(exc).__name__} "
+                    raise GatewayUnreachable(f"cannot reach the gateway at {redact_url(o.url)}: {exc or type(exc).__name__} "
                                              "(is `brigade up` running?)") from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -14,7 +14,9 @@ import time
 import warnings
 from urllib.parse import urlparse
 
+from ops.cli_options import BrigadeParser, add_connection_options, report_failure, resolve_connection
 from ops.logs import setup_logging
+from ops.redaction import redact_url
 from ops.settings import get_settings
 
 
@@ -134,7 +136,7 @@ def cmd_up(args) -> int:
     if not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
-            print(f"Redis at {settings.redis_url} does not answer, and it is not local to start", file=sys.stderr)
+            print(f"Redis at {redact_url(settings.redis_url)} does not answer, and it is not local to start", file=sys.stderr)
             return 1
         server = shutil.which("redis-server")
         if server is None:
@@ -151,7 +153,7 @@ def cmd_up(args) -> int:
         while not _redis_answers(settings.redis_url):
             if redis_child.poll() is not None or time.monotonic() > deadline:
                 stop_processes([redis_child])
-                print(f"redis-server did not come up at {settings.redis_url} (its log: {redis_log})", file=sys.stderr)
+                print(f"redis-server did not come up at {redact_url(settings.redis_url)} (its log: {redis_log})", file=sys.stderr)
                 return 1
             time.sleep(0.1)
     # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
@@ -338,7 +340,7 @@ def cmd_capacity(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="brigade", description=__doc__)
+    parser = BrigadeParser(prog="brigade", description=__doc__)  # its subparsers too: errors hide secrets
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="convert the default model once into a local safetensors folder").set_defaults(fn=cmd_prepare)
     p = sub.add_parser("worker", help="start one Celery worker holding one model")
@@ -357,20 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["list", "retry", "drop"])
     p.add_argument("ids", nargs="*", help="request ids (retry/drop)")
     p.add_argument("--all", action="store_true", help="retry/drop every entry")
+    add_connection_options(p, redis="redis_url")
     p.set_defaults(fn=cmd_dlq)
     sub.add_parser("flower", help="start Flower on the Celery app (basic auth from settings)").set_defaults(fn=cmd_flower)
     p = sub.add_parser("chat", help="ask a question over WebSocket and print tokens as they arrive",
                        description="Ask one question, or talk: Ctrl-C during an answer cancels it; Ctrl-D (exit 0) "
                        "or Ctrl-C (exit 130) at the prompt ends the session.")
     p.add_argument("question", nargs="?", help="without it: an interactive session")
-    p.add_argument("--url", help="the gateway's WebSocket (default from BRIGADE_GATEWAY_HOST/PORT: ws://HOST:PORT/v1/ws)")
     p.add_argument("--system", help="a system message that starts the conversation")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, help="same seed and question, same answer")
     p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
-    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY") or None,
-                   help="sent as `Authorization: Bearer KEY` (default: $BRIGADE_API_KEY)")
+    add_connection_options(p, gateway="ws", api_key=True)
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale"])
@@ -385,9 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
     p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")
     p.add_argument("--rounds", type=int, default=20, help="doors: requests through each door")
-    p.add_argument("--url", help="doors, serve: the gateway (default http://BRIGADE_GATEWAY_HOST:PORT)")
-    p.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY"),
-                   help="doors, serve: a key, when keys are required")
+    add_connection_options(p, gateway="http", api_key=True)  # doors, serve (also a ws:// --url), scale
     p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
     p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
     p.add_argument("--workers", default="1,2", help="scale: fleet sizes to start in turn, each under the same "
@@ -412,15 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["batch"].set_defaults(fn=cmd_batch)
     p = sub.add_parser("status", help="one screen: workers, queue, cache, dead letters (read from Redis)")
     p.add_argument("--json", action="store_true", help="the same as JSON")
+    add_connection_options(p, redis="redis_url")
     p.set_defaults(fn=cmd_status)
     from ops.load_commands import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
     args = parser.parse_args(argv)
+    resolve_connection(args)
     setup_logging()
     if args.command in ("up", "worker", "gateway", "reaper"):
         _name_process(f"brigade-{args.command}")
-    return args.fn(args) or 0
+    try:
+        return args.fn(args) or 0
+    except Exception as exc:  # printed without secrets (a traceback may quote a URL with its password)
+        return report_failure(args, exc)
 
 
 def _name_process(name: str) -> None:

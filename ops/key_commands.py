@@ -9,6 +9,8 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
+from ops.cli_options import add_connection_options
+from ops.redaction import redact
 from ops.settings import Settings
 
 
@@ -19,7 +21,7 @@ def _where(url: str) -> str:
 
 
 def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return redact(" ".join(str(exc).split())) or type(exc).__name__
 
 
 def _limit(value: int) -> str:
@@ -107,11 +109,11 @@ def run(args, settings: Settings) -> int:
     try:
         return asyncio.run(_run(args, settings))
     except ValueError as exc:  # a name or a key id the user typed
-        print(f"brigade keys {args.keys_command}: {exc}", file=sys.stderr)
+        print(f"brigade keys {args.keys_command}: {redact(str(exc))}", file=sys.stderr)  # it may quote a key
         return 2
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"brigade keys: Redis at {_where(settings.redis_url)} did not answer ({_one_line(exc)}); "
-              "start it (`brigade up`) or point BRIGADE_REDIS_URL at it", file=sys.stderr)
+              "start it (`brigade up`), or give --redis-url or set BRIGADE_REDIS_URL", file=sys.stderr)
         return 1
     except redis.RedisError as exc:
         print(f"brigade keys: Redis at {_where(settings.redis_url)} refused: {_one_line(exc)}", file=sys.stderr)
@@ -127,6 +129,7 @@ def _count(text: str) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("keys", help="API keys of the gateway: create, list, revoke, usage")
+    add_connection_options(p, redis="redis_url")  # before the subcommand too, as `brigade batch` takes them
     ks = p.add_subparsers(dest="keys_command", required=True)
     c = ks.add_parser("create", help="a new key (printed once: store it)")
     c.add_argument("--name", required=True, help="who or what the key is for")
@@ -141,3 +144,5 @@ def add_parser(sub) -> None:
     u = ks.add_parser("usage", help="requests, tokens and cache hits per key")
     u.add_argument("key", nargs="?", help="one key's id (default: every key)")
     u.add_argument("--json", action="store_true", help="one JSON object a line")
+    for leaf in (c, ls, r, u):
+        add_connection_options(leaf, redis="redis_url")

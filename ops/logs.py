@@ -4,13 +4,27 @@ from __future__ import annotations
 import logging
 import os
 
+from ops.redaction import redact
+
+FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+
+
+class RedactingFormatter(logging.Formatter):
+    """Every line and traceback without secrets: a library's message may quote a URL with its
+    password, or a request's headers (ops/redaction.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
 
 def setup_logging(level: str | None = None) -> None:
     level = (level or os.environ.get("BRIGADE_LOG_LEVEL", "INFO")).upper()
-    logging.basicConfig(
-        level=level,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig: logging configured before stays as it was
+        handler = logging.StreamHandler()
+        handler.setFormatter(RedactingFormatter(FORMAT))
+        root.addHandler(handler)
+        root.setLevel(level)
     # Libraries that log every request at INFO would drown Brigade's own events: HTTP clients and
     # uvicorn's access log (two lines per /readyz poll), Celery's "received" and "succeeded" per
     # task (the worker's own event=request_done line says more, once), and faiss's loader, which

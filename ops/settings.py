@@ -8,7 +8,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,6 +29,9 @@ class Settings(BaseSettings):
 
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8765
+    # The key the command line sends (`brigade chat`, `batch`, `bench doors`/`serve`, `cache warm`)
+    # when no --api-key is given. A SecretStr: printing the settings shows ********** instead.
+    api_key: SecretStr = SecretStr("")
     # Largest WebSocket frame accepted; larger frames close the connection (1009), so this sits
     # well above max_prompt_chars so that an oversized prompt still gets a polite error event.
     max_message_bytes: int = 16 * 1024 * 1024

@@ -15,6 +15,7 @@ import redis
 
 from ops import fleet, keys
 from ops.capacity import scale_signal
+from ops.redaction import redact, redact_url
 from ops.settings import Settings
 
 # kombu's priority steps as Brigade uses them (workers/app.py): continued requests jump the queue,
@@ -84,7 +85,7 @@ def run(settings: Settings, as_json: bool) -> int:
     try:
         report = collect(settings)
     except redis.RedisError as exc:
-        print(f"brigade status: Redis at {settings.redis_url} does not answer ({exc})", file=sys.stderr)
+        print(f"brigade status: Redis at {redact_url(settings.redis_url)} does not answer ({redact(str(exc))})", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 0
