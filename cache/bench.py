@@ -45,11 +45,13 @@ async def _timed(ws, message: dict) -> tuple[float, dict]:
             return (time.perf_counter() - started) * 1000, event
 
 
-async def hit_latency(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int) -> dict:
+async def hit_latency(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int, url: str | None = None,
+                      api_key: str | None = None) -> dict:
     question = "What is the capital of France?"
     base = {"type": "generate", "max_tokens": 32, "messages": [{"role": "user", "content": question}]}
     out = {}
-    async with connect(settings.ws_url, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with connect(url or settings.ws_url, additional_headers=headers, max_size=None) as ws:
         miss_ms, first = await _timed(ws, {**base, "id": "miss"})
         await asyncio.sleep(0.2)  # the answer is stored after `done`
         exact = []
@@ -105,7 +107,9 @@ def lookup_cost(sizes: list[int], queries: int = 200, dim: int = 384, seed: int 
     return rows
 
 
-def run(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int, sizes: list[int]) -> dict:
+def run(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int, sizes: list[int],
+        url: str | None = None, api_key: str | None = None) -> dict:
+    """url: the gateway's WebSocket (default settings.ws_url); the entries go to settings.cache_redis."""
     report = {"lookup_cost": lookup_cost(sizes) if sizes else []}
-    report["hits"] = asyncio.run(hit_latency(settings, repeats, pairs_file, semantic_pairs))
+    report["hits"] = asyncio.run(hit_latency(settings, repeats, pairs_file, semantic_pairs, url, api_key))
     return report

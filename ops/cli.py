@@ -300,7 +300,11 @@ def cmd_bench(args) -> int:
                   '({"q1": ..., "q2": ..., "duplicate": true|false}); its duplicates are asked as rewordings',
                   file=sys.stderr)
             return 2
-        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n])
+        from ops.bench_serve import target_urls
+
+        ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
+        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
+                     ws_url, args.api_key)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

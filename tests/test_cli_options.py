@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,13 @@ def client_env(**extra: str | None) -> dict:
 def brigade(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ops.cli", *argv], cwd=ROOT, env=env or client_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_all(cases: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """Each case's command, four at a time: they are independent, and most of each is Python starting."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        running = {name: pool.submit(brigade, *argv) for name, argv in cases.items()}
+        return {name: future.result() for name, future in running.items()}
 
 
 def batch_lines(n: int) -> str:
@@ -171,10 +179,15 @@ AFTER_THE_SUBCOMMAND = {
 }
 
 
+@pytest.fixture(scope="module")
+def after_the_subcommand(stack) -> dict[str, subprocess.CompletedProcess]:
+    return run_all({name: stack.fill(argv) for name, (argv, _, _) in AFTER_THE_SUBCOMMAND.items()})
+
+
 @pytest.mark.parametrize("case", list(AFTER_THE_SUBCOMMAND), ids=list(AFTER_THE_SUBCOMMAND))
-def test_every_service_command_takes_its_connection_options_after_the_subcommand(stack, case):
-    argv, code, pattern = AFTER_THE_SUBCOMMAND[case]
-    done = brigade(*stack.fill(argv))
+def test_every_service_command_takes_its_connection_options_after_the_subcommand(stack, after_the_subcommand, case):
+    _, code, pattern = AFTER_THE_SUBCOMMAND[case]
+    done = after_the_subcommand[case]
     assert_outcome(done, code, stack.fill([pattern])[0])
     if case == "batch submit":  # the brief's example: the results land where --output says
         lines = [json.loads(x) for x in (stack.files / "submitted.jsonl").read_text().splitlines()]
@@ -248,10 +261,15 @@ NEVER_SHOWN = {
 }
 
 
+@pytest.fixture(scope="module")
+def never_shown() -> dict[str, subprocess.CompletedProcess]:
+    return run_all({name: argv for name, (argv, _, _) in NEVER_SHOWN.items()})
+
+
 @pytest.mark.parametrize("case", list(NEVER_SHOWN), ids=list(NEVER_SHOWN))
-def test_errors_never_show_a_key_or_a_password(case):
-    argv, code, pattern = NEVER_SHOWN[case]
-    done = brigade(*argv)
+def test_errors_never_show_a_key_or_a_password(never_shown, case):
+    _, code, pattern = NEVER_SHOWN[case]
+    done = never_shown[case]
     assert_no_secret(done)
     assert_outcome(done, code, pattern)
 
