@@ -34,10 +34,18 @@ def cmd_prepare(args) -> int:
 def cmd_worker(args) -> int:
     from ops.keys import interactive_queue
     from workers.app import app
-    import workers.tasks  # noqa: F401  (registers the task and the engine's start/stop hooks)
+    import workers.tasks  # registers the task and the engine's start/stop hooks
+    from workers.engine_host import EngineUnavailable
 
     settings = get_settings()
     name = args.name or f"brigade-{os.getpid()}@{socket.gethostname()}"
+    # The model first: a worker that cannot hold it (a device this machine lacks, missing files,
+    # too little memory) says why in one line and exits before it takes anything from the queue.
+    try:
+        workers.tasks.load_model()
+    except EngineUnavailable as exc:
+        print(f"brigade worker: {exc}", file=sys.stderr)
+        return 1
     # Celery warns at every start of a worker run as root (as in many containers and these
     # machines). Brigade's workers accept JSON only, never pickle, which is what makes root
     # dangerous for a Celery worker (Celery itself refuses root with pickle); the compose image
@@ -116,8 +124,9 @@ def _redis_answers(url: str) -> bool:
 
 def cmd_up(args) -> int:
     """Redis (when none answers), the workers (one by default), the gateway and a reaper (and
-    Flower), stopped in order on Ctrl-C or SIGTERM."""
+    Flower), stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself."""
     from ops.ports import CannotListen, ensure_free
+    from ops.supervision import STOP_SIGNALS, say, tied_to_this_process
 
     settings = get_settings()
     if args.workers < 1:
@@ -132,6 +141,14 @@ def cmd_up(args) -> int:
     except CannotListen as exc:
         print(exc, file=sys.stderr)
         return 1
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
     redis_child: subprocess.Popen | None = None
     if not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
@@ -147,17 +164,34 @@ def cmd_up(args) -> int:
         # overcommit) that a development machine need not act on.
         settings.home.mkdir(parents=True, exist_ok=True)
         redis_log = settings.home / "redis.log"
-        redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "",
-                                        "--appendonly", "no", "--logfile", str(redis_log)], start_new_session=True)
-        deadline = time.monotonic() + 5
+        if args.ephemeral:
+            keep = ["--appendonly", "no"]
+        else:
+            # An append-only file, written to disk every second: keys, cached answers, batch jobs
+            # and dead letters outlive a restart and a crash, losing at most the last second.
+            # No RDB snapshots besides: the file alone restores everything.
+            data = settings.data_dir.expanduser() / "redis"
+            data.mkdir(parents=True, exist_ok=True)
+            keep = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data)]
+        # Redis dies with `up` by SIGTERM, which closes the append-only file cleanly.
+        redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "", *keep,
+                                        "--logfile", str(redis_log)], start_new_session=True,
+                                       preexec_fn=tied_to_this_process(signal.SIGTERM))
+        # Loading a large append-only file takes a while (Redis answers LOADING until done).
+        deadline = time.monotonic() + 60
         while not _redis_answers(settings.redis_url):
+            if stopping:
+                stop_processes([redis_child])
+                return 0
             if redis_child.poll() is not None or time.monotonic() > deadline:
                 stop_processes([redis_child])
                 print(f"redis-server did not come up at {redact_url(settings.redis_url)} (its log: {redis_log})", file=sys.stderr)
                 return 1
             time.sleep(0.1)
     # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
-    # order (STOP_ORDER), so nothing is left talking to a part that is gone.
+    # order (STOP_ORDER), so nothing is left talking to a part that is gone. Should `up` die
+    # without stopping them (SIGKILL), the kernel kills them: a drain needs the order, and what
+    # they hold is recovered from Redis at the next start (the reaper moves their requests).
     me = [sys.executable, "-m", "ops.cli"]
     parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     host = socket.gethostname()
@@ -166,28 +200,20 @@ def cmd_up(args) -> int:
             ["worker"] if args.workers == 1 else ["worker", "--name", f"brigade-{os.getpid()}-{i}@{host}"])
     if args.flower:
         parts["flower"] = me + ["flower"]
-    children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in parts.items()}
+    children = {name: subprocess.Popen(argv, start_new_session=True, preexec_fn=tied_to_this_process(signal.SIGKILL))
+                for name, argv in parts.items()}
     if redis_child is not None:
         children["redis"] = redis_child
-    print(f"Brigade is starting: the chat page at {settings.http_url}/, the OpenAI API at {settings.http_url}/v1, "
-          f"the WebSocket at {settings.ws_url} (readiness: {settings.http_url}/readyz); Ctrl-C stops everything",
-          flush=True)
-
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    say(f"Brigade is starting: the chat page at {settings.http_url}/, the OpenAI API at {settings.http_url}/v1, "
+        f"the WebSocket at {settings.ws_url} (readiness: {settings.http_url}/readyz); Ctrl-C stops everything",
+        sys.stdout)
     status = 0
     try:
         while not stopping:
             exited = [(name, p.returncode) for name, p in children.items() if p.poll() is not None]
             if exited:
                 name, code = exited[0]
-                print(f"brigade {name} exited (code {code}); stopping the rest", file=sys.stderr, flush=True)
+                say(f"brigade {name} exited (code {code}); stopping the rest")
                 status = 1
                 break
             time.sleep(0.2)
@@ -203,13 +229,15 @@ STOP_ORDER = ("gateway", "worker", "reaper", "flower", "redis")
 
 
 def stop_in_order(children: dict[str, subprocess.Popen], settings) -> None:
+    from ops.supervision import say
+
     grace = {"gateway": settings.gateway_shutdown_grace_s + 5, "worker": settings.drain_seconds + 10}
     def part(name: str) -> str:
         return name.split("-")[0]  # worker-2 stops with the workers
 
     running = [name for name in STOP_ORDER if any(part(n) == name and p.poll() is None for n, p in children.items())]
     if running:
-        print(f"stopping {', then '.join(running)}", file=sys.stderr, flush=True)
+        say(f"stopping {', then '.join(running)}")
     for name in STOP_ORDER:
         group = [p for n, p in children.items() if part(n) == name]
         if group:
@@ -237,7 +265,7 @@ def cmd_flower(args) -> int:
         print("BRIGADE_FLOWER_USER and BRIGADE_FLOWER_PASSWORD may not contain a comma", file=sys.stderr)
         return 2
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "flower",
+        sys.executable, "-m", "workers.flower",  # Flower on workers.app; its exit never waits on Redis
         f"--address={settings.flower_host}", f"--port={settings.flower_port}",
     ]
     # The credentials go through the environment, which only this user can read (/proc/PID/environ),
@@ -371,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
                        "or Ctrl-C (exit 130) at the prompt ends the session.")
     p.add_argument("question", nargs="?", help="without it: an interactive session")
     p.add_argument("--system", help="a system message that starts the conversation")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--max-tokens", type=int, help="default: the served model's (GET /v1/models shows it)")
+    p.add_argument("--temperature", type=float, help="default: the served model's; 0 = greedy (the same answer "
+                   "every time, and cached)")
     p.add_argument("--seed", type=int, help="same seed and question, same answer")
     p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
     add_connection_options(p, gateway="ws", api_key=True)

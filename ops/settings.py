@@ -20,11 +20,23 @@ def _default_home() -> Path:
     return Path(base) / "brigade"
 
 
+def _default_data_dir() -> Path:
+    # Data, not cache: ~/.cache is what users, cleaners and CI images empty to reclaim space, and
+    # what is there must cost only the time to rebuild it (prepared models). API keys, cached
+    # answers, batch jobs and dead letters cannot be rebuilt, so they go where the XDG base
+    # directory spec puts a user's data ($XDG_DATA_HOME, default ~/.local/share).
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "brigade"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
 
     # Where prepared model folders and other build products live (not in git: too large).
     home: Path = Field(default_factory=_default_home)
+    # Where what must survive a restart lives: the append-only file of the Redis that `brigade up`
+    # starts (unless --ephemeral) and batch jobs' files.
+    data_dir: Path = Field(default_factory=_default_data_dir)
     redis_url: str = "redis://127.0.0.1:6379/0"
 
     gateway_host: str = "127.0.0.1"
@@ -75,7 +87,9 @@ class Settings(BaseSettings):
     # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
     # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
-    batch_files_dir: str = ""  # empty: BRIGADE_HOME/batches
+    # Under the data dir, not BRIGADE_HOME (a cache): a job's records survive in Redis now, and
+    # they must not point at result files that a cache clean-up removed.
+    batch_files_dir: str = ""  # empty: BRIGADE_DATA_DIR/batches
     batch_window: int = 0  # 0: the live workers' batch width, shared among this gateway's jobs
     batch_max_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
     batch_retention_s: float = 86_400.0
@@ -194,7 +208,7 @@ class Settings(BaseSettings):
 
     @property
     def batch_dir(self) -> Path:
-        return Path(self.batch_files_dir).expanduser() if self.batch_files_dir else self.home / "batches"
+        return Path(self.batch_files_dir).expanduser() if self.batch_files_dir else self.data_dir / "batches"
 
     @property
     def model_dir(self) -> Path:

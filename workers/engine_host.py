@@ -17,11 +17,14 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
+import torch
 
 from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
-from engine.model_files import prepare_default_model
+from engine.model_files import ModelNotFound, prepare_default_model
+from engine.placement import PlacementError
 from ops import fleet, keys
 from ops.messages import QueuedRequest, ReplyEvent
 from ops.settings import Settings, torch_threads
@@ -61,6 +64,47 @@ def engine_config(settings: Settings) -> EngineConfig:
         dtype=settings.dtype,
         torch_threads=torch_threads(settings),
     )
+
+
+class EngineUnavailable(Exception):
+    """This worker cannot hold its model: a setting or the machine (device, files, memory), not a bug.
+    The message is one line that says which and what to do."""
+
+
+def load_engine(settings: Settings) -> Engine:
+    """The worker's engine, or EngineUnavailable. Called before the worker consumes anything: a
+    worker without an engine must not join the queue (it would take requests it cannot run)."""
+    try:
+        config = engine_config(settings)
+        _check_model_folder(Path(config.model))
+        return Engine.load(config)
+    except (PlacementError, ModelNotFound) as exc:
+        raise EngineUnavailable(_one_line(exc)) from None
+    except (OSError, ValueError) as exc:  # transformers on files it cannot read or make sense of
+        raise EngineUnavailable(f"cannot load the model at {settings.model_dir}: {_one_line(exc)}") from None
+    except (MemoryError, RuntimeError) as exc:
+        # torch reports a failed CPU allocation as a RuntimeError ("can't allocate memory"), a GPU's
+        # as torch.OutOfMemoryError (a RuntimeError too); any other RuntimeError is a bug.
+        if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and "allocate" not in str(exc):
+            raise
+        raise EngineUnavailable(f"not enough memory to load the model at {settings.model_dir}: "
+                                f"{_one_line(exc) or type(exc).__name__}") from None
+
+
+def _check_model_folder(folder: Path) -> None:
+    """The files every model needs, named when missing (transformers' own errors span many lines)."""
+    hint = "set BRIGADE_MODEL to a Hugging Face model folder, or leave it empty for the default model"
+    if not (folder / "config.json").is_file():
+        raise EngineUnavailable(f"no model at {folder} (no config.json): {hint}")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
+        raise EngineUnavailable(f"the model at {folder} has no weights (*.safetensors or pytorch_model*.bin): {hint}")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise EngineUnavailable(f"the model at {folder} has no tokenizer (tokenizer.json, tokenizer.model or "
+                                f"vocab.json): {hint}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
 
 
 def sampling_params(queued: QueuedRequest) -> SamplingParams:
@@ -107,8 +151,8 @@ class EngineHost:
         ]
 
     @classmethod
-    def start(cls, settings: Settings, worker_name: str) -> "EngineHost":
-        host = cls(settings, worker_name, Engine.load(engine_config(settings)))
+    def start(cls, settings: Settings, worker_name: str, engine: Engine | None = None) -> "EngineHost":
+        host = cls(settings, worker_name, engine or load_engine(settings))
         # Before the first heartbeat, which publishes the address.
         host.metrics_endpoint = serve_metrics(settings.worker_metrics_host, settings.worker_metrics_port,
                                               settings.worker_metrics_advertise_host)

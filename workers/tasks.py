@@ -1,7 +1,8 @@
 """Celery tasks and the worker's start/stop hooks.
 
-The worker runs the threads pool: there is no fork, so the model is loaded in `worker_init`
-(the main process) and shared by every task thread through one EngineHost.
+The worker runs the threads pool: there is no fork, so the model is loaded once in the main
+process, before Celery starts (load_model; or in `worker_init`, before the consumer, when Celery is
+started some other way), and shared by every task thread through one EngineHost.
 """
 from __future__ import annotations
 
@@ -12,22 +13,36 @@ import threading
 
 from celery.signals import task_received, worker_init, worker_shutdown, worker_shutting_down
 
+from engine import Engine
 from ops.messages import QueuedRequest
 from ops.settings import get_settings
 from workers import broker_patches
 from workers.app import BATCH_TASK, GENERATE_TASK, app
-from workers.engine_host import EngineHost
+from workers.engine_host import EngineHost, EngineUnavailable, load_engine
 
 log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None
+_engine: Engine | None = None  # loaded by load_model() before Celery starts
 broker_patches.apply()  # survive a broker restart (see the module)
+
+
+def load_model() -> None:
+    """Load the engine before Celery starts the worker; raises EngineUnavailable. `brigade worker`
+    calls it first, so a worker that cannot hold its model exits before it joins the queue."""
+    global _engine
+    _engine = load_engine(get_settings())
 
 
 @worker_init.connect
 def _load_engine(sender=None, **_):
     global _host
     name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
-    _host = EngineHost.start(get_settings(), name)
+    try:
+        _host = EngineHost.start(get_settings(), name, _engine)
+    except EngineUnavailable as exc:
+        # Celery logs and ignores an Exception from a signal handler, and would then consume with
+        # no engine; SystemExit ends the worker before its consumer starts.
+        raise SystemExit(f"brigade worker: {exc}") from None
 
 
 @task_received.connect
