@@ -1,0 +1,186 @@
+"""Nothing outlives `brigade up`, on real processes: `brigade up` itself (its Redis, gateway, worker,
+reaper and, in two cases, Flower), stopped in every way a user or a machine stops it; Flower asked to
+stop while Redis is gone; a worker that cannot load its model."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ops import keys
+from ops.settings import Settings
+from tests.services import (BrigadeProcess, BrigadeUp, RedisServer, free_port, service_env, still_running,
+                            wait_until, worker_statuses)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# How `up` is stopped, each on its own `brigade up`. "sigint-through-a-dead-pipe" is
+# `brigade up 2>&1 | tee LOG` and Ctrl-C: the terminal sends SIGINT to the whole pipeline, tee
+# dies of it, and `up` must stop its children although every print of its own now fails.
+ORDERLY = ("sigint-through-a-dead-pipe", "sigpipe", "sighup", "sigterm")
+CASES = (*ORDERLY, "sigkill")
+WITH_FLOWER = ("sigint-through-a-dead-pipe", "sigkill")  # Flower stopped in order, and killed with `up`
+EPHEMERAL = ("sigterm",)  # one `up --ephemeral`: its Redis keeps nothing
+
+
+def flower_listens(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthcheck", auth=("brigade", "brigade"), timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Pipeline:
+    """`brigade up 2>&1 | tee LOG` in a process group of its own, as a shell runs a pipeline."""
+
+    def __init__(self, env: dict, log_path: Path, *args: str):
+        self.tee = subprocess.Popen(["tee", str(log_path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    process_group=0)
+        self.up = BrigadeUp(env, log_path, *args, stdout=self.tee.stdin, process_group=self.tee.pid)
+        self.tee.stdin.close()  # `up` and its children hold the pipe's writing end, tee its reading end
+
+    def kill(self) -> None:
+        self.up.kill()
+        if self.tee.poll() is None:
+            self.tee.kill()
+        self.tee.wait(5)
+
+
+@pytest.fixture(scope="module")
+def ups(tmp_path_factory, tiny_model_dir):
+    """One `brigade up` per case, all started at once (their start is most of these tests' time),
+    each on its own ports, Redis and data folder, with the tiny model."""
+    started = {}
+    try:
+        for case in CASES:
+            home = tmp_path_factory.mktemp(case)
+            env = service_env(f"redis://127.0.0.1:{free_port()}/0", free_port(),
+                              BRIGADE_HOME=str(home / "home"), BRIGADE_DATA_DIR=str(home / "data"),
+                              BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_DTYPE="float32", BRIGADE_TORCH_THREADS="1",
+                              BRIGADE_CACHE_ENABLED="false", BRIGADE_FLOWER_PORT=str(free_port()))
+            args = [*(["--flower"] if case in WITH_FLOWER else []), *(["--ephemeral"] if case in EPHEMERAL else [])]
+            if case == "sigint-through-a-dead-pipe":
+                started[case] = Pipeline(env, home / "up.log", *args)
+            else:
+                started[case] = BrigadeUp(env, home / "up.log", *args)
+        yield {case: s.up if isinstance(s, Pipeline) else s for case, s in started.items()}
+    finally:
+        for s in started.values():
+            s.kill()
+
+
+def stop(up: BrigadeUp, case: str) -> None:
+    if case == "sigint-through-a-dead-pipe":
+        os.killpg(os.getpgid(up.proc.pid), signal.SIGINT)  # the pipeline: tee leads it, `up` is in it
+    else:
+        up.proc.send_signal({"sigpipe": signal.SIGPIPE, "sighup": signal.SIGHUP, "sigterm": signal.SIGTERM,
+                             "sigkill": signal.SIGKILL}[case])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_process_up_started_ends_when_up_is_stopped(ups, case):
+    up = ups[case]
+    parts = up.wait_ready()
+    expected = {"gateway", "worker", "reaper", "redis", *(["flower"] if case in WITH_FLOWER else [])}
+    if "flower" in expected:
+        flower_port = int(up.env["BRIGADE_FLOWER_PORT"])
+        wait_until(lambda: flower_listens(flower_port), 120, what="Flower to listen")
+        parts = up.parts()
+    assert set(parts) == expected, f"{case}: `up` started {sorted(parts)}"
+    aof = list((Path(up.env["BRIGADE_DATA_DIR"]) / "redis").glob("**/*.aof*"))
+    if case in EPHEMERAL:
+        assert aof == [], f"--ephemeral kept an append-only file: {aof}"
+    else:
+        assert aof, "no append-only file in BRIGADE_DATA_DIR/redis"
+    started = time.monotonic()
+    stop(up, case)
+    deadline = started + 60
+    while still_running(list(parts.values())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {name: p.pid for name, p in parts.items() if still_running([p])}
+    assert not left, f"{case}: still running 60 s after `up` was stopped: {left}\n{up.tail()}"
+    print(f"{case}: every part ended {time.monotonic() - started:.1f} s after the signal")
+    if case in ORDERLY:
+        # Stopped in order by `up` itself, which then returned normally: not killed by its own
+        # broken output, and not cleaned up only by the kernel.
+        assert up.proc.wait(10) == 0, f"{case}: `up` exited {up.proc.returncode}\n{up.tail()}"
+        if case != "sigint-through-a-dead-pipe":  # there, the log ended with tee
+            output = up.log_path.read_text()
+            assert "stopping gateway, then worker, then reaper" in output, output[-2000:]
+            assert "Traceback" not in output, output[-3000:]
+    else:
+        assert up.proc.wait(10) == -signal.SIGKILL
+
+
+def test_flower_asked_to_stop_while_redis_is_gone_stops_within_seconds(tmp_path):
+    """Flower's threads retried a broadcast to a gone Redis for ever, and its exit waited for them."""
+    server = RedisServer(tmp_path)
+    port = free_port()
+    env = service_env(server.url, free_port(), BRIGADE_FLOWER_PORT=str(port))
+    flower = BrigadeProcess("flower", env, tmp_path / "flower.log")
+    try:
+        wait_until(lambda: flower_listens(port), 120, what="Flower to listen")
+        server.stop()
+        # A refresh of the workers' page makes Flower inspect them, from its thread pool, with
+        # Redis gone: the threads that stopped its exit.
+        httpx.get(f"http://127.0.0.1:{port}/workers?refresh=1", auth=("brigade", "brigade"), timeout=10)
+        asked = time.monotonic()
+        flower.proc.terminate()
+        code = flower.proc.wait(30)
+        took = time.monotonic() - asked
+    finally:
+        flower.stop(timeout=5)
+        if server.proc.poll() is None:
+            server.stop()
+    print(f"Flower stopped {took:.1f} s after SIGTERM with Redis gone")
+    assert took < 6, f"Flower took {took:.1f} s to stop\n{flower.tail()}"
+    assert code == 0, flower.tail()
+
+
+@pytest.mark.parametrize("case", ["device-this-machine-lacks", "model-folder-without-weights"])
+def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consuming(redis_server, tmp_path, case):
+    from workers.app import GENERATE_TASK, make_app
+
+    settings = Settings()
+    queue = keys.interactive_queue(settings.model_name)
+    for name in keys.queue_lists(settings.model_name):
+        redis_server.client.delete(name)
+    make_app(redis_server.url).send_task(GENERATE_TASK, args=[{"request_id": "waiting"}], queue=queue,
+                                         task_id="waiting-for-a-worker")
+    if case == "device-this-machine-lacks":
+        # No device 99 anywhere; without a GPU this is `cuda` on a machine that has none.
+        extra = {"BRIGADE_DEVICE": "cuda:99"}
+        reason = "BRIGADE_DEVICE=cuda:99"
+    else:
+        folder = tmp_path / "model"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        extra = {"BRIGADE_MODEL": str(folder)}
+        reason = f"the model at {folder} has no weights"
+    def waiting() -> list[str]:
+        return [json.loads(m)["headers"]["id"] for name in keys.queue_lists(settings.model_name)
+                for m in redis_server.client.lrange(name, 0, -1)]
+
+    worker = subprocess.Popen([sys.executable, "-m", "ops.cli", "worker", "--name", f"{case}@test"], cwd=ROOT,
+                              env=service_env(redis_server.url, free_port(), **extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        # Until it exits, or shows that it did not: it took the message, or it beats as a live worker.
+        wait_until(lambda: worker.poll() is not None or not waiting() or worker_statuses(redis_server.client),
+                   180, what="the worker to exit")
+        took_it, live = waiting() != ["waiting-for-a-worker"], worker_statuses(redis_server.client)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        out, err = worker.communicate(timeout=10)
+    lines = err.strip().splitlines()
+    assert worker.returncode != 0 and not took_it and not live, (worker.returncode, took_it, live, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith(f"brigade worker: {reason}"), err
+    assert out == ""
