@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gateway", help="start the WebSocket gateway").set_defaults(fn=cmd_gateway)
     p = sub.add_parser("up", help="start Redis (if needed), the workers, the gateway and a reaper")
     p.add_argument("--flower", action="store_true", help="also start Flower")
+    p.add_argument("--ephemeral", action="store_true", help="the Redis it starts keeps nothing: keys, cached answers, "
+                   "batch jobs and dead letters end with it (default: kept in BRIGADE_DATA_DIR)")
     p.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1; on one machine, "
                    "give each BRIGADE_TORCH_THREADS so that together they use the cores once)")
     p.set_defaults(fn=cmd_up)
