@@ -1,7 +1,6 @@
 """The `brigade` command line: start the parts, talk to the service, measure it."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os

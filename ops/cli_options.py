@@ -99,8 +99,8 @@ def resolve_connection(args: argparse.Namespace) -> None:
 
 
 def command_name(args: argparse.Namespace) -> str:
-    """`keys list`, `batch submit`, `status`: the command as typed, for messages."""
-    sub = getattr(args, f"{args.command}_command", None)
+    """`keys list`, `batch submit`, `bench cache`, `status`: the command as typed, for messages."""
+    sub = getattr(args, f"{args.command}_command", None) or getattr(args, "target", None)
     return f"{args.command} {sub}" if sub else args.command
 
 
