@@ -16,6 +16,7 @@ import uuid
 import httpx
 from websockets.asyncio.client import connect
 
+from ops.redaction import redact_url
 from ops.settings import Settings
 
 QUESTIONS = [
@@ -76,7 +77,7 @@ async def _run(settings: Settings, base: str | None, rounds: int, max_tokens: in
         return {"ttft_p50_s": round(statistics.median(r[0] for r in rows), 4),
                 "e2e_p50_s": round(statistics.median(r[1] for r in rows), 4), "requests": len(rows)}
 
-    report = {"target": "doors", "url": http_base, "rounds": rounds, "max_tokens": max_tokens,
+    report = {"target": "doors", "url": redact_url(http_base), "rounds": rounds, "max_tokens": max_tokens,
               "ws": summary(times["ws"]), "http_sse": summary(times["http"])}
     report["http_over_ws_ttft_ratio"] = round(report["http_sse"]["ttft_p50_s"] / report["ws"]["ttft_p50_s"], 3)
     report["http_minus_ws_ttft_p50_ms"] = round(
