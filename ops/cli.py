@@ -125,7 +125,7 @@ def cmd_up(args) -> int:
     """Redis (when none answers), the workers (one by default), the gateway and a reaper (and
     Flower), stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself."""
     from ops.ports import CannotListen, ensure_free
-    from ops.supervision import STOP_SIGNALS, say, tied_to_this_process
+    from ops.supervision import STOP_SIGNALS, FolderInUse, hold_folder, say, tied_to_this_process
 
     settings = get_settings()
     if args.workers < 1:
@@ -171,6 +171,12 @@ def cmd_up(args) -> int:
             # No RDB snapshots besides: the file alone restores everything.
             data = settings.data_dir.expanduser() / "redis"
             data.mkdir(parents=True, exist_ok=True)
+            try:
+                hold_folder(data)
+            except FolderInUse:
+                print(f"{data} is in use by another `brigade up`'s Redis: stop it, or give this one its own "
+                      "BRIGADE_DATA_DIR (or --ephemeral)", file=sys.stderr)
+                return 1
             keep = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data)]
         # Redis dies with `up` by SIGTERM, which closes the append-only file cleanly.
         redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "", *keep,

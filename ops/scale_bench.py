@@ -1,7 +1,7 @@
 """`brigade bench scale`: output tokens/s as the fleet grows, under the same load.
 
-For each fleet size it starts its own Brigade (`brigade up --workers N`: a fresh redis-server,
-the gateway, a reaper and N workers of BRIGADE_TORCH_THREADS each, on free ports, the answer
+For each fleet size it starts its own Brigade (`brigade up --ephemeral --workers N`: a fresh
+redis-server, the gateway, a reaper and N workers of BRIGADE_TORCH_THREADS each, on free ports, the answer
 cache off so that every request reaches a worker), waits until all N workers beat, runs the
 same `bench serve` load against it, and stops it. Reported per size: output tokens/s, requests/s,
 TTFT and end-to-end medians, errors, and the ratio to the first size.
@@ -62,7 +62,9 @@ class Fleet:
 
     def __enter__(self) -> "Fleet":
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--workers", str(self.workers)],
+        # --ephemeral: each size gets a fresh, empty Redis, not the last size's queue and records.
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--ephemeral",
+                                      "--workers", str(self.workers)],
                                      env=self.env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -11,10 +11,12 @@ and `up` prints through `say`, which never raises.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Callable, TextIO
 
 # The signals on which `up` stops its children in order and exits 0. SIGHUP: the terminal closed.
@@ -67,3 +69,21 @@ def _silence(stream: TextIO) -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+class FolderInUse(Exception):
+    """Another process holds the folder (hold_folder)."""
+
+
+def hold_folder(folder: Path) -> int:
+    """An exclusive lock on `folder`, held until this process ends (the returned descriptor is
+    never closed, and children do not inherit it); raises FolderInUse. Two Redis servers writing
+    one append-only folder would corrupt it: a second `brigade up` on the same BRIGADE_DATA_DIR
+    (on other ports) must refuse to start its own."""
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FolderInUse(folder) from None
+    return fd

@@ -368,7 +368,8 @@ def test_up_on_a_port_in_use_says_so_and_starts_nothing(tmp_path):
 def test_up_stops_the_gateway_then_the_worker_then_the_reaper_then_its_redis(tmp_path, model_dir):
     order = ("gateway", "worker", "reaper", "redis")
     redis_port, port = free_port(), free_port()
-    env = service_env(f"redis://127.0.0.1:{redis_port}/0", port, BRIGADE_CACHE_ENABLED="false")
+    env = service_env(f"redis://127.0.0.1:{redis_port}/0", port, BRIGADE_CACHE_ENABLED="false",
+                      BRIGADE_DATA_DIR=str(tmp_path / "data"))
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up"], env=env, cwd=ROOT, stdout=log,
                           stderr=subprocess.STDOUT)

@@ -84,6 +84,22 @@ def stop(up: BrigadeUp, case: str) -> None:
                              "sigkill": signal.SIGKILL}[case])
 
 
+def test_a_second_up_on_the_same_data_folder_refuses_to_start_a_redis_there(ups):
+    """Two Redis servers writing one append-only folder would corrupt it."""
+    import redis
+
+    first = ups["sighup"]
+    first.wait_ready()
+    redis_url, port = f"redis://127.0.0.1:{free_port()}/0", free_port()
+    env = dict(first.env, BRIGADE_REDIS_URL=redis_url, BRIGADE_GATEWAY_PORT=str(port))
+    second = subprocess.run([sys.executable, "-m", "ops.cli", "up"], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "is in use by another `brigade up`'s Redis" in second.stderr, second.stderr
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(redis_url, socket_connect_timeout=1).ping()
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_every_process_up_started_ends_when_up_is_stopped(ups, case):
     up = ups[case]
