@@ -195,8 +195,9 @@ def cmd_up(args) -> int:
             time.sleep(0.1)
     # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
     # order (STOP_ORDER), so nothing is left talking to a part that is gone. Should `up` die
-    # without stopping them (SIGKILL), the kernel kills them: a drain needs the order, and what
-    # they hold is recovered from Redis at the next start (the reaper moves their requests).
+    # without stopping them (SIGKILL), the kernel kills them outright: a drain needs the order and
+    # a Redis, which is going at the same moment; what they held is recovered from Redis at the
+    # next start (the reaper moves the dead workers' requests).
     me = [sys.executable, "-m", "ops.cli"]
     parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     host = socket.gethostname()
