@@ -318,6 +318,25 @@ def cmd_bench(args) -> int:
 
         engine = Engine.load(engine_config(settings))
         report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, args.peer)
+    elif args.target == "quality":
+        import dataclasses
+
+        from engine import Engine
+        from engine.placement import PlacementError, resolve
+        from engine.quality_bench import MAX_TOKENS, QualityConfig, default_modes, run
+        from workers.engine_host import engine_config
+
+        # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
+        config = dataclasses.replace(engine_config(settings), dtype="float32", max_batch=32)
+        modes = tuple(m.strip() for m in args.dtype.split(",") if m.strip()) if args.dtype else default_modes()
+        try:
+            for mode in modes:  # a typo fails now, not after the reference run
+                resolve(config.device, mode)
+        except PlacementError as exc:
+            print(f"brigade bench quality: {exc}", file=sys.stderr)
+            return 2
+        report = run(Engine.load(config), QualityConfig(modes, args.max_tokens or MAX_TOKENS, args.questions,
+                                                         args.consistency_questions))
     elif args.target == "doors":
         from ops.door_bench import run
 
@@ -415,12 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     add_connection_options(p, gateway="ws", api_key=True)
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale"])
+    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale", "quality"])
     p.add_argument("--n", default="1,16,32,64", help="engine: comma-separated request counts")
     p.add_argument("--peer", choices=["llama-cpp"], help="engine: the same prompts through a peer too "
                    "(llama-cpp: `make bench-peers` installs it)")
     p.add_argument("--max-tokens", type=int,
-                   help="new tokens per request (default: engine 128, soak and doors 16, serve each dataset line's)")
+                   help="new tokens per request (default: engine 128, quality 32, soak and doors 16, serve each "
+                   "dataset line's)")
     p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
     p.add_argument("--pairs", help="cache (required): JSONL question pairs whose duplicates are asked as rewordings")
     p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
@@ -433,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="scale: fleet sizes to start in turn, each under the same "
                    "serve load (the serve flags below)")
     p.add_argument("--threads-per-worker", type=int, default=1, help="scale: BRIGADE_TORCH_THREADS of each worker")
+    p.add_argument("--dtype", help="quality: comma-separated precision modes (default: every mode but auto)")
+    p.add_argument("--questions", type=int, help="quality: ask this many of the shipped questions (spread "
+                   "over the set; default all)")
+    p.add_argument("--consistency-questions", type=int, default=32, help="quality: questions also asked alone, "
+                   "in a batch of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(fn=cmd_bench)
     from ops.load_commands import add_serve_arguments
