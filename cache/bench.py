@@ -48,7 +48,8 @@ async def _timed(ws, message: dict) -> tuple[float, dict]:
 async def hit_latency(settings: Settings, repeats: int, pairs_file: str, semantic_pairs: int, url: str | None = None,
                       api_key: str | None = None) -> dict:
     question = "What is the capital of France?"
-    base = {"type": "generate", "max_tokens": 32, "messages": [{"role": "user", "content": question}]}
+    # Greedy, as the cache stores only deterministic answers (a sampled default is not stored).
+    base = {"type": "generate", "max_tokens": 32, "temperature": 0, "messages": [{"role": "user", "content": question}]}
     out = {}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     async with connect(url or settings.ws_url, additional_headers=headers, max_size=None) as ws:
@@ -64,7 +65,7 @@ async def hit_latency(settings: Settings, repeats: int, pairs_file: str, semanti
 
         cache = AnswerCache(settings)
         renderer = PromptRenderer(settings.model_dir)
-        params = GenerateParams(max_tokens=32)
+        params = GenerateParams(max_tokens=32, temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
         duplicates = [p for p in read_pairs(pairs_file) if p.duplicate][-semantic_pairs:]
         for p in duplicates:
             q = make_query(renderer, settings.model_name, None, [ChatMessage(role="user", content=p.q1)], params)

@@ -56,6 +56,8 @@ def _digest(*parts) -> str:
 
 
 def output_fields(params: GenerateParams) -> dict:
+    if params.unset:  # a bug: the protocol fills every field before a request reaches the cache
+        raise ValueError(f"sampling fields {params.unset} are unset: fill them with the model's defaults first")
     fields = {"max_tokens": params.max_tokens, "repetition_penalty": params.repetition_penalty,
               "stop": sorted(set(params.stop)), "temperature": params.temperature}
     if params.temperature > 0:

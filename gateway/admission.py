@@ -67,6 +67,12 @@ class Admitted:
     cached: list[dict] = field(default_factory=list)  # the whole answer, when the cache had it
     hit: object | None = None  # the cache hit (entry, layer, similarity), for feedback
     asked: str | None = None  # the question as the cache saw it, for feedback
+    hit_request_id: str | None = None  # the server id a cache hit is answered under (never queued)
+
+    @property
+    def server_id(self) -> str | None:
+        """The server's id of this request, queued or answered from the cache."""
+        return self.request_id or self.hit_request_id
 
 
 class Admission:
@@ -184,12 +190,13 @@ class Admission:
                 metrics.CONTENT_BLOCKED.labels(cmd.model, "output").inc()
                 raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", cmd.id)
         usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
+        rid = context.guard_input.request_id
         events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
-                               time.perf_counter() - started, entry.entry_id)
-        log.info("event=cache_hit client_id=%s layer=%s similarity=%.4f entry=%s", cmd.id, hit.layer,
-                 hit.similarity, entry.entry_id)
-        self._spawn(self._settle_usage(context.key_id, context.guard_input.request_id, usage, cache_hit=True))
-        return Admitted(cached=events, hit=hit, asked=query.question)
+                               time.perf_counter() - started, entry.entry_id, request_id=rid)
+        log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
+                 hit.layer, hit.similarity, entry.entry_id)
+        self._spawn(self._settle_usage(context.key_id, rid, usage, cache_hit=True))
+        return Admitted(cached=events, hit=hit, asked=query.question, hit_request_id=rid)
 
     async def _refuse_if_overloaded(self, cmd: Generate, lane: str) -> None:
         retry = self.settings.retry_after_s

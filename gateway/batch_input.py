@@ -47,9 +47,8 @@ class BadLine:
 class Checker:
     """Checks lines one at a time, remembering the custom_ids seen."""
 
-    def __init__(self, protocol: ClientProtocol, default_max_tokens: int):
+    def __init__(self, protocol: ClientProtocol):
         self.protocol = protocol
-        self.default_max_tokens = default_max_tokens
         self.seen: set[str] = set()
 
     def check(self, number: int, raw: str | bytes) -> BatchLine | BadLine | None:
@@ -86,7 +85,7 @@ class Checker:
         if body.get("stream"):
             return BadLine(number, "`body.stream` must be false or absent in a batch", custom_id)
         try:
-            command, options = oa.parse(body, URLS[url], self.protocol, self.default_max_tokens, f"b{number}")
+            command, options = oa.parse(body, URLS[url], self.protocol, f"b{number}")
         except ProtocolError as err:
             where = f"body.{err.field}: " if err.field else ""
             return BadLine(number, f"{where}{err.message} ({err.code})", custom_id)

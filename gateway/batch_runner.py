@@ -182,7 +182,7 @@ class BatchRunner:
         return None if key is None or key.revoked else key
 
     def checker(self) -> Checker:
-        return Checker(self.gateway.protocol, self.settings.http_default_max_tokens)
+        return Checker(self.gateway.protocol)
 
     # ---- validating --------------------------------------------------------------------------------
 
@@ -416,8 +416,10 @@ class BatchRunner:
                 if event["type"] == "token":
                     text.append(event["text"])
                 elif event["type"] == "done":
-                    body = oa.completion_body(opts, rid or f"cached-{line.number}", "".join(text), event, oa.now(), rid)
-                    return LineResult(line.number, output_line(run.id, line, {"status_code": 200, "request_id": rid,
+                    served = rid or event.get("request_id")  # a cached answer's own id
+                    body = oa.completion_body(opts, served or f"cached-{line.number}", "".join(text), event, oa.now(),
+                                              served)
+                    return LineResult(line.number, output_line(run.id, line, {"status_code": 200, "request_id": served,
                                                                               "body": body}, None),
                                       "completed", int((event.get("usage") or {}).get("completion_tokens") or 0))
                 elif event["type"] == "error":
@@ -473,12 +475,12 @@ def copy_result(job_id: str, line: BatchLine, first: LineResult) -> LineResult:
 
 def dedup_key(job_id: str, line: BatchLine) -> str | None:
     """Lines of one job whose answer is determined by their request (greedy or seeded) share one
-    answer. Across jobs, only the answer cache (--warm-cache) reuses answers."""
-    body = line.body
-    temperature = body.get("temperature", 1.0)
-    if temperature not in (0, 0.0) and body.get("seed") is None:
+    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. Greedy or not is the
+    resolved temperature's (a line without one takes the model's default), not the body's."""
+    params = line.command.params
+    if params.temperature > 0 and params.seed is None:
         return None
-    return hashlib.sha256(json.dumps([job_id, line.url, body], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([job_id, line.url, line.body], sort_keys=True).encode()).hexdigest()
 
 
 def _check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:

@@ -94,7 +94,9 @@ class HttpDoor:
         except ProtocolError as err:
             return error_response(err)
         model = {"id": self.settings.model_name, "object": "model", "created": self.gateway.started_at,
-                 "owned_by": "brigade", "max_model_len": self.gateway.context_length()}
+                 "owned_by": "brigade", "max_model_len": self.gateway.context_length(),
+                 # What a request that leaves a sampling field unset gets (ops/sampling_defaults.py).
+                 "sampling_defaults": self.gateway.protocol.defaults.model_dump(exclude={"sources"})}
         return JSONResponse({"object": "list", "data": [model]})
 
     async def chat_completions(self, request: Request) -> Response:
@@ -111,7 +113,7 @@ class HttpDoor:
                 body = json.loads(await self._body(request))
             except (ValueError, RecursionError):
                 raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
-            cmd, opts = oa.parse(body, chat, self.gateway.protocol, self.settings.http_default_max_tokens, client_id)
+            cmd, opts = oa.parse(body, chat, self.gateway.protocol, client_id)
             answer = HttpAnswer()
             admitted = await self.gateway.admission.admit(cmd, caller, answer)
         except ProtocolError as err:
@@ -121,7 +123,7 @@ class HttpDoor:
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
         for event in admitted.cached:
             answer.send(event)
-        rid = admitted.request_id or client_id
+        rid = admitted.server_id or client_id
         # Until the response starts (streaming) or ends (not), the request's only sign of a client
         # that left is the disconnect message; StreamingResponse watches for it after that.
         gone = asyncio.ensure_future(_disconnected(request))

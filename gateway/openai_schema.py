@@ -58,7 +58,9 @@ def _unsupported(field: str, why: str) -> ProtocolError:
     return ProtocolError("unsupported_field", f"`{field}` {why}", None, field)
 
 
-def parse(body: Any, chat: bool, protocol: ClientProtocol, default_max_tokens: int, client_id: str) -> tuple[Generate, Options]:
+def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tuple[Generate, Options]:
+    """A body -> a `Generate`. Sampling fields the body leaves out (or sends as null) stay unset
+    here, and the protocol fills them from the model's defaults, as for the WebSocket."""
     if not isinstance(body, dict):
         raise ProtocolError("invalid_message", "the request body must be a JSON object")
     known = CHAT_FIELDS if chat else COMPLETION_FIELDS
@@ -70,12 +72,11 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, default_max_tokens: i
     for name in ("temperature", "top_p", "seed") + tuple(BRIGADE_FIELDS):
         if body.get(name) is not None:
             fields[name] = body[name]
-    fields.setdefault("temperature", 1.0)  # OpenAI's default; the WebSocket's is 0
     if "model" in body:
         fields["model"] = body["model"]
     limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(limit_field)
-    fields["max_tokens"] = default_max_tokens if max_tokens is None else max_tokens
+    if body.get(limit_field) is not None:
+        fields["max_tokens"] = body[limit_field]
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = [stop] if isinstance(stop, str) else stop
@@ -185,7 +186,9 @@ def usage_of(done: dict) -> dict:
 
 def brigade_extra(done: dict, request_id: str | None) -> dict:
     """Brigade's own account of the answer: timing (as the WebSocket `done` event), cache layer, ids."""
-    out = {"request_id": request_id, "timing": done.get("timing") or {}, "cached": done.get("cached"),
+    # A cached answer's events carry the id it was answered under (it has no queued request).
+    out = {"request_id": done.get("request_id") or request_id, "timing": done.get("timing") or {},
+           "cached": done.get("cached"),
            "finish_reason": done.get("finish_reason")}
     if done.get("cached"):
         out["similarity"] = done.get("similarity")

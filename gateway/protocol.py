@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
-from ops.messages import ChatMessage, GenerateParams
+from ops.messages import ChatMessage, GenerateParams, SamplingDefaults
+from ops.sampling_defaults import load_sampling_defaults
 from ops.settings import Settings
 
 
@@ -94,12 +95,14 @@ def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: d
 
 
 def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
-                  similarity: float, elapsed_s: float, entry_id: str | None = None) -> list[dict[str, Any]]:
+                  similarity: float, elapsed_s: float, entry_id: str | None = None,
+                  request_id: str | None = None) -> list[dict[str, Any]]:
     """A cached answer in the same shapes as a generated one, each event marked with its layer.
 
     The whole stored text goes in one `token` event (index 0): it is all there already, and one
-    frame instead of one per token keeps an exact hit near a millisecond."""
-    mark = {"cached": layer, "similarity": round(similarity, 4)}
+    frame instead of one per token keeps an exact hit near a millisecond. A hit gets a server
+    request id as a queued request does (in its `queued` event): logs and clients name it by that."""
+    mark = {"cached": layer, "similarity": round(similarity, 4), "request_id": request_id}
     events = [{**token_event(client_id, 0, "".join(chunks)), **mark}] if chunks else []
     timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
     # The entry id lets a client (`feedback`) or an operator (`brigade cache forget`) evict it.
@@ -108,10 +111,13 @@ def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: 
 
 
 class ClientProtocol:
-    """Turns client frames into commands, with the limits from settings."""
+    """Turns client frames into commands, with the limits from settings. A command's sampling
+    fields are complete: what the client left unset is filled from the model's defaults here, the
+    one place every door passes."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, defaults: SamplingDefaults | None = None):
         self.settings = settings
+        self.defaults = defaults if defaults is not None else load_sampling_defaults(settings)
 
     def parse(self, frame: str | bytes) -> Command:
         if isinstance(frame, bytes):
@@ -243,11 +249,13 @@ class ClientProtocol:
             if isinstance(value, bool) and name != "stop":
                 raise ProtocolError("invalid_field", f"`{name}` must be a number", rid, name)
         try:
-            params = GenerateParams.model_validate(fields)
+            # JSON null is "not given", as an absent field (the OpenAI door drops nulls the same way).
+            params = GenerateParams.model_validate({k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else None
             raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
+        params = params.with_defaults(self.defaults)
         if params.max_tokens > s.max_tokens_limit:
             raise ProtocolError(
                 "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"

@@ -48,6 +48,7 @@ from gateway.ws_door import WebSocketDoor
 from ops import fleet, keys
 from ops.ports import bind_error
 from ops.redis_pool import shared_client
+from ops.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
 from ops.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -67,7 +68,11 @@ class Gateway:
         reply_channel = keys.reply_channel(self.id)
         # Commands time out instead of hanging a request (or /readyz) on a stuck Redis.
         self.redis = shared_client(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
-        self.protocol = ClientProtocol(settings)
+        # Read once at start: the exact-cache key and a sampled request's seed need the values
+        # that will run, so the gateway fills unset fields itself (ops/sampling_defaults.py).
+        defaults = load_sampling_defaults(settings)
+        log.info("event=sampling_defaults %s", describe(defaults))
+        self.protocol = ClientProtocol(settings, defaults)
         self.router = ReplyRouter()
         self.load = LoadMonitor(self.redis, settings)
         self.key_store = KeyStore(self.redis)
@@ -304,7 +309,7 @@ async def run_gateway(settings: Settings) -> None:
     sock = bind(settings.gateway_host, settings.gateway_port)
     try:
         gateway = Gateway(settings)
-    except GuardConfigError as exc:
+    except (GuardConfigError, GenerationConfigError) as exc:
         raise SystemExit(f"brigade gateway: {exc}") from None
     config = uvicorn.Config(
         gateway.app(), ws="websockets-sansio", ws_max_size=settings.max_message_bytes,

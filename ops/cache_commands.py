@@ -66,6 +66,9 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
                 if "question" in d:
                     d["messages"] = [{"role": "user", "content": d.pop("question")}]
                 d.update(type="generate", id=f"warm-{n}")
+                # Only deterministic answers are stored, and the model's default may sample: a line
+                # without a temperature is warmed greedily (the answer later greedy requests hit).
+                d.setdefault("temperature", 0)
                 items.append(d)
     result = {"questions": len(items), "answered": 0, "already_cached": 0, "errors": 0}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None

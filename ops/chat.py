@@ -29,8 +29,10 @@ OK, FAILED, INTERRUPTED = 0, 1, 130
 @dataclass(frozen=True)
 class ChatOptions:
     url: str
-    max_tokens: int = 256
-    temperature: float = 0.0
+    # None: not sent, so the served model's defaults apply (the gateway knows them; a CLI that
+    # sent its own would be wrong for every other model). --temperature 0 asks greedily.
+    max_tokens: int | None = None
+    temperature: float | None = None
     seed: int | None = None
     system: str | None = None
     cache: str = "auto"
@@ -43,8 +45,11 @@ class ChatOptions:
     cancel_wait_s: float = 5.0
 
     def generate(self, client_id: str, messages: list[dict]) -> dict:
-        frame = {"type": "generate", "id": client_id, "messages": messages, "max_tokens": self.max_tokens,
-                 "temperature": self.temperature, "cache": self.cache}
+        frame = {"type": "generate", "id": client_id, "messages": messages, "cache": self.cache}
+        if self.max_tokens is not None:
+            frame["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            frame["temperature"] = self.temperature
         if self.seed is not None:
             frame["seed"] = self.seed
         return frame

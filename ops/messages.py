@@ -17,16 +17,49 @@ class ChatMessage(BaseModel):
     content: str
 
 
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty")
+
+
+class SamplingDefaults(BaseModel):
+    """What fills the sampling fields a request leaves unset: every field has a value.
+
+    Made once per process from the model's generation config and the settings that override it
+    (ops/sampling_defaults.py); `sources` says where each value came from, for the start-up log."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0.0, le=2.0)
+    top_p: float = Field(gt=0.0, le=1.0)
+    top_k: int = Field(ge=0, le=1000)
+    repetition_penalty: float = Field(gt=0.0, le=10.0)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
 class GenerateParams(BaseModel):
+    """The sampling fields of one request. None in a sampling field means "not given": the
+    model's default fills it (`with_defaults`), at the gateway, before the exact-cache key is made
+    and a seed is drawn, so every door and the queue carry the values that really run."""
+
     # strict: "0.5" is not a temperature; a client learns that at once instead of by surprise.
     model_config = ConfigDict(extra="forbid", strict=True)
-    max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, le=1000)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1000)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: list[str] = Field(default_factory=list)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+    @property
+    def unset(self) -> tuple[str, ...]:
+        return tuple(name for name in SAMPLING_FIELDS if getattr(self, name) is None)
+
+    def with_defaults(self, defaults: SamplingDefaults) -> GenerateParams:
+        """Every unset sampling field filled from `defaults`; a field the request gave is kept."""
+        missing = self.unset
+        if not missing:
+            return self
+        return self.model_copy(update={name: getattr(defaults, name) for name in missing})
 
 
 class QueuedRequest(BaseModel):

@@ -71,9 +71,18 @@ class Settings(BaseSettings):
     guard_patterns_file: str = ""
     # The shipped sanitizer's limit on a prompt's characters (all messages together).
     guard_max_chars: int = 32_768
-    # OpenAI door: max_tokens when a request gives none (vLLM fills the context; a bound keeps one
-    # request from reserving the KV memory of many).
-    http_default_max_tokens: int = 1024
+    # Sampling fields a request leaves unset (every door: WebSocket, OpenAI, batch lines), as vLLM's
+    # --generation-config: "auto" reads the model's generation_config.json (for the default model,
+    # the publisher's recommendations shipped in ops/sampling_defaults.py), "brigade" ignores the
+    # model's file (neutral values), a folder path reads that folder's generation_config.json.
+    generation_config: str = "auto"
+    # Each wins over the generation config (vLLM's --override-generation-config); empty: the model's.
+    # A request's own field wins over both.
+    default_max_tokens: int | None = None
+    default_temperature: float | None = None
+    default_top_p: float | None = None
+    default_top_k: int | None = None
+    default_repetition_penalty: float | None = None
     # The gateway's GET /metrics: open (as vLLM's) or behind an API key like the API ("required").
     metrics_auth: str = Field(default="off", pattern="^(off|required)$")
     # Seconds a client is told to wait (Retry-After) when the service is overloaded or has no worker.

@@ -89,14 +89,23 @@ class BrigadeProcess:
         self.log.close()
 
 
-def service_env(redis_url: str, gateway_port: int, **extra: str) -> dict:
+def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
+    """The environment of a test service; a variable given as None is removed."""
     env = dict(os.environ)
     env.update({
         "BRIGADE_REDIS_URL": redis_url,
         "BRIGADE_GATEWAY_PORT": str(gateway_port),
         "PYTHONUNBUFFERED": "1",
+        # Test stacks answer greedily unless a request says otherwise, so that answers compare
+        # token for token and are cached; the default model samples at 0.2. The tests of the
+        # defaults themselves pass BRIGADE_DEFAULT_TEMPERATURE=None.
+        "BRIGADE_DEFAULT_TEMPERATURE": "0",
     })
-    env.update(extra)
+    for name, value in extra.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 

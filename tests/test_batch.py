@@ -201,7 +201,7 @@ def test_identical_deterministic_lines_are_answered_once(stack, tmp_path):
 
 
 def test_the_checker_gives_every_bad_line_a_reason():
-    checker = Checker(ClientProtocol(Settings()), 64)
+    checker = Checker(ClientProtocol(Settings()))
     good = checker.check(1, json.dumps(line(0)))
     assert good.custom_id == "req-0" and good.chat
     reasons = [checker.check(n, raw).reason for n, raw in enumerate([

@@ -38,6 +38,8 @@ def settings(redis_server):
 
 def ask(renderer, question: str, system: str | None = None, model: str = "smollm2-135m-instruct", **params):
     messages = ([ChatMessage(role="system", content=system)] if system else []) + [ChatMessage(role="user", content=question)]
+    # Greedy and 128 tokens unless a test says otherwise (the protocol fills these for live requests).
+    params = {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, **params}
     return make_query(renderer, model, None, messages, GenerateParams(**params))
 
 

@@ -72,11 +72,14 @@ def test_error_names_the_request_when_its_id_is_known(protocol):
     assert err.value.event()["id"] == "r1"
 
 
-def test_good_generate_is_parsed_with_defaults(protocol):
+def test_good_generate_is_parsed_with_the_models_defaults_for_what_it_leaves_out(protocol):
     cmd = protocol.parse(good(max_tokens=12, stop=["\n"], seed=7))
     assert isinstance(cmd, Generate)
     assert cmd.id == "r1" and cmd.prompt == "hi" and cmd.cache == "auto"
-    assert cmd.params.max_tokens == 12 and cmd.params.temperature == 0.0 and cmd.params.seed == 7
+    assert cmd.params.max_tokens == 12 and cmd.params.seed == 7
+    # The default model's recommended sampling (ops/sampling_defaults.py) fills the rest.
+    assert (cmd.params.temperature, cmd.params.top_p) == (protocol.defaults.temperature, protocol.defaults.top_p)
+    assert not cmd.params.unset
 
 
 def test_chat_messages_are_accepted(protocol):

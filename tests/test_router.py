@@ -94,7 +94,7 @@ PROTOCOL = ClientProtocol(Settings())
 
 
 def parse(body, chat=True):
-    return oa.parse(body, chat, PROTOCOL, 1024, "x")
+    return oa.parse(body, chat, PROTOCOL, "x")
 
 
 def test_chat_body_becomes_the_same_generate_as_the_websocket_would_get():
@@ -104,13 +104,14 @@ def test_chat_body_becomes_the_same_generate_as_the_websocket_would_get():
         "stream_options": {"include_usage": True}})
     assert [(m.role, m.content) for m in cmd.messages] == [("system", "Be brief."), ("user", "Hi")]
     assert cmd.params.max_tokens == 7 and cmd.params.stop == ["\n"] and cmd.params.seed == 3 and cmd.params.top_k == 5
-    assert cmd.params.temperature == 1.0  # OpenAI's default
+    assert cmd.params.temperature == PROTOCOL.defaults.temperature  # the model's, as on the WebSocket
     assert opts.stream and opts.include_usage and opts.chat
 
 
-def test_without_max_tokens_the_http_default_applies():
-    cmd, _ = parse({"prompt": "Once", "temperature": 0}, chat=False)
-    assert cmd.params.max_tokens == 1024 and cmd.prompt == "Once"
+def test_without_max_tokens_the_models_default_applies():
+    cmd, _ = parse({"prompt": "Once", "temperature": 0, "max_tokens": None}, chat=False)
+    assert cmd.params.max_tokens == PROTOCOL.defaults.max_tokens and cmd.prompt == "Once"
+    assert cmd.params.temperature == 0  # given: kept
 
 
 @pytest.mark.parametrize("body, field", [

@@ -26,7 +26,8 @@ from engine import Engine, EngineConfig, EngineRequest, RequestRejected, Samplin
 from engine.model_files import ModelNotFound, prepare_default_model
 from engine.placement import PlacementError
 from ops import fleet, keys
-from ops.messages import QueuedRequest, ReplyEvent
+from ops.messages import QueuedRequest, ReplyEvent, SamplingDefaults
+from ops.sampling_defaults import load_sampling_defaults
 from ops.settings import Settings, torch_threads
 from workers.app import enqueue
 from workers.claims import ClaimStore
@@ -107,8 +108,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
 
 
-def sampling_params(queued: QueuedRequest) -> SamplingParams:
-    p = queued.params
+def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> SamplingParams:
+    # A gateway sends every field filled; a request enqueued some other way gets the same defaults.
+    p = queued.params.with_defaults(defaults)
     return SamplingParams(
         max_tokens=p.max_tokens,
         temperature=p.temperature,
@@ -127,6 +129,7 @@ class EngineHost:
         # Unique per process start: a restarted worker with the same name is a new owner.
         self.instance = f"{worker_name}#{uuid.uuid4().hex[:8]}"
         self.engine = engine
+        self.sampling_defaults = load_sampling_defaults(settings)
         # The engine may have been loaded long before this host starts its thread: count from now.
         engine.loop_at = time.monotonic()
         # A stuck Redis must not freeze the engine thread inside a publish.
@@ -223,7 +226,7 @@ class EngineHost:
             self.engine.add_request(
                 EngineRequest(
                     rid,
-                    sampling_params(queued),
+                    sampling_params(queued, self.sampling_defaults),
                     prompt=queued.prompt,
                     messages=[m.model_dump() for m in queued.messages] if queued.messages is not None else None,
                     resume_ids=resume_ids,
