@@ -189,7 +189,8 @@ class AnswerCache:
         if query.mode == "off" or not query.storable:
             return None
         # The same request gets the same deterministic answer, so the exact layer keeps any
-        # finished one; only answers fit to serve to a rewording get a vector (the semantic layer).
+        # finished one; only answers fit to serve to a rewording get a vector (the semantic layer):
+        # not a loop, and (through the namespace) only for the same max_tokens.
         if not reusable_for_rewordings("".join(chunks), finish_reason):
             vector = None
         elif vector is None and query.question:
@@ -336,9 +337,13 @@ class AnswerCache:
 
 
 def reusable_for_rewordings(answer: str, finish_reason: str) -> bool:
-    """Only answers that ended on their own and do not loop. A reply cut off by `max_tokens` and
-    repeating one phrase was once served to three rewordings; the exact layer still keeps it."""
-    if finish_reason != "stop" or not answer.strip():
+    """Answers that finished (on their own, or cut by `max_tokens`) and do not loop. A reply cut
+    off and repeating one phrase was once served to three rewordings: a loop is what is kept out
+    (the exact layer still keeps it). A cut answer that does not loop is what the same request
+    would get again, and it is served only to rewordings asked with the same `max_tokens`, since
+    `max_tokens` is part of the namespace (cache/query.py). With `max_tokens` 48, most answers
+    end by length: only `stop` answers got a vector before, and most rewordings missed."""
+    if finish_reason not in ("stop", "length") or not answer.strip():
         return False
     return not repetitive(answer)
 

@@ -11,6 +11,10 @@ q2 returns its own q1; a stored rewording labelled nowhere cannot be shown to be
   stored answer at all;
 - paraphrases (every pair a rewording, like GPTCache's documentation benchmark): recall, and the
   share of look-ups served another entry's answer.
+
+A pair that carries q1's answer and finish reason (ops/answer_pairs.py) stores q1 only when the
+live cache would make its answer servable to rewordings (`reusable_for_rewordings`); its q2 is
+then a miss, as it would be live.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from cache.answer_cache import reusable_for_rewordings
 from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import VectorIndex
 from cache.pairs import Pair
@@ -41,6 +46,7 @@ class Outcome:
 class Scored:
     outcomes: list[Outcome]
     decision_ms: list[float]  # guards + pair model, per look-up (embedding excluded)
+    stored: int = 0  # distinct q1 in the index (answers unfit for rewordings are left out)
 
 
 def score_pairs(cache, pairs: list[Pair]) -> Scored:
@@ -52,7 +58,8 @@ def score_pairs(cache, pairs: list[Pair]) -> Scored:
     for p in pairs:
         if p.q1 not in ids:
             ids[p.q1] = str(len(ids))
-            index.add(ids[p.q1], vectors[p.q1], p.q1)
+            if p.answer is None or reusable_for_rewordings(p.answer, p.finish_reason or ""):
+                index.add(ids[p.q1], vectors[p.q1], p.q1)
     index.compact()
     outcomes, times = [], []
     for p in pairs:
@@ -61,7 +68,7 @@ def score_pairs(cache, pairs: list[Pair]) -> Scored:
         candidates = cache.scored(p.q2, candidates)
         times.append((time.perf_counter() - started) * 1000)
         outcomes.append(Outcome(candidates, ids[p.q1], p.duplicate))
-    return Scored(outcomes, times)
+    return Scored(outcomes, times, len(index))
 
 
 def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
@@ -110,7 +117,7 @@ def evaluate(cache, files: dict[str, list[Pair]]) -> dict:
     for kind, pairs in files.items():
         scored = score_pairs(cache, pairs)
         measure = METRICS[kind]
-        section = {"default": measure(scored.outcomes, point) if point else None,
+        section = {"default": measure(scored.outcomes, point) if point else None, "stored": scored.stored,
                    "decision_ms_p50": round(statistics.median(scored.decision_ms), 3) if scored.decision_ms else None}
         if point is not None:
             section["sweep"] = [{"threshold": t, **measure(scored.outcomes, replace(point, threshold=t))}

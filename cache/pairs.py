@@ -12,6 +12,10 @@ class Pair:
     q1: str
     q2: str
     duplicate: bool
+    # The model's answer to q1 and how it ended (ops/answer_pairs.py), when the file has them: the
+    # eval then stores q1 for rewordings only when the live cache would give its answer a vector.
+    answer: str | None = None
+    finish_reason: str | None = None
 
 
 def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
@@ -29,7 +33,7 @@ def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
             if not line.strip():
                 continue
             d = json.loads(line)
-            pairs.append(Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"])))
+            pairs.append(Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"]), d.get("answer"), d.get("finish_reason")))
             if limit is not None and len(pairs) >= limit:
                 break
     return pairs
