@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 import pytest
 
 from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
+from ops.messages import SAMPLING_FIELDS
 from ops.settings import Settings
 from tests.clients import Answer, absorb
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until
@@ -156,7 +157,10 @@ def test_a_valid_generate_parses_with_the_fields_sent(frame, ensure_ascii):
     assert cmd.model == SETTINGS.model_name and cmd.cache == frame.get("cache", "auto")
     assert cmd.cache_threshold == frame.get("cache_threshold") and cmd.deadline_ms == frame.get("deadline_ms")
     for name, value in cmd.params.model_dump().items():
-        assert value == frame.get(name, type(cmd.params).model_fields[name].get_default(call_default_factory=True))
+        # A sampling field the frame leaves out takes the model's default; stop and seed their own.
+        unset = (getattr(PROTOCOL.defaults, name) if name in SAMPLING_FIELDS
+                 else type(cmd.params).model_fields[name].get_default(call_default_factory=True))
+        assert value == frame.get(name, unset)
 
 
 # ---- over the wire ---------------------------------------------------------------------------------
