@@ -47,6 +47,9 @@ class EngineConfig:
     device: str = "auto"  # engine/placement.py
     dtype: str = "auto"
     fast_max_tokens: int = 64  # mixed precision: passes up to this many tokens use the bf16 copy
+    # Pad each pass's rows so that a token's numbers never depend on what shares its pass
+    # (engine/batch_invariance.py): greedy answers the same alone, batched, chunked, resumed.
+    batch_invariant: bool = True
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
 
@@ -139,7 +142,7 @@ class Engine:
                             config.prefill_chunk_tokens, config.admission_patience_s),
             self.kv, self.prefix, self.kv_shape,
         )
-        self.runner = ModelRunner(model, self.placement, config.fast_max_tokens)
+        self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.sequences: dict[str, Sequence] = {}

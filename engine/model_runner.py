@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import rotate_half
 
+from engine.batch_invariance import padded, row_quantum
 from engine.placement import Placement
 from engine.sequence import Sequence
 
@@ -99,12 +100,16 @@ class Weights:
 
 
 class ModelRunner:
-    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64):
+    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = True):
         self.placement = placement
         self.primary = Weights(model, placement.weights_dtype)  # every pass, unless the fast copy takes it
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device
+        # Rows of a pass are padded to a multiple of each copy's row quantum, so that a token's
+        # numbers never depend on how many others share its pass (engine/batch_invariance.py).
+        self.batch_invariant = batch_invariant
+        self.quantum = {id(w): (row_quantum(w) if batch_invariant else 1) for w in (self.primary, self.fast) if w}
 
     def weights_for(self, tokens: int) -> Weights:
         if self.fast is not None and tokens <= self.fast_max_tokens:
@@ -122,6 +127,11 @@ class ModelRunner:
             positions.extend(range(c.start, c.start + c.length))
         w = weights or self.weights_for(len(ids))
         dev = self.device
+        real = len(ids)
+        pad = padded(real, self.quantum.get(id(w), 1)) - real
+        # Padding rows (token 0 at position 0) go through every matrix product and no attention.
+        ids.extend([0] * pad)
+        positions.extend([0] * pad)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         hidden = F.embedding(torch.tensor(ids, dtype=torch.long, device=dev), w.embed)  # [T, H]
         cos, sin = w.rotary(hidden[None], position_ids=pos[None])
@@ -130,7 +140,7 @@ class ModelRunner:
         width = (hidden.shape[1],)
         for index, layer in enumerate(w.layers):
             x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
-            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks, views), layer.o)
+            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
             x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(w.act(gate) * up, layer.down)
@@ -139,10 +149,13 @@ class ModelRunner:
             at += c.length
             if c.samples or every_position:
                 ends.extend(range(at - c.length, at) if every_position else [at - 1])
+        rows = len(ends)
+        ends.extend([ends[0]] * (padded(rows, self.quantum.get(id(w), 1)) - rows))
         last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
-        return F.linear(last, w.head).float()
+        return F.linear(last, w.head)[:rows].float()
 
-    def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views) -> torch.Tensor:
+    def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views,
+                   pad: int = 0) -> torch.Tensor:
         tokens, d = x.shape[0], w.head_dim
         qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
@@ -152,9 +165,26 @@ class ModelRunner:
         outs, at = [], 0
         for c, (slot, keys, values) in zip(chunks, views):
             slot[index].copy_(new_kv[:, at:at + c.length])
-            outs.append(self._attend(w, q[at:at + c.length], keys[index], values[index], c.start))
+            attend = self._attend_each if self.batch_invariant else self._attend
+            outs.append(attend(w, q[at:at + c.length], keys[index], values[index], c.start))
             at += c.length
+        if pad:
+            outs.append(q.new_zeros(pad, q.shape[1] * q.shape[2]))
         return (torch.cat(outs) if len(outs) > 1 else outs[0]).to(w.dtype)
+
+    @staticmethod
+    def _attend_each(w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Attention computed one new query at a time over exactly the keys it sees, as a decode
+        step computes it. A chunk's attention kernel blocks its queries by the chunk's size and
+        sums in that block's order, so a position's numbers would depend on how its prompt was
+        cut (chunked prefill, a prefix-cache hit, a resumed request's prefill) and differ from
+        what its decode step computed. One query at a time costs a prefill more kernel calls
+        (measured: docs/architecture.md) and decode nothing."""
+        n, heads, d = q.shape
+        kv_heads, g = w.kv_heads, w.group
+        outs = [F.scaled_dot_product_attention(q[i].view(1, kv_heads, g, d), keys[:, :, :start + i + 1],
+                                               values[:, :, :start + i + 1], scale=w.scale) for i in range(n)]
+        return torch.cat(outs).view(n, heads * d)
 
     @staticmethod
     def _attend(w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:

@@ -2,18 +2,20 @@
 
 Precision modes:
 
-- `float32`: every pass in fp32. Greedy output equals Hugging Face `generate` token for token.
+- `float32`: every pass in fp32. Greedy output equals Hugging Face `generate`'s.
 - `bfloat16` / `float16`: the weights in half precision (and the KV cache, on a GPU). About 2x
-  faster than fp32 on a CPU with bf16 instructions (AVX512_BF16 or AMX), at every pass size; the
-  default there and on a GPU.
-- `mixed`: for a CPU without them (AVX2). There a bf16 matrix product still reads half the bytes
-  and runs about 2x faster for the few rows of a decode step, but a bf16 prefill is about 5x slower
-  than fp32 (the kernels convert). So passes of at most `fast_max_tokens` tokens use a bf16 copy
-  of the weights and longer passes the fp32 copy; the second copy costs memory (~270 MB for the
-  default model), not time. The KV cache stays fp32: both copies write and read it.
+  faster than fp32 on a CPU with bf16 instructions (AVX512_BF16 or AMX), at every pass size.
+- `mixed`: passes of at most `fast_max_tokens` tokens use a bf16 copy of the weights, longer
+  passes the fp32 copy. The precision of a token's pass then depends on what shares it, so a
+  greedy answer can depend on the batch: never batch-invariant, never the default; kept for
+  measurement (`brigade bench quality`, `brigade bench engine --compare mixed`).
 
-`auto` picks `bfloat16` on a GPU (`float16` where bf16 is unsupported), and on a CPU `bfloat16`
-when /proc/cpuinfo lists avx512_bf16 or amx_bf16, `mixed` otherwise.
+`auto` picks, on a CPU, `bfloat16` when /proc/cpuinfo lists avx512_bf16 or amx_bf16 and `float32`
+otherwise; on a GPU `bfloat16` (`float16` where bf16 is unsupported). On an AVX2 CPU without bf16
+instructions the bf16 kernels convert and compute one row at a time: measured on this project's
+2-core AVX2 machine, a bf16 matrix product is faster than fp32 for one or two rows only, and
+2-3x slower from four rows on, so fp32 is as fast or faster at every load of more than one or
+two streams, and its accuracy is the reference's (`docs/architecture.md`, "Precision").
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def resolve(device: str = "auto", dtype: str = "auto") -> Placement:
         raise PlacementError(f"BRIGADE_DTYPE must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype == "auto":
         if where.type == "cpu":
-            dtype = "bfloat16" if cpu_has_native_bf16() else "mixed"
+            dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
         else:
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if dtype == "mixed" and where.type != "cpu":

@@ -31,6 +31,15 @@ def engine(model_dir):
 
 
 @pytest.fixture(scope="session")
+def default_engine(model_dir):
+    """The real default model in this machine's default precision (auto), as a worker serves it,
+    without the prefix cache (every prompt computed): what an uninterrupted greedy answer is."""
+    from engine import Engine, EngineConfig
+
+    return Engine.load(EngineConfig(model=str(model_dir), max_batch=16, max_wait_ms=0, torch_threads=2, prefix_cache=False))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
     """A randomly initialised model of the same architecture, small enough for fast scheduler tests."""
     import torch

@@ -61,6 +61,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         max_prefill_tokens=settings.max_prefill_tokens,
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         prefix_cache=settings.prefix_cache,
+        batch_invariant=settings.batch_invariant,
         device=settings.device,
         dtype=settings.dtype,
         torch_threads=torch_threads(settings),
