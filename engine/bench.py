@@ -4,13 +4,17 @@ reuse (a 1,000-token system prompt, cold and cached), the streams' inter-token l
 1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`, engine/peer_llama_cpp.py).
 
 Both sides produce exactly `max_tokens` tokens per request (end-of-sequence is ignored), so
-tokens per second compare like for like.
+tokens per second compare like for like. Hugging Face serves requests one after another, so its
+rate does not depend on N: it is timed once, on `baseline_requests` of the same mix (every N with
+`full_baseline`). Progress goes to stderr; the report is returned (the CLI prints it as JSON).
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -61,30 +65,50 @@ def brigade_seconds(engine: Engine, requests: list[EngineRequest]) -> tuple[floa
     return elapsed, [c.timing["ttft_s"] for c in done.values()]
 
 
-def throughput(engine: Engine, exact: Engine | None, ns: list[int], max_tokens: int) -> list[dict]:
-    """HF generate one request after another, against the engine serving the same requests at
-    once, in its default precision and (`exact`) in float32."""
+def throughput(engines: dict[str, Engine], ns: list[int], max_tokens: int, baseline_requests: int = 4,
+               full_baseline: bool = False, progress=None) -> list[dict]:
+    """HF generate one request after another, against each engine serving the same requests at
+    once: the default first, then the modes beside it (float32, ...), named by `engines`' keys."""
+    default = next(iter(engines.values()))
+    hf_rate = None
+    if not full_baseline:
+        k = min(baseline_requests, max(ns))
+        with _task(progress, f"HF generate, {k} requests one after another"):
+            hf_rate = k * max_tokens / baseline_seconds(default, bench_requests(k, max_tokens), max_tokens)
     results = []
     for n in ns:
         tokens = n * max_tokens
-        base = baseline_seconds(engine, bench_requests(n, max_tokens), max_tokens)
-        ours, ttfts = brigade_seconds(engine, bench_requests(n, max_tokens))
-        row = {
-            "n": n,
-            "tokens": tokens,
-            "baseline_s": round(base, 2),
-            "brigade_s": round(ours, 2),
-            "baseline_tok_s": round(tokens / base, 2),
-            "brigade_tok_s": round(tokens / ours, 2),
-            "ratio": round(base / ours, 2),
-            "brigade_ttft_median_s": round(statistics.median(ttfts), 3),
-        }
-        if exact is not None:
-            exact_s, _ = brigade_seconds(exact, bench_requests(n, max_tokens))
-            row.update(float32_tok_s=round(tokens / exact_s, 2), float32_ratio=round(base / exact_s, 2))
+        if full_baseline:
+            with _task(progress, f"HF generate, {n} requests one after another"):
+                hf_rate = tokens / baseline_seconds(default, bench_requests(n, max_tokens), max_tokens)
+        row = {"n": n, "tokens": tokens, "baseline_tok_s": round(hf_rate, 2)}
+        for name, engine in engines.items():
+            with _task(progress, f"{name}: {n} requests at once"):
+                seconds, ttfts = brigade_seconds(engine, bench_requests(n, max_tokens))
+            prefix = "brigade" if engine is default else name
+            row.update({f"{prefix}_tok_s": round(tokens / seconds, 2), f"{prefix}_ratio": round(tokens / seconds / hf_rate, 2)})
+            if engine is default:
+                row.update(brigade_s=round(seconds, 2), brigade_ttft_median_s=round(statistics.median(ttfts), 3))
         results.append(row)
-        print(row, flush=True)
+        _say(row)
     return results
+
+
+@contextmanager
+def _task(progress, description: str):
+    """One step of the run on the progress display (a spinner and elapsed time on a terminal)."""
+    if progress is None:
+        yield
+        return
+    task = progress.add_task(description, total=1)
+    try:
+        yield
+    finally:
+        progress.update(task, completed=1)
+
+
+def _say(row) -> None:
+    print(row, file=sys.stderr, flush=True)
 
 
 # A system prompt of about 1,000 tokens, the same for every request (bench_prefix_reuse).
@@ -156,37 +180,75 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
             "ratio": round(p99 / median, 2) if p99 else None}
 
 
-def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None) -> dict:
-    exact = None
-    if engine.placement.dtype != "float32":  # the exact mode beside it, on the same model object
-        exact = Engine(engine.model, engine.tokenizer, dataclasses.replace(engine.config, dtype="float32"))
-    engine.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
-    if exact is not None:
-        exact.generate(bench_requests(2, 4))
+# Modes timed beside the default (`--compare`): float32 unpadded is the exact reference's speed
+# (and what batch invariance costs, when the default is float32).
+DEFAULT_COMPARE = ("float32-unpadded",)
+
+
+def comparison_engine(engine: Engine, mode: str) -> Engine:
+    """Another engine on the same model object: a precision mode, `-unpadded` for no batch
+    invariance (engine/batch_invariance.py)."""
+    dtype, _, variant = mode.partition("-")
+    config = dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant != "unpadded")
+    return Engine(engine.model, engine.tokenizer, config)
+
+
+def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
+        compare: tuple[str, ...] = DEFAULT_COMPARE, full_baseline: bool = False, long_rows: bool = True) -> dict:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    engines = {"default": engine}
+    for mode in compare:
+        engines[mode.replace("-", "_")] = comparison_engine(engine, mode)
+    for e in engines.values():
+        e.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
+    started = time.perf_counter()
     report = {
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
         "model": engine.config.model,
         "device": str(engine.placement.device),
         "dtype": engine.placement.dtype,
+        "batch_invariant": engine.config.batch_invariant,
+        "row_quantum": engine.runner.quantum.get(id(engine.runner.primary)),
+        "cpu_flags": cpu_flags(),
+        "compared": list(compare),
         "max_batch": engine.config.max_batch,
-        "results": throughput(engine, exact, ns, max_tokens),
     }
-    report["prefix_reuse"] = prefix_reuse(engine)
-    print(report["prefix_reuse"], flush=True)
-    report["long_prefill"] = itl_during_long_prefill(engine)
-    print(report["long_prefill"], flush=True)
-    # The same with the prompt in one pass (no chunking), as the engine did before.
-    chunked = engine.scheduler.config
-    engine.scheduler.config = dataclasses.replace(chunked, prefill_chunk_tokens=chunked.max_prefill_tokens)
-    try:
-        report["long_prefill_unchunked"] = itl_during_long_prefill(engine)
-    finally:
-        engine.scheduler.config = chunked
-    print(report["long_prefill_unchunked"], flush=True)
-    if peer == "llama-cpp":
-        from engine.peer_llama_cpp import run as run_peer
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  disable=not sys.stderr.isatty(), transient=False) as progress:
+        report["results"] = throughput(engines, ns, max_tokens, full_baseline=full_baseline, progress=progress)
+        with _task(progress, "prefix reuse: a 1,000-token system prompt, cold and cached"):
+            report["prefix_reuse"] = prefix_reuse(engine)
+        _say(report["prefix_reuse"])
+        if long_rows:
+            with _task(progress, "16 streams while a 1,500-token prompt loads in chunks"):
+                report["long_prefill"] = itl_during_long_prefill(engine)
+            _say(report["long_prefill"])
+            # The same with the prompt in one pass (no chunking), as the engine did before.
+            chunked = engine.scheduler.config
+            engine.scheduler.config = dataclasses.replace(chunked, prefill_chunk_tokens=chunked.max_prefill_tokens)
+            try:
+                with _task(progress, "the same in one pass (no chunking)"):
+                    report["long_prefill_unchunked"] = itl_during_long_prefill(engine)
+            finally:
+                engine.scheduler.config = chunked
+            _say(report["long_prefill_unchunked"])
+        if peer == "llama-cpp":
+            from engine.peer_llama_cpp import run as run_peer
 
-        report["peer"] = run_peer(engine, [n for n in ns if n in (1, 16)] or [1, 16], max_tokens)
-        print(report["peer"], flush=True)
+            with _task(progress, "llama.cpp, one request after another"):
+                report["peer"] = run_peer(engine, [n for n in ns if n in (1, 16)] or [1, 16], max_tokens)
+            _say(report["peer"])
+    report["wall_s"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def cpu_flags() -> list[str]:
+    """The instruction sets that decide which precision is fast here (engine/placement.py)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return []
+    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "f16c", "fma"})

@@ -313,11 +313,13 @@ def cmd_bench(args) -> int:
         report = run(sizes, load, args.threads_per_worker)
     elif args.target == "engine":
         from engine import Engine
-        from engine.bench import run
+        from engine.bench import DEFAULT_COMPARE, run
         from workers.engine_host import engine_config
 
         engine = Engine.load(engine_config(settings))
-        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, args.peer)
+        compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
+        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, args.peer, compare,
+                     full_baseline=args.full, long_rows=args.full)
     elif args.target == "quality":
         import dataclasses
 
@@ -435,7 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_chat)
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale", "quality"])
-    p.add_argument("--n", default="1,16,32,64", help="engine: comma-separated request counts")
+    p.add_argument("--n", default="1,16,32", help="engine: comma-separated request counts (the first run a user "
+                   "makes: about 6 minutes on 2 cores; --n 1,16,32,64 --full for every row)")
+    p.add_argument("--compare", help="engine: modes timed beside the default, comma-separated: a BRIGADE_DTYPE, "
+                   "with -unpadded for no batch invariance (default float32-unpadded; '' for none)")
+    p.add_argument("--full", action="store_true", help="engine: HF generate timed at every N (not once on 4 "
+                   "requests), and the long-prompt rows (16 streams while a 1,500-token prompt loads)")
     p.add_argument("--peer", choices=["llama-cpp"], help="engine: the same prompts through a peer too "
                    "(llama-cpp: `make bench-peers` installs it)")
     p.add_argument("--max-tokens", type=int,
