@@ -127,6 +127,9 @@ def prefix_reuse(engine: Engine, repeats: int = 3) -> dict:
         return next(iter(done.values())).timing["ttft_s"]
 
     prompt_tokens = len(engine.encode(EngineRequest("x", messages=[{"role": "system", "content": SYSTEM_PROMPT}])))
+    if prompt_tokens + 64 > engine.context_length:
+        return {"skipped": f"the model's context ({engine.context_length} tokens) is shorter than the "
+                           f"{prompt_tokens}-token shared prompt and a question"}
     cold, warm = [], []
     for i in range(repeats):
         engine.prefix.clear()
@@ -180,16 +183,18 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
             "ratio": round(p99 / median, 2) if p99 else None}
 
 
-# Modes timed beside the default (`--compare`): float32 unpadded is the exact reference's speed
-# (and what batch invariance costs, when the default is float32).
-DEFAULT_COMPARE = ("float32-unpadded",)
+# Modes timed beside the default (`--compare`): float32, and float32 in deterministic mode (what
+# batch invariance costs). A mode that is the default's own is not timed twice.
+DEFAULT_COMPARE = ("float32", "float32-invariant")
 
 
 def comparison_engine(engine: Engine, mode: str) -> Engine:
-    """Another engine on the same model object: a precision mode, `-unpadded` for no batch
-    invariance (engine/batch_invariance.py)."""
+    """Another engine on the same model object: a precision mode (BRIGADE_DTYPE), with
+    `-invariant` in deterministic mode or `-unpadded` without it (engine/batch_invariance.py)."""
     dtype, _, variant = mode.partition("-")
-    config = dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant != "unpadded")
+    if variant not in ("", "invariant", "unpadded"):
+        raise ValueError(f"--compare {mode}: a mode is a BRIGADE_DTYPE, optionally with -invariant or -unpadded")
+    config = dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant == "invariant")
     return Engine(engine.model, engine.tokenizer, config)
 
 
@@ -199,7 +204,9 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
 
     engines = {"default": engine}
     for mode in compare:
-        engines[mode.replace("-", "_")] = comparison_engine(engine, mode)
+        other = comparison_engine(engine, mode)
+        if (other.placement.dtype, other.config.batch_invariant) != (engine.placement.dtype, engine.config.batch_invariant):
+            engines[mode.replace("-", "_")] = other
     for e in engines.values():
         e.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
     started = time.perf_counter()
@@ -212,7 +219,7 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         "batch_invariant": engine.config.batch_invariant,
         "row_quantum": engine.runner.quantum.get(id(engine.runner.primary)),
         "cpu_flags": cpu_flags(),
-        "compared": list(compare),
+        "compared": [m for m in compare if m.replace("-", "_") in engines],
         "max_batch": engine.config.max_batch,
     }
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

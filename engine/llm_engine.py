@@ -47,9 +47,10 @@ class EngineConfig:
     device: str = "auto"  # engine/placement.py
     dtype: str = "auto"
     fast_max_tokens: int = 64  # mixed precision: passes up to this many tokens use the bf16 copy
-    # Pad each pass's rows so that a token's numbers never depend on what shares its pass
-    # (engine/batch_invariance.py): greedy answers the same alone, batched, chunked, resumed.
-    batch_invariant: bool = True
+    # Deterministic mode: pad each pass's rows and attend one query at a time, so that a token's
+    # numbers never depend on what shares its pass (engine/batch_invariance.py): greedy answers
+    # the same alone, batched, chunked, resumed. Off by default: it costs most at one stream.
+    batch_invariant: bool = False
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
 

@@ -100,7 +100,7 @@ class Weights:
 
 
 class ModelRunner:
-    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = True):
+    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = False):
         self.placement = placement
         self.primary = Weights(model, placement.weights_dtype)  # every pass, unless the fast copy takes it
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None

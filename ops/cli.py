@@ -440,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", default="1,16,32", help="engine: comma-separated request counts (the first run a user "
                    "makes: about 6 minutes on 2 cores; --n 1,16,32,64 --full for every row)")
     p.add_argument("--compare", help="engine: modes timed beside the default, comma-separated: a BRIGADE_DTYPE, "
-                   "with -unpadded for no batch invariance (default float32-unpadded; '' for none)")
+                   "with -invariant for deterministic mode or -unpadded without it (default float32,float32-invariant; "
+                   "'' for none)")
     p.add_argument("--full", action="store_true", help="engine: HF generate timed at every N (not once on 4 "
                    "requests), and the long-prompt rows (16 streams while a 1,500-token prompt loads)")
     p.add_argument("--peer", choices=["llama-cpp"], help="engine: the same prompts through a peer too "

@@ -117,10 +117,12 @@ class Settings(BaseSettings):
     prefill_chunk_tokens: int = 64
     # Reuse the KV of shared prompt prefixes (a system prompt, earlier turns): engine/prefix_cache.py.
     prefix_cache: bool = True
-    # Greedy answers that do not depend on what shares the engine's passes (batch, chunks, prefix
-    # hits, resumption): each pass's rows are padded to the kernels' row quantum, found at start
-    # (engine/batch_invariance.py). false: unpadded, a little faster for one or two streams.
-    batch_invariant: bool = True
+    # Deterministic mode: greedy answers that do not depend on what shares the engine's passes
+    # (batch, chunks, prefix hits, resumption): each pass's rows padded to the kernels' row
+    # quantum, found at start, and attention one query at a time (engine/batch_invariance.py).
+    # Off by default: measured on a 2-core AVX2 CPU it makes one stream several times slower
+    # (docs/architecture.md, "Precision: measured"); batches of 16 and more cost little.
+    batch_invariant: bool = False
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
     # and auto | float32 | mixed | bfloat16 | float16. auto: bfloat16 on a GPU and on a CPU with bf16
     # instructions, else mixed (bf16 decode, fp32 prefill); float32 gives Hugging Face generate's

@@ -1,4 +1,5 @@
-"""Greedy answers in the default precision do not depend on what shares the engine's passes: the
+"""Greedy answers in deterministic mode (BRIGADE_BATCH_INVARIANT, this machine's default precision)
+do not depend on what shares the engine's passes: the
 same question alone, beside fifteen others, loaded in chunks beside a decoding stream, after a
 prefix-cache hit and resumed part-way give the same tokens (engine/batch_invariance.py). The
 resumption after a worker is killed is tested on real processes in tests/test_failover.py."""
@@ -23,8 +24,8 @@ QUESTIONS = [
     "What colour is grass?", "What is the boiling point of water in Celsius?", "List three colors.",
     "What are the differences between TCP and UDP?", "What is 2 + 2?",
 ]
-ASKED = QUESTIONS[:4]  # asked one at a time in every condition (each costs a few seconds)
-TOKENS = 24
+ASKED = QUESTIONS[:3]  # asked one at a time in every condition (each costs a few seconds)
+TOKENS = 16
 
 
 def ask(i: int, question: str, **params) -> EngineRequest:
@@ -38,22 +39,22 @@ def answers(engine: Engine, requests: list[EngineRequest]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def alone(default_engine) -> list[list[int]]:
-    return [answers(default_engine, [ask(i, q)])[0] for i, q in enumerate(ASKED)]
+def alone(invariant_engine) -> list[list[int]]:
+    return [answers(invariant_engine, [ask(i, q)])[0] for i, q in enumerate(ASKED)]
 
 
 @pytest.mark.real_model
-def test_the_default_precision_pads_its_passes_to_a_quantum_that_makes_every_row_invariant(default_engine):
-    runner = default_engine.runner
-    assert default_engine.config.batch_invariant
+def test_deterministic_mode_pads_its_passes_to_a_quantum_that_makes_every_row_invariant(invariant_engine):
+    runner = invariant_engine.runner
+    assert invariant_engine.config.batch_invariant
     for weights in filter(None, (runner.primary, runner.fast)):
         q = runner.quantum[id(weights)]
         assert invariant_at(weights, q), f"{weights.dtype}: rows differ at quantum {q}"
 
 
 @pytest.mark.real_model
-def test_a_tokens_logits_are_the_same_bits_alone_and_beside_fifteen_others(default_engine):
-    engine = default_engine
+def test_a_tokens_logits_are_the_same_bits_alone_and_beside_fifteen_others(invariant_engine):
+    engine = invariant_engine
     seqs = [Sequence(f"s{i}", engine.encode(ask(i, q)), SamplingParams(), seed=0) for i, q in enumerate(QUESTIONS)]
 
     def logits(group: list[Sequence]) -> torch.Tensor:
@@ -67,22 +68,24 @@ def test_a_tokens_logits_are_the_same_bits_alone_and_beside_fifteen_others(defau
 
 
 @pytest.mark.real_model
-def test_greedy_answer_alone_equals_the_answer_in_a_batch_of_sixteen(default_engine, alone):
-    batched = answers(default_engine, [ask(i, q) for i, q in enumerate(QUESTIONS)])
+def test_greedy_answer_alone_equals_the_answer_in_a_batch_of_sixteen(invariant_engine, alone):
+    batched = answers(invariant_engine, [ask(i, q) for i, q in enumerate(QUESTIONS)])
     assert batched[:len(ASKED)] == alone
 
 
 @pytest.mark.real_model
-def test_greedy_answer_resumed_part_way_continues_as_the_uninterrupted_one(default_engine, alone):
+def test_greedy_answer_resumed_part_way_continues_as_the_uninterrupted_one(invariant_engine, alone):
     for i, q in enumerate(ASKED):
+        sent = len(alone[i]) // 2  # part-way: a request resumed after its last token would go on past it
         request = ask(i, q)
-        request.resume_ids = alone[i][:8]
-        assert alone[i][:8] + answers(default_engine, [request])[0] == alone[i], q
+        request.resume_ids = alone[i][:sent]
+        assert alone[i][:sent] + answers(invariant_engine, [request])[0] == alone[i], q
 
 
 @pytest.mark.real_model
 def test_greedy_answer_after_a_prefix_cache_hit_is_the_same(model_dir, alone):
-    engine = Engine.load(EngineConfig(model=str(model_dir), max_wait_ms=0, torch_threads=2, prefix_cache=True))
+    engine = Engine.load(EngineConfig(model=str(model_dir), max_wait_ms=0, torch_threads=2, prefix_cache=True,
+                                      batch_invariant=True))
     for i, q in enumerate(ASKED):
         first = answers(engine, [ask(i, q)])[0]
         hits = engine.stats()["prefix_hit_tokens"]
@@ -94,7 +97,7 @@ def test_greedy_answer_after_a_prefix_cache_hit_is_the_same(model_dir, alone):
 @pytest.mark.real_model
 def test_greedy_answer_loaded_in_chunks_beside_a_decoding_stream_is_the_same(model_dir, alone):
     engine = Engine.load(EngineConfig(model=str(model_dir), max_wait_ms=0, torch_threads=2, prefix_cache=False,
-                                      prefill_chunk_tokens=8))
+                                      prefill_chunk_tokens=8, batch_invariant=True))
     for i, q in enumerate(ASKED):
         story = EngineRequest(f"story-{i}", SamplingParams(max_tokens=400, ignore_eos=True),
                               messages=[{"role": "user", "content": "Tell me a story."}])

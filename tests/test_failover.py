@@ -86,8 +86,9 @@ def fleet(model_dir, tmp_path_factory):
         redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         BRIGADE_UNCLAIMED_AFTER_S="3",
-        # The default precision: a continued answer must equal the uninterrupted one token for token
-        # (engine/batch_invariance.py), in whatever precision this machine serves by default.
+        # Deterministic mode in the default precision: a continued answer must equal the
+        # uninterrupted one token for token (engine/batch_invariance.py).
+        BRIGADE_BATCH_INVARIANT="true",
     )
     gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
     # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
@@ -114,9 +115,9 @@ def fleet(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(default_engine) -> dict[str, str]:
+def expected(invariant_engine) -> dict[str, str]:
     """What an uninterrupted run says to each prompt (greedy, the workers' precision)."""
-    out = default_engine.generate([
+    out = invariant_engine.generate([
         EngineRequest(f"c{i}", SamplingParams(max_tokens=MAX_TOKENS), messages=[{"role": "user", "content": p}])
         for i, p in enumerate(PROMPTS)
     ])

@@ -1,0 +1,62 @@
+"""`brigade bench engine` as a user first runs it: progress on a terminal, JSON on stdout, the
+default precision timed beside float32 in deterministic mode (what batch invariance costs). On the tiny model:
+the figures are not the point here, the shape of the run is."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+
+
+def run_on_a_terminal(argv: list[str], env: dict, timeout: float = 300) -> tuple[str, str]:
+    """Run with stderr on a pseudo-terminal (where progress is drawn) and stdout on a pipe."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL)
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    stdout = proc.communicate(timeout=timeout)[0]
+    os.close(leader)
+    assert proc.returncode == 0, screen.decode(errors="replace")[-3000:]
+    return stdout.decode(), screen.decode(errors="replace")
+
+
+def test_bench_engine_shows_progress_and_reports_the_default_beside_float32(tiny_model_dir):
+    env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", TERM="xterm",
+               BRIGADE_DTYPE="float32")
+    stdout, screen = run_on_a_terminal(
+        [sys.executable, "-m", "ops.cli", "bench", "engine", "--n", "1,2", "--max-tokens", "4"], env)
+    report = json.loads(stdout)
+    assert [row["n"] for row in report["results"]] == [1, 2]
+    for row in report["results"]:
+        assert row["brigade_tok_s"] > 0 and row["float32_invariant_tok_s"] > 0 and row["baseline_tok_s"] > 0
+    # The default here is float32 (BRIGADE_DTYPE below): it is not timed twice.
+    assert report["compared"] == ["float32-invariant"] and report["batch_invariant"] is False
+    assert "long_prefill" not in report  # the long rows are behind --full
+    # What the terminal showed while it ran: each step named.
+    assert "HF generate" in screen and "requests at once" in screen and "prefix reuse" in screen
+
+
+@pytest.mark.parametrize("mode", ["float32-invariant", "mixed"])
+def test_a_compared_mode_builds_on_the_same_model(tiny_model_dir, mode):
+    from engine import Engine, EngineConfig
+    from engine.bench import comparison_engine
+
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), torch_threads=1, dtype="float32"))
+    other = comparison_engine(engine, mode)
+    assert other.model is engine.model
+    assert other.placement.dtype == mode.split("-")[0]
+    assert other.config.batch_invariant is mode.endswith("-invariant")
+    with pytest.raises(ValueError, match="BRIGADE_DTYPE"):
+        comparison_engine(engine, "float32-fastest")
