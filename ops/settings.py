@@ -121,12 +121,12 @@ class Settings(BaseSettings):
     # (batch, chunks, prefix hits, resumption): each pass's rows padded to the kernels' row
     # quantum, found at start, and attention one query at a time (engine/batch_invariance.py).
     # Off by default: measured on a 2-core AVX2 CPU it makes one stream several times slower
-    # (docs/architecture.md, "Precision: measured"); batches of 16 and more cost little.
+    # (docs/architecture.md, "Precision: measured"); from four streams on only remainders are padded.
     batch_invariant: bool = False
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
     # and auto | float32 | mixed | bfloat16 | float16. auto: bfloat16 on a GPU and on a CPU with bf16
-    # instructions, else mixed (bf16 decode, fp32 prefill); float32 gives Hugging Face generate's
-    # greedy tokens exactly.
+    # instructions, else float32 (faster there from a few streams on; engine/placement.py). mixed
+    # (bf16 for short passes) makes answers depend on the batch: for measurement only.
     device: str = "auto"
     dtype: str = "auto"
     # 0 means: the cores this process may run on.
