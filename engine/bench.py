@@ -200,6 +200,7 @@ def comparison_engine(engine: Engine, mode: str) -> Engine:
 
 def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         compare: tuple[str, ...] = DEFAULT_COMPARE, full_baseline: bool = False, long_rows: bool = True) -> dict:
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     engines = {"default": engine}
@@ -222,7 +223,8 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         "compared": [m for m in compare if m.replace("-", "_") in engines],
         "max_batch": engine.config.max_batch,
     }
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    # On stderr: stdout carries the JSON report alone.
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(stderr=True),
                   disable=not sys.stderr.isatty(), transient=False) as progress:
         report["results"] = throughput(engines, ns, max_tokens, full_baseline=full_baseline, progress=progress)
         with _task(progress, "prefix reuse: a 1,000-token system prompt, cold and cached"):
