@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -362,9 +363,12 @@ def answer_row(question: Question, sources: dict[str, dict[str, Answer]]) -> dic
 # ---- the run --------------------------------------------------------------------------------------
 
 
-def run(reference: Engine, config: QualityConfig, question_file: str | None = None) -> dict:
+def run(reference: Engine, config: QualityConfig, question_file: str | None = None,
+        checkpoint: Callable[[dict], None] | None = None) -> dict:
     """`reference` is a float32 engine (its model is Hugging Face's reference too); each mode gets
-    an engine of its own on the same model object, made and dropped in turn."""
+    an engine of its own on the same model object, made and dropped in turn. `checkpoint` is handed
+    the report so far after the reference and after each mode: a run of an hour or more on a
+    shared machine may be cut short, and what it measured should not go with it."""
     if reference.placement.dtype != "float32" or next(reference.model.parameters()).dtype != torch.float32:
         raise ValueError("bench quality needs the model loaded in float32 (the Hugging Face reference)")
     every = load_questions(question_file)
@@ -372,9 +376,49 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
     subset = spread(questions, config.consistency_questions) if config.consistency_questions > 0 else []
     others = [q for q in every if q not in subset]
     tokenizer, eos = reference.tokenizer, reference.eos_ids
-    source = source_revision()  # at the start: the code this run imported
-    progress = Progress()
+    # float32 first: the other modes' flips are counted against it.
+    modes = sorted(config.modes, key=lambda m: m != "float32")
+    runs: dict[str, ModeRun] = {}
+    head = {
+        "benchmark": "quality",
+        "model": reference.config.model,
+        "source": source_revision(),  # at the start: the code this run imported
+        "question_set": {"file": question_file or "engine/data/quality_questions.jsonl", "size": len(every),
+                         "asked": len(questions),
+                         "categories": {c: sum(q.category == c for q in questions)
+                                        for c in dict.fromkeys(q.category for q in questions)}},
+        "max_tokens": config.max_tokens,
+        "greedy": True,
+        "max_batch": reference.config.max_batch,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_flags": cpu_flags(),
+        "device": str(reference.placement.device),
+        "auto_resolves_to": resolve(reference.config.device, "auto").dtype,
+        "consistency_questions": len(subset),
+        "consistency_question_ids": [q.id for q in subset],
+    }
     started = time.perf_counter()
+
+    def report() -> dict:
+        float32 = runs["float32"].batched if "float32" in runs else None
+        return {
+            **head,
+            "modes_pending": [m for m in modes if m not in runs],  # empty when the run is complete
+            "hf_float32": {
+                # Left-padded batches, unless their text differed from batch 1 on the checked questions.
+                "batch": config.hf_batch if hf_exact else 1,
+                "batched_equals_batch_1": {"checked": len(checked), "equal": hf_equal},
+                "accuracy": accuracy(questions, hf),
+                "wall_s": round(hf_s, 1),
+            },
+            "modes": {mode: mode_report(r, questions, hf, float32 if mode != "float32" else None)
+                      for mode, r in runs.items()},
+            "answers": {q.id: answer_row(q, {"hf_float32": hf, **{m: r.batched for m, r in runs.items()}})
+                        for q in questions},
+            "wall_s": round(time.perf_counter() - started, 1),
+        }
+
+    progress = Progress()
     try:
         progress.phase("hf float32", len(questions))
         t = time.perf_counter()
@@ -391,10 +435,10 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
             t = time.perf_counter()
             hf = ask_hf(reference.model, tokenizer, questions, config.max_tokens, 1, eos, progress)
             hf_s = time.perf_counter() - t
+        if checkpoint is not None:
+            checkpoint(report())
 
-        runs: dict[str, ModeRun] = {}
-        # float32 first: the other modes' flips are counted against it.
-        for mode in sorted(config.modes, key=lambda m: m != "float32"):
+        for mode in modes:
             engine = reference if mode == "float32" else Engine(
                 reference.model, reference.tokenizer, dataclasses.replace(reference.config, dtype=mode))
             progress.phase(f"{mode} batched", len(questions))
@@ -408,36 +452,8 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
             if engine is not reference:
                 del engine
                 gc.collect()  # its half-precision copy of the weights (~270 MB) goes before the next
+            if checkpoint is not None:
+                checkpoint(report())
     finally:
         progress.stop()
-
-    float32 = runs["float32"].batched if "float32" in runs else None
-    return {
-        "benchmark": "quality",
-        "model": reference.config.model,
-        "source": source,
-        "question_set": {"file": question_file or "engine/data/quality_questions.jsonl", "size": len(every),
-                         "asked": len(questions),
-                         "categories": {c: sum(q.category == c for q in questions) for c in dict.fromkeys(q.category for q in questions)}},
-        "max_tokens": config.max_tokens,
-        "greedy": True,
-        "max_batch": reference.config.max_batch,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_flags": cpu_flags(),
-        "device": str(reference.placement.device),
-        "auto_resolves_to": resolve(reference.config.device, "auto").dtype,
-        "consistency_questions": len(subset),
-        "consistency_question_ids": [q.id for q in subset],
-        "hf_float32": {
-            # Left-padded batches, unless their text differed from batch 1 on the checked questions.
-            "batch": config.hf_batch if hf_exact else 1,
-            "batched_equals_batch_1": {"checked": len(checked), "equal": hf_equal},
-            "accuracy": accuracy(questions, hf),
-            "wall_s": round(hf_s, 1),
-        },
-        "modes": {mode: mode_report(r, questions, hf, float32 if mode != "float32" else None)
-                  for mode, r in runs.items()},
-        "answers": {q.id: answer_row(q, {"hf_float32": hf, **{m: r.batched for m, r in runs.items()}})
-                    for q in questions},
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
+    return report()

@@ -337,8 +337,14 @@ def cmd_bench(args) -> int:
         except PlacementError as exc:
             print(f"brigade bench quality: {exc}", file=sys.stderr)
             return 2
+
+        def checkpoint(partial: dict) -> None:  # --json holds what was measured so far
+            if args.json:
+                with open(args.json, "w") as fh:
+                    fh.write(json.dumps(partial, indent=2) + "\n")
+
         report = run(Engine.load(config), QualityConfig(modes, args.max_tokens or MAX_TOKENS, args.questions,
-                                                         args.consistency_questions))
+                                                         args.consistency_questions), checkpoint=checkpoint)
     elif args.target == "doors":
         from ops.door_bench import run
 

@@ -119,7 +119,12 @@ def test_default_modes_are_every_concrete_mode_the_engine_knows():
 def test_a_float32_run_reports_every_figure_and_agrees_with_hugging_face(engine):
     """A few questions through HF and the float32 engine: the report's shape, and float32's
     answers equal HF's (float32 is exact) and do not change alone, batched, cached, resumed or chunked."""
-    report = run(engine, QualityConfig(("float32",), questions=4, consistency_questions=1, hf_batch=4, hf_check=2))
+    partial: list[dict] = []
+    report = run(engine, QualityConfig(("float32",), questions=4, consistency_questions=1, hf_batch=4, hf_check=2),
+                 checkpoint=partial.append)
+    # What was measured is handed out after the reference and after each mode.
+    assert [p["modes_pending"] for p in partial] == [["float32"], []] and report["modes_pending"] == []
+    assert partial[0]["modes"] == {} and partial[0]["hf_float32"] == report["hf_float32"]
     assert report["question_set"]["asked"] == 4 and report["question_set"]["size"] >= 300
     assert set(report["cpu_flags"]) == {"avx2", "avx512_bf16", "amx_bf16"}
     assert report["auto_resolves_to"] in default_modes()
