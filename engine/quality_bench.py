@@ -13,7 +13,8 @@ question is asked
 - `prefix_hit`: alone again right after `alone`, so its prompt's blocks come from the prefix cache;
 - `resume`: alone, resumed after the first `RESUME_TOKENS` tokens of its `alone` answer (a
   failover's hand-over), the continuation compared;
-- `chunked`: alone with its prompt fed `CHUNK_TOKENS` tokens per pass;
+- `chunked`: its prompt fed `CHUNK_TOKENS` tokens per pass, as the scheduler does beside a
+  decoding stream (one companion request decodes throughout; its answer is not counted);
 
 each counted against the batched answer (every question at once, `max_batch` rows, as traffic
 arrives) and against `alone`. Answers are compared as text decoded from their token ids, the same
@@ -43,6 +44,7 @@ from engine.sequence import SamplingParams
 MAX_TOKENS = 32
 RESUME_TOKENS = 8  # tokens of the alone answer handed over before the resumed engine continues
 CHUNK_TOKENS = 16  # prompt tokens per pass in the chunked run (prompts here are ~35-55 tokens)
+COMPANION_TOKENS = 512  # the chunked run's companion outlasts any question (cancelled when it ends)
 BATCH_OF = 16  # the batch16 run's batch size
 CPU_FLAGS = ("avx2", "avx512_bf16", "amx_bf16")
 
@@ -208,6 +210,29 @@ def ask_alone(engine: Engine, question: Question, max_tokens: int, tag: str, pro
     return completed(engine, done[f"{question.id}-{tag}"], resume)
 
 
+def ask_chunked(engine: Engine, question: Question, companion: Question, max_tokens: int) -> Answer:
+    """The question's prompt in chunks: the scheduler chunks prompts (prefill_chunk_tokens) while
+    another sequence decodes, so a companion starts first and decodes until the question ends."""
+    beside = EngineRequest(f"{question.id}-companion", SamplingParams(max_tokens=COMPANION_TOKENS, ignore_eos=True),
+                           messages=chat(companion))
+    engine.add_request(beside)
+    while not any(u.request_id == beside.request_id and u.token_id is not None for u in engine.step()):
+        pass  # until the companion has its first token: from then on it decodes every step
+    rid = f"{question.id}-chunked"
+    done = Completion(rid)
+    engine.add_request(request(question, max_tokens, "chunked"))
+    while done.finish_reason is None:
+        for u in engine.step():
+            if u.request_id == rid:
+                done.absorb(u)
+            elif u.request_id == beside.request_id and u.finish_reason is not None:
+                raise RuntimeError(f"the chunked run's companion ended ({u.finish_reason}) before {rid}")
+    engine.cancel(beside.request_id)
+    while engine.holds(beside.request_id):
+        engine.step()
+    return completed(engine, done)
+
+
 def consistency_runs(engine: Engine, run: ModeRun, subset: list[Question], others: list[Question],
                      max_tokens: int, progress: Progress) -> None:
     """The subset asked alone, in batches of 16, after a prefix hit, resumed and chunked."""
@@ -242,12 +267,12 @@ def consistency_runs(engine: Engine, run: ModeRun, subset: list[Question], other
 
     progress.phase(f"{run.mode} chunked", len(subset))
     config = engine.scheduler.config
-    # Both budgets small: alone, nothing decodes beside the prompt, so max_prefill_tokens applies.
-    engine.scheduler.config = dataclasses.replace(config, max_prefill_tokens=CHUNK_TOKENS, prefill_chunk_tokens=CHUNK_TOKENS)
+    engine.scheduler.config = dataclasses.replace(config, prefill_chunk_tokens=CHUNK_TOKENS)
     try:
         for q in subset:
             engine.prefix.clear()
-            chunked[q.id] = ask_alone(engine, q, max_tokens, "chunked", progress)
+            chunked[q.id] = ask_chunked(engine, q, others[0], max_tokens)
+            progress.advance()
     finally:
         engine.scheduler.config = config
     run.variants = {"alone": alone, "batch16": batch16, "prefix_hit": hit, "resume": resumed, "chunked": chunked}
