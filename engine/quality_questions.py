@@ -1,7 +1,7 @@
 """The question set of `brigade bench quality` and how an answer to one is checked.
 
 The set ships as package data (engine/data/quality_questions.jsonl, written for Brigade by
-engine/data/make_quality_questions.py). Checking is pure text matching, so it is the same for every
+ops/make_quality_questions.py). Checking is pure text matching, so it is the same for every
 precision mode and for Hugging Face's reference; it is deliberately lenient (any accepted answer
 anywhere in a 32-token reply counts), because what the benchmark compares is modes against each
 other, not the model against a leaderboard.
