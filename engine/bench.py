@@ -18,7 +18,8 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.llm_engine import Engine, EngineRequest
+from engine.llm_engine import Engine, EngineConfig, EngineRequest
+from engine.placement import cpu_flags, resolve
 from engine.sequence import SamplingParams
 
 # Mixed lengths on purpose: prefill and padding costs show up as they would in traffic.
@@ -188,14 +189,24 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
 DEFAULT_COMPARE = ("float32", "float32-invariant")
 
 
-def comparison_engine(engine: Engine, mode: str) -> Engine:
-    """Another engine on the same model object: a precision mode (BRIGADE_DTYPE), with
-    `-invariant` in deterministic mode or `-unpadded` without it (engine/batch_invariance.py)."""
+def comparison_config(engine: Engine, mode: str) -> EngineConfig:
+    """The default engine's config in another mode: a precision (BRIGADE_DTYPE), with `-invariant`
+    for deterministic mode or `-unpadded` without it (engine/batch_invariance.py)."""
     dtype, _, variant = mode.partition("-")
     if variant not in ("", "invariant", "unpadded"):
         raise ValueError(f"--compare {mode}: a mode is a BRIGADE_DTYPE, optionally with -invariant or -unpadded")
-    config = dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant == "invariant")
-    return Engine(engine.model, engine.tokenizer, config)
+    return dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant == "invariant")
+
+
+def comparison_engine(engine: Engine, mode: str) -> Engine:
+    """Another engine in `mode` (comparison_config) on the same model object."""
+    return Engine(engine.model, engine.tokenizer, comparison_config(engine, mode))
+
+
+def same_mode(engine: Engine, config: EngineConfig) -> bool:
+    """Whether `config` would run as `engine` does (auto resolved): no need to time it twice."""
+    return ((resolve(config.device, config.dtype).dtype, config.batch_invariant)
+            == (engine.placement.dtype, engine.config.batch_invariant))
 
 
 def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
@@ -205,9 +216,8 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
 
     engines = {"default": engine}
     for mode in compare:
-        other = comparison_engine(engine, mode)
-        if (other.placement.dtype, other.config.batch_invariant) != (engine.placement.dtype, engine.config.batch_invariant):
-            engines[mode.replace("-", "_")] = other
+        if not same_mode(engine, comparison_config(engine, mode)):
+            engines[mode.replace("-", "_")] = comparison_engine(engine, mode)
     for e in engines.values():
         e.generate(bench_requests(2, 4))  # warm-up: first-call allocations stay out of the figures
     started = time.perf_counter()
@@ -218,8 +228,8 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         "device": str(engine.placement.device),
         "dtype": engine.placement.dtype,
         "batch_invariant": engine.config.batch_invariant,
-        "row_quantum": engine.runner.quantum.get(id(engine.runner.primary)),
-        "cpu_flags": cpu_flags(),
+        "row_quantum": engine.runner.primary.quantum,
+        "cpu_flags": sorted(cpu_flags() & PRECISION_FLAGS),
         "compared": [m for m in compare if m.replace("-", "_") in engines],
         "max_batch": engine.config.max_batch,
     }
@@ -253,11 +263,5 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
     return report
 
 
-def cpu_flags() -> list[str]:
-    """The instruction sets that decide which precision is fast here (engine/placement.py)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return []
-    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "f16c", "fma"})
+# The instruction sets that decide which precision is fast here (engine/placement.py).
+PRECISION_FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "f16c", "fma"}

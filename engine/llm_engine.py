@@ -280,14 +280,18 @@ class Engine:
                 self._wake.wait(wait)
                 self._wake.clear()
 
-    def generate(self, requests: list[EngineRequest]) -> dict[str, "Completion"]:
-        """Serve a list of requests to completion on the calling thread (library use, tests, bench)."""
+    def generate(self, requests: list[EngineRequest],
+                 on_finished: Callable[["Completion"], None] | None = None) -> dict[str, "Completion"]:
+        """Serve a list of requests to completion on the calling thread (library use, tests, bench);
+        `on_finished` is told each completion as it ends (a progress bar)."""
         done: dict[str, Completion] = {r.request_id: Completion(r.request_id) for r in requests}
         for r in requests:
             self.add_request(r)
         while any(c.finish_reason is None for c in done.values()):
             for u in self.step():
                 done[u.request_id].absorb(u)
+                if on_finished is not None and u.finish_reason is not None:
+                    on_finished(done[u.request_id])
         return done
 
     def perplexity(self, ids: list[int], fast: bool = False) -> float:

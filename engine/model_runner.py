@@ -67,6 +67,8 @@ class Weights:
         config = model.config
         cast = lambda t: t.detach().to(dtype)  # noqa: E731 (a no-op when dtype is the model's)
         self.dtype = dtype
+        # Rows a pass is padded to a multiple of (engine/batch_invariance.py); 1: unpadded.
+        self.quantum = 1
         self.embed = cast(body.embed_tokens.weight)
         self.head = cast(model.get_output_embeddings().weight)
         self.norm = cast(body.norm.weight)
@@ -106,10 +108,14 @@ class ModelRunner:
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device
-        # Rows of a pass are padded to a multiple of each copy's row quantum, so that a token's
-        # numbers never depend on how many others share its pass (engine/batch_invariance.py).
+        # Deterministic mode: each copy's passes padded to its row quantum, attention one query
+        # at a time, so that a token's numbers never depend on what shares its pass
+        # (engine/batch_invariance.py). Chosen once here, not per pass.
         self.batch_invariant = batch_invariant
-        self.quantum = {id(w): (row_quantum(w) if batch_invariant else 1) for w in (self.primary, self.fast) if w}
+        if batch_invariant:
+            for w in filter(None, (self.primary, self.fast)):
+                w.quantum = row_quantum(w)
+        self._attend_chunk = self._attend_each if batch_invariant else self._attend
 
     def weights_for(self, tokens: int) -> Weights:
         if self.fast is not None and tokens <= self.fast_max_tokens:
@@ -128,7 +134,7 @@ class ModelRunner:
         w = weights or self.weights_for(len(ids))
         dev = self.device
         real = len(ids)
-        pad = padded(real, self.quantum.get(id(w), 1)) - real
+        pad = padded(real, w.quantum) - real
         # Padding rows (token 0 at position 0) go through every matrix product and no attention.
         ids.extend([0] * pad)
         positions.extend([0] * pad)
@@ -150,7 +156,8 @@ class ModelRunner:
             if c.samples or every_position:
                 ends.extend(range(at - c.length, at) if every_position else [at - 1])
         rows = len(ends)
-        ends.extend([ends[0]] * (padded(rows, self.quantum.get(id(w), 1)) - rows))
+        if rows:  # a pass of prompt chunks that reach no context's end samples nothing
+            ends.extend([ends[0]] * (padded(rows, w.quantum) - rows))
         last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
         return F.linear(last, w.head)[:rows].float()
 
@@ -165,8 +172,7 @@ class ModelRunner:
         outs, at = [], 0
         for c, (slot, keys, values) in zip(chunks, views):
             slot[index].copy_(new_kv[:, at:at + c.length])
-            attend = self._attend_each if self.batch_invariant else self._attend
-            outs.append(attend(w, q[at:at + c.length], keys[index], values[index], c.start))
+            outs.append(self._attend_chunk(w, q[at:at + c.length], keys[index], values[index], c.start))
             at += c.length
         if pad:
             outs.append(q.new_zeros(pad, q.shape[1] * q.shape[2]))

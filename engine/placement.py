@@ -61,13 +61,17 @@ class Placement:
         return torch.float32 if self.device.type == "cpu" else self.weights_dtype
 
 
-def cpu_has_native_bf16() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags (/proc/cpuinfo); empty where that cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_device(name: str = "auto") -> torch.device:

@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from engine.llm_engine import Completion, Engine, EngineRequest
-from engine.placement import DTYPES, resolve
+from engine.placement import DTYPES, cpu_flags, resolve
 from engine.quality_questions import Question, is_correct, load_questions, wilson_interval
 from engine.sequence import SamplingParams
 
@@ -86,12 +86,8 @@ def default_modes() -> tuple[str, ...]:
     return tuple(m for m in DTYPES if m != "auto")
 
 
-def cpu_flags() -> dict[str, bool]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        flags = set()
+def precision_flags() -> dict[str, bool]:
+    flags = cpu_flags()
     return {name: name in flags for name in CPU_FLAGS}
 
 
@@ -179,17 +175,7 @@ def completed(engine: Engine, done: Completion, resume: tuple[int, ...] = ()) ->
 
 def serve(engine: Engine, requests: list[EngineRequest], progress: Progress) -> dict[str, Completion]:
     """Engine.generate, reporting each finished request to the progress bar."""
-    done = {r.request_id: Completion(r.request_id) for r in requests}
-    for r in requests:
-        engine.add_request(r)
-    left = len(done)
-    while left:
-        for u in engine.step():
-            done[u.request_id].absorb(u)
-            if u.finish_reason is not None:
-                left -= 1
-                progress.advance()
-    return done
+    return engine.generate(requests, on_finished=lambda _: progress.advance())
 
 
 def request(question: Question, max_tokens: int, tag: str, resume: tuple[int, ...] = ()) -> EngineRequest:
@@ -279,11 +265,13 @@ def consistency_runs(engine: Engine, run: ModeRun, subset: list[Question], other
     run.wall_s["consistency"] = round(time.perf_counter() - started, 1)
 
 
-def ask_hf(model, tokenizer, questions: list[Question], max_tokens: int, batch: int, eos_ids: set[int],
+def ask_hf(reference: Engine, questions: list[Question], max_tokens: int, batch: int,
            progress: Progress) -> dict[str, Answer]:
-    """Hugging Face greedy `generate` on the float32 model, `batch` prompts at a time, left-padded
-    (sorted by length, so that little padding is computed)."""
-    prompts = {q.id: encode(tokenizer, q) for q in questions}
+    """Hugging Face greedy `generate` on the reference's float32 model, `batch` prompts at a time,
+    left-padded (sorted by length, so that little padding is computed), from the prompts the
+    engine builds."""
+    model, tokenizer, eos_ids = reference.model, reference.tokenizer, reference.eos_ids
+    prompts = {q.id: reference.encode(EngineRequest(q.id, messages=chat(q))) for q in questions}
     order = sorted(questions, key=lambda q: len(prompts[q.id]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out: dict[str, Answer] = {}
@@ -299,12 +287,6 @@ def ask_hf(model, tokenizer, questions: list[Question], max_tokens: int, batch: 
             out[q.id] = answer_of(tokenizer, row[width:].tolist(), eos_ids)
         progress.advance(len(group))
     return out
-
-
-def encode(tokenizer, question: Question) -> list[int]:
-    """The prompt exactly as Engine.encode builds it from chat messages."""
-    text = tokenizer.apply_chat_template(chat(question), add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 # ---- the report -----------------------------------------------------------------------------------
@@ -400,7 +382,6 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
     questions = spread(every, config.questions)
     subset = spread(questions, config.consistency_questions) if config.consistency_questions > 0 else []
     others = [q for q in every if q not in subset]
-    tokenizer, eos = reference.tokenizer, reference.eos_ids
     # float32 first: the other modes' flips are counted against it.
     modes = sorted(config.modes, key=lambda m: m != "float32")
     runs: dict[str, ModeRun] = {}
@@ -416,7 +397,7 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
         "greedy": True,
         "max_batch": reference.config.max_batch,
         "torch_threads": torch.get_num_threads(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": precision_flags(),
         "device": str(reference.placement.device),
         "auto_resolves_to": resolve(reference.config.device, "auto").dtype,
         "consistency_questions": len(subset),
@@ -447,18 +428,18 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
     try:
         progress.phase("hf float32", len(questions))
         t = time.perf_counter()
-        hf = ask_hf(reference.model, tokenizer, questions, config.max_tokens, config.hf_batch, eos, progress)
+        hf = ask_hf(reference, questions, config.max_tokens, config.hf_batch, progress)
         hf_s = time.perf_counter() - t
         # Left padding must not change greedy text; checked on a few questions at batch 1.
         checked = questions[:config.hf_check]
         progress.phase("hf float32 batch-1 check", len(checked))
-        single = {q.id: ask_hf(reference.model, tokenizer, [q], config.max_tokens, 1, eos, progress)[q.id] for q in checked}
+        single = {q.id: ask_hf(reference, [q], config.max_tokens, 1, progress)[q.id] for q in checked}
         hf_equal = sum(single[q.id] == hf[q.id] for q in checked)
         hf_exact = hf_equal == len(checked)
         if not hf_exact:  # use what is exact: every question at batch 1 (slow)
             progress.phase("hf float32 batch 1", len(questions))
             t = time.perf_counter()
-            hf = ask_hf(reference.model, tokenizer, questions, config.max_tokens, 1, eos, progress)
+            hf = ask_hf(reference, questions, config.max_tokens, 1, progress)
             hf_s = time.perf_counter() - t
         if checkpoint is not None:
             checkpoint(report())

@@ -48,7 +48,7 @@ def test_deterministic_mode_pads_its_passes_to_a_quantum_that_makes_every_row_in
     runner = invariant_engine.runner
     assert invariant_engine.config.batch_invariant
     for weights in filter(None, (runner.primary, runner.fast)):
-        q = runner.quantum[id(weights)]
+        q = weights.quantum
         assert invariant_at(weights, q), f"{weights.dtype}: rows differ at quantum {q}"
 
 

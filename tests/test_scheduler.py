@@ -185,3 +185,14 @@ def test_interactive_requests_never_preempt_each_other(tiny_engine_factory):
     engine.add_request(req("i3", 10))
     assert all(u.request_id != "i3" for u in engine.step())
     assert engine.scheduler.preemptions == 0
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_a_prompt_longer_than_one_pass_is_loaded_over_passes_that_sample_nothing(tiny_engine_factory, batch_invariant):
+    # max_prefill_tokens 8 and nothing decoding: the first passes reach no context's end, so
+    # they have no row to sample (the head runs on none), and the last one gives the first token.
+    engine = tiny_engine_factory(max_prefill_tokens=8, prefill_chunk_tokens=8, max_wait_ms=0,
+                                 batch_invariant=batch_invariant)
+    prompt = list(range(3, 43))  # 40 tokens: five passes
+    done = engine.generate([EngineRequest("long", SamplingParams(max_tokens=3, ignore_eos=True), prompt_ids=prompt)])
+    assert done["long"].finish_reason == "length" and len(done["long"].token_ids) == 3
