@@ -21,9 +21,9 @@ from cache.index import VectorIndex
 from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
 from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
-from ops import keys
-from ops.redis_pool import shared_client
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.redis_clients import shared_client
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.cache")
 

@@ -20,8 +20,8 @@ from cache.answer_cache import AnswerCache
 from cache.index import VectorIndex
 from cache.pairs import read_pairs
 from cache.query import PromptRenderer, make_query
-from ops.messages import ChatMessage, GenerateParams
-from ops.settings import Settings
+from ops.core.messages import ChatMessage, GenerateParams
+from ops.core.settings import Settings
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.messages import ChatMessage, GenerateParams
+from ops.core.messages import ChatMessage, GenerateParams
 
 CACHE_MODES = ("auto", "off", "exact")
 _PLACEHOLDER = "\u241fQUESTION\u241f"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from ops import keys
+from ops.core import keys
 
 
 # What a hit needs (not the embedding, which only index rebuilds read).

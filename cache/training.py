@@ -26,7 +26,7 @@ from cache.evaluation import Outcome, evaluate, score_pairs
 from cache.hit_rule import OperatingPoint, best_and_rival
 from cache.lookalikes import generate
 from cache.pairs import Pair, read_pairs, split_for, split_of
-from ops import keys
+from ops.core import keys
 
 log = logging.getLogger("brigade.cache")
 

@@ -32,10 +32,10 @@ from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
 from gateway.protocol import Generate, ProtocolError, cached_events
 from gateway.router import ReplyRouter, Route, Sink
-from ops import keys
-from ops.messages import QueuedRequest, ReplyEvent
-from ops.settings import Settings
-from workers.app import enqueue
+from ops.core import keys
+from ops.core.messages import QueuedRequest, ReplyEvent
+from ops.core.settings import Settings
+from ops.core.queue import enqueue
 
 log = logging.getLogger("brigade.gateway")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from ops import keys
+from ops.core import keys
 
 KEY_PREFIX = "brg"
 KEY_PATTERN = re.compile(r"brg_([0-9a-f]{8})_([A-Za-z0-9_]{32})")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from ops import keys
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.settings import Settings
 
 STATES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired")
 FINAL = {"completed", "failed", "cancelled", "expired"}

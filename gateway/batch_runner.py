@@ -43,8 +43,8 @@ from gateway.batch_jobs import JobStore, new_id
 from gateway.http_door import HttpAnswer
 from gateway.protocol import ProtocolError
 from gateway.router import Route
-from ops import keys
-from ops.redis_pool import shared_client
+from ops.core import keys
+from ops.core.redis_clients import shared_client
 
 if TYPE_CHECKING:
     from gateway.server import Gateway

@@ -22,8 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from ops.messages import ChatMessage
-from ops.settings import Settings, get_settings
+from ops.core.messages import ChatMessage
+from ops.core.settings import Settings, get_settings
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from gateway.api_keys import ApiKey
-from ops import keys
+from ops.core import keys
 
 RATE_LIMITED = "rate_limited"
 REQUESTS, TOKENS, CONCURRENT = "rpm", "tpm", "max_concurrent"

@@ -14,9 +14,9 @@ import time
 import redis.asyncio as aioredis
 
 from gateway import metrics
-from ops import fleet, keys
-from ops.capacity import scale_signal
-from ops.settings import Settings
+from ops.core import fleet, keys
+from ops.core.fleet import scale_signal
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 

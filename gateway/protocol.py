@@ -13,9 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
-from ops.messages import ChatMessage, GenerateParams, SamplingDefaults
-from ops.sampling_defaults import load_sampling_defaults
-from ops.settings import Settings
+from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
+from ops.core.sampling_defaults import load_sampling_defaults
+from ops.core.settings import Settings
 
 
 class ProtocolError(Exception):

@@ -16,9 +16,9 @@ from typing import Callable
 import redis.asyncio as aioredis
 
 from gateway.router import GAP, Delivery, ReplyRouter, Route
-from ops import keys
-from ops.messages import ReplyEvent
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.messages import ReplyEvent
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.protocol import done_event, token_event
-from ops.messages import ReplyEvent
+from ops.core.messages import ReplyEvent
 
 
 class Sink(Protocol):

@@ -45,11 +45,11 @@ from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
 from gateway.ws_door import WebSocketDoor
-from ops import fleet, keys
-from ops.ports import bind_error
-from ops.redis_pool import shared_client
-from ops.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
-from ops.settings import Settings
+from ops.core import fleet, keys
+from ops.core.ports import bind_error
+from ops.core.redis_clients import shared_client
+from ops.core.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 

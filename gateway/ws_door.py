@@ -24,8 +24,8 @@ from gateway.admission import Caller, RequestContext
 from gateway.content_guards import GuardInput
 from gateway.protocol import Cancel, Feedback, Generate, ProtocolError, Resume, done_event
 from gateway.router import Route
-from ops import keys
-from ops.messages import QueuedRequest
+from ops.core import keys
+from ops.core.messages import QueuedRequest
 
 if TYPE_CHECKING:
     from gateway.server import Gateway

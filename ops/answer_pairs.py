@@ -19,7 +19,7 @@ from engine import Engine, EngineConfig
 from engine.llm_engine import EngineRequest
 from engine.model_files import prepare_default_model
 from engine.sequence import SamplingParams
-from ops.settings import Settings, torch_threads
+from ops.core.settings import Settings, torch_threads
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from ops.cli_options import add_connection_options
-from ops.redaction import redact, redact_url
-from ops.settings import Settings
+from ops.core.redaction import redact, redact_url
+from ops.core.settings import Settings
 
 FINAL = {"completed", "failed", "cancelled", "expired"}
 

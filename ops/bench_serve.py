@@ -30,8 +30,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from ops.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
 from ops.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
 from ops.load_commands import DEFAULT_NUM_REQUESTS
-from ops.redaction import redact, redact_url
-from ops.settings import Settings
+from ops.core.redaction import redact, redact_url
+from ops.core.settings import Settings
 
 # Requests one WebSocket connection carries at once (the gateway's per-connection limit is 64).
 REQUESTS_PER_CONNECTION = 32

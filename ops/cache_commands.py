@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ops.cli_options import add_connection_options
-from ops.settings import Settings
+from ops.core.settings import Settings
 
 
 def _store(settings: Settings):
@@ -24,7 +24,7 @@ def _store(settings: Settings):
 async def stats(settings: Settings) -> dict:
     import redis.asyncio as aioredis
 
-    from ops import keys
+    from ops.core import keys
 
     r = aioredis.Redis.from_url(settings.cache_redis, decode_responses=True)
     counters = {k: int(v) for k, v in (await r.hgetall(keys.CACHE_STATS)).items()}

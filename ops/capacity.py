@@ -60,37 +60,6 @@ def workers_needed(qps: float, e2e_mean_s: float, concurrency_per_worker: float)
     return _ceil(qps * e2e_mean_s / concurrency_per_worker)
 
 
-@dataclass(frozen=True)
-class ScaleSignal:
-    """The autoscaling signal: the workers that what is in the system right now calls for.
-
-    By Little's law the requests in the system (queued, plus running and waiting in the engines)
-    are the arrival rate times the time each spends there, QPS·T, so ⌈in system / c⌉ is the
-    planning formula above evaluated on live numbers, with c the requests one worker serves at
-    once (its batch width by default). Draining and dead workers are not counted as capacity."""
-
-    queued: int
-    running: int
-    waiting: int
-    per_worker: int
-    workers: int
-
-    @property
-    def in_system(self) -> int:
-        return self.queued + self.running + self.waiting
-
-    @property
-    def desired(self) -> int:
-        return _ceil(self.in_system / max(self.per_worker, 1)) if self.in_system else 0
-
-
-def scale_signal(statuses: list[dict], queued: int, per_worker: int) -> ScaleSignal:
-    serving = [s for s in statuses if not s.get("draining")]
-    return ScaleSignal(queued=queued, running=sum(int(s.get("running", 0)) for s in statuses),
-                       waiting=sum(int(s.get("waiting", 0)) for s in statuses), per_worker=per_worker,
-                       workers=len(serving))
-
-
 def plan_capacity(qps: float, points: list[SweepPoint]) -> dict:
     """The workers QPS needs, from the fastest passing run, with every step of the arithmetic."""
     if qps <= 0:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from ops.redaction import redact_url
+from ops.core.redaction import redact_url
 
 # Exit codes: an answer or a session that ended well, a failed answer, Ctrl-C (as shells count it).
 OK, FAILED, INTERRUPTED = 0, 1, 130

@@ -14,9 +14,9 @@ import warnings
 from urllib.parse import urlparse
 
 from ops.cli_options import BrigadeParser, add_connection_options, report_failure, resolve_connection
-from ops.logs import setup_logging
-from ops.redaction import redact_url
-from ops.settings import get_settings
+from ops.core.logs import setup_logging
+from ops.core.redaction import redact_url
+from ops.core.settings import get_settings
 
 
 def cmd_prepare(args) -> int:
@@ -31,7 +31,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from ops.keys import interactive_queue
+    from ops.core.keys import interactive_queue
     from workers.app import app
     import workers.tasks  # registers the task and the engine's start/stop hooks
     from workers.engine_host import EngineUnavailable
@@ -81,7 +81,7 @@ def cmd_dlq(args) -> int:
     """The dead-letter list: requests that crashed max_attempts workers."""
     import redis
 
-    from workers.app import enqueue
+    from ops.core.queue import enqueue
     from workers.claims import ClaimStore
 
     settings = get_settings()
@@ -124,7 +124,7 @@ def _redis_answers(url: str) -> bool:
 def cmd_up(args) -> int:
     """Redis (when none answers), the workers (one by default), the gateway and a reaper (and
     Flower), stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself."""
-    from ops.ports import CannotListen, ensure_free
+    from ops.core.ports import CannotListen, ensure_free
     from ops.supervision import STOP_SIGNALS, FolderInUse, hold_folder, say, tied_to_this_process
 
     settings = get_settings()

@@ -14,8 +14,8 @@ import re
 import sys
 import traceback
 
-from ops.redaction import redact, secrets_in_argv
-from ops.settings import get_settings
+from ops.core.redaction import redact, secrets_in_argv
+from ops.core.settings import get_settings
 
 CONNECTION_OPTIONS = ("--url", "--api-key", "--redis-url")
 

@@ -16,8 +16,8 @@ import uuid
 import httpx
 from websockets.asyncio.client import connect
 
-from ops.redaction import redact_url
-from ops.settings import Settings
+from ops.core.redaction import redact_url
+from ops.core.settings import Settings
 
 QUESTIONS = [
     "What is the capital of France?", "List three colors.", "Name a fruit.", "What is 2 + 2?",

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from urllib.parse import urlparse
 
 from ops.cli_options import add_connection_options
-from ops.redaction import redact
-from ops.settings import Settings
+from ops.core.redaction import redact
+from ops.core.settings import Settings
 
 
 def _where(url: str) -> str:

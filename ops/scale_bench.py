@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ops.bench_serve import LoadConfig
 from ops.bench_serve import run as run_load
-from ops.ports import free_port
+from ops.core.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 300.0

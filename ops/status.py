@@ -13,12 +13,12 @@ from dataclasses import asdict
 
 import redis
 
-from ops import fleet, keys
-from ops.capacity import scale_signal
-from ops.redaction import redact, redact_url
-from ops.settings import Settings
+from ops.core import fleet, keys
+from ops.core.fleet import scale_signal
+from ops.core.redaction import redact, redact_url
+from ops.core.settings import Settings
 
-# kombu's priority steps as Brigade uses them (workers/app.py): continued requests jump the queue,
+# kombu's priority steps as Brigade uses them (ops/core/queue.py): continued requests jump the queue,
 # batch lines wait behind all interactive work.
 STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "batch"}
 

@@ -16,7 +16,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     from engine.model_files import prepare_default_model
-    from ops.settings import Settings
+    from ops.core.settings import Settings
 
     return prepare_default_model(Settings().model_dir)
 

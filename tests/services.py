@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.ports import free_port  # noqa: F401  (the tests take it from here)
+from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -118,7 +118,7 @@ def http_get(port: int, path: str) -> tuple[int, dict]:
 
 
 def worker_statuses(client: redis.Redis) -> list[dict]:
-    from ops import fleet
+    from ops.core import fleet
 
     return fleet.live_workers(client)
 

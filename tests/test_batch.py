@@ -16,7 +16,7 @@ import pytest
 
 from gateway.batch_input import Checker
 from gateway.protocol import ClientProtocol
-from ops.settings import Settings
+from ops.core.settings import Settings
 from tests.services import (BrigadeProcess, RedisServer, free_port, http_status, service_env, wait_until,
                             worker_statuses)
 

@@ -22,7 +22,7 @@ from ops.serve_stats import (InvalidObjective, RequestResult, distribution, judg
 from ops.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,
                                 reword)
 from ops.bench_serve import target_urls
-from ops.settings import Settings
+from ops.core.settings import Settings
 from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

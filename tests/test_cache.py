@@ -12,9 +12,9 @@ import pytest
 from cache.answer_cache import AnswerCache
 from cache.guards import conflicts
 from cache.query import PromptRenderer, make_query
-from ops import keys
-from ops.messages import ChatMessage, GenerateParams
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.messages import ChatMessage, GenerateParams
+from ops.core.settings import Settings
 from tests.services import free_port
 
 

@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from ops.cli_options import report_failure
-from ops.logs import RedactingFormatter
-from ops.redaction import redact
+from ops.core.logs import RedactingFormatter
+from ops.core.redaction import redact
 from tests.services import (BrigadeProcess, RedisServer, create_key, free_port, http_status, service_env, wait_until,
                             worker_statuses)
 

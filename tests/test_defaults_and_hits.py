@@ -20,7 +20,7 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from ops import keys
+from ops.core import keys
 from tests.clients import ask
 from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
 

@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
-from ops import keys
+from ops.core import keys
 from tests.clients import Answer, absorb
 from tests.services import BrigadeProcess, RedisServer, free_port, http_get, service_env, wait_until, worker_statuses
 
@@ -426,8 +426,8 @@ def test_gateway_refuses_work_past_the_queue_limit_with_overloaded(fleet):
 
 
 def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_model_work(fleet):
-    from ops.messages import GenerateParams, QueuedRequest
-    from workers.app import make_app
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import make_app
 
     client = fleet.redis.client
     pubsub = client.pubsub(ignore_subscribe_messages=True)
@@ -462,7 +462,7 @@ async def ask_once(url: str) -> dict:
 
 def test_duplicate_deliveries_of_a_running_or_finished_request_are_skipped(fleet, expected):
     """What Celery does after a visibility timeout: deliver the same message again."""
-    from workers.app import make_app
+    from ops.core.queue import make_app
 
     app = make_app(fleet.redis.url)
 

@@ -26,8 +26,8 @@ from websockets.exceptions import ConnectionClosed
 import pytest
 
 from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
-from ops.messages import SAMPLING_FIELDS
-from ops.settings import Settings
+from ops.core.messages import SAMPLING_FIELDS
+from ops.core.settings import Settings
 from tests.clients import Answer, absorb
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until
 

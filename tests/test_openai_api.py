@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.api_keys import KeyStore
-from ops import keys
+from ops.core import keys
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
 from tests.services import (BrigadeProcess, create_key, free_port, http_status, service_env, wait_until,

@@ -107,7 +107,7 @@ def test_the_installed_package_loads_what_the_containers_load(fresh_python, tmp_
     code = f"""
 from cache.answer_cache import AnswerCache
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams
-from ops.settings import Settings
+from ops.core.settings import Settings
 cache = AnswerCache(Settings(), connect=False)  # as the gateway builds it
 assert cache.pair_model is not None and cache.semantic_mode == "pair", cache.semantic_mode
 assert cache.embedder.embed_one("how do I boil an egg").shape[-1] == cache.embedder.dim

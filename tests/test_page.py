@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from ops import keys
+from ops.core import keys
 from tests.clients import ask
 from tests.services import BrigadeProcess, create_key, free_port, http_get, service_env, wait_until, worker_statuses
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
-from ops.settings import Settings
+from ops.core.settings import Settings
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 
 from gateway.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.router import ReplyRouter, Route
-from ops import keys
-from ops.messages import ReplyEvent
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.messages import ReplyEvent
+from ops.core.settings import Settings
 
 
 class Collect:
@@ -92,7 +92,7 @@ def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_serve
 
 def test_the_gateways_pooled_client_survives_a_redis_restart_without_failing_a_command(redis_server):
     """Every pooled connection is dead after a restart; the first command on one is tried again."""
-    from ops.redis_pool import shared_client
+    from ops.core.redis_clients import shared_client
 
     async def main():
         client = shared_client(redis_server.url, socket_timeout=5, socket_connect_timeout=2)

@@ -7,8 +7,8 @@ from gateway import openai_schema as oa
 from gateway.content_guards import GuardInput, load_guards, patterns, sanitize
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.router import GAP, ReplyRouter, Route
-from ops.messages import ReplyEvent
-from ops.settings import Settings
+from ops.core.messages import ReplyEvent
+from ops.core.settings import Settings
 
 
 class Inbox:

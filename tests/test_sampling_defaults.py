@@ -11,9 +11,9 @@ from cache.answer_cache import reusable_for_rewordings
 from gateway import openai_schema as oa
 from gateway.batch_input import Checker
 from gateway.protocol import ClientProtocol
-from ops.messages import GenerateParams
-from ops.sampling_defaults import DEFAULT_MODEL_GENERATION, NEUTRAL, GenerationConfigError, load_sampling_defaults
-from ops.settings import Settings
+from ops.core.messages import GenerateParams
+from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, NEUTRAL, GenerationConfigError, load_sampling_defaults
+from ops.core.settings import Settings
 
 
 def folder_with(tmp_path, config: dict):

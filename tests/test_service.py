@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
-from ops import keys
+from ops.core import keys
 from tests.clients import Answer, absorb, ask, collect, collect_one, start_long_request
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
 
@@ -239,8 +239,8 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     """The worker checks the cancel flag when it takes a request from the queue."""
     import redis as redis_lib
 
-    from ops.messages import GenerateParams, QueuedRequest
-    from workers.app import GENERATE_TASK, make_app
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import GENERATE_TASK, make_app
 
     client = redis_lib.Redis.from_url(stack.redis.url)
     channel = keys.reply_channel("test-direct")

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops import fleet, keys
+from ops.core import fleet, keys
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops import keys
-from ops.settings import Settings
+from ops.core import keys
+from ops.core.settings import Settings
 from tests.services import (BrigadeProcess, BrigadeUp, RedisServer, free_port, service_env, still_running,
                             wait_until, worker_statuses)
 
@@ -162,7 +162,7 @@ def test_flower_asked_to_stop_while_redis_is_gone_stops_within_seconds(tmp_path)
 
 @pytest.mark.parametrize("case", ["device-this-machine-lacks", "model-folder-without-weights"])
 def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consuming(redis_server, tmp_path, case):
-    from workers.app import GENERATE_TASK, make_app
+    from ops.core.queue import GENERATE_TASK, make_app
 
     settings = Settings()
     queue = keys.interactive_queue(settings.model_name)

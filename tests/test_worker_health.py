@@ -13,9 +13,9 @@ import uuid
 import pytest
 import redis
 
-from ops import fleet, keys
-from ops.messages import GenerateParams, QueuedRequest
-from ops.settings import Settings
+from ops.core import fleet, keys
+from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.settings import Settings
 from tests.services import wait_until
 from workers.claims import ClaimStore
 

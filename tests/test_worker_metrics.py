@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
-from ops import keys
+from ops.core import keys
 from tests.clients import Answer, absorb, ask, collect_one
 from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
 
@@ -300,8 +300,8 @@ def test_running_and_kv_gauges_show_a_request_in_flight(fleet):
 # ---- dead letters ----------------------------------------------------------------------------------------
 
 def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_that_buried_it(fleet):
-    from ops.messages import GenerateParams, QueuedRequest
-    from workers.app import GENERATE_TASK, make_app
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import GENERATE_TASK, make_app
 
     client = fleet.redis.client
     before = fleet.scrape()

@@ -1,75 +1,10 @@
-"""The Celery app: Redis broker, JSON only, late acks, one message prefetched at a time.
+"""The worker's Celery app: the queue's configuration (ops/core/queue.py) plus its tasks.
 
-Importing this module loads no model and no torch, so the gateway can send tasks with it.
-The model is loaded once per worker process by the worker_init hook in workers/tasks.py.
+Importing this module loads no model and no torch. The model is loaded once per worker process
+by the worker_init hook in workers/tasks.py.
 """
 from __future__ import annotations
 
-import uuid
+from ops.core.queue import make_app
 
-from celery import Celery
-
-from ops.keys import BATCH_STEP, interactive_queue
-from ops.messages import QueuedRequest
-from ops.settings import get_settings
-
-GENERATE_TASK = "brigade.generate"
-BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Flower shows batch lines apart
-
-
-def make_app(redis_url: str | None = None) -> Celery:
-    settings = get_settings()
-    app = Celery("brigade", broker=redis_url or settings.redis_url, include=["workers.tasks"])
-    app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],  # never pickle
-        result_serializer="json",
-        task_ignore_result=True,  # answers travel as token events, not as task results
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_default_queue=interactive_queue(settings.model_name),
-        task_send_sent_event=True,
-        worker_send_task_events=True,
-        worker_hijack_root_logger=False,
-        broker_connection_retry_on_startup=True,
-        # The reaper continues a dead worker's requests within seconds; Celery's redelivery after
-        # the visibility timeout is the second line, and its duplicates are skipped by the claim.
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
-    )
-    return app
-
-
-app = make_app()
-
-
-# Redis priorities (kombu): lower is served first. A request continued after a crash or a drain
-# has a client mid-answer, so it goes ahead of new work instead of behind the whole queue. Batch
-# lines wait behind all interactive work (kombu pops the lower steps' lists first).
-NEW_PRIORITY = 6
-CONTINUED_PRIORITY = 0
-BATCH_PRIORITY = BATCH_STEP
-
-
-def enqueue(queued: QueuedRequest, first: bool = False) -> None:
-    """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
-    Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
-    rid = queued.request_id
-    shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
-    batch = queued.lane == "batch"
-    app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
-                  queue=interactive_queue(queued.model), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
-                  priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
-
-
-def task_summary(queued: QueuedRequest) -> str:
-    """What task events (and so Flower) show of a request instead of its arguments: its shape,
-    never its text. Prompts are the users' words; whoever watches the workers need not read them."""
-    shape = {"request_id": queued.request_id, "model": queued.model, "lane": queued.lane,
-             "max_tokens": queued.params.max_tokens}
-    if queued.prompt is not None:
-        shape["prompt_chars"] = len(queued.prompt)
-    if queued.messages is not None:
-        shape["messages"] = len(queued.messages)
-        shape["message_chars"] = sum(len(m.content) for m in queued.messages)
-    return repr([shape])
+app = make_app(include=["workers.tasks"])

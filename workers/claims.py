@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import redis
 
-from ops import keys
-from ops.messages import QueuedRequest, ReplyEvent
+from ops.core import keys
+from ops.core.messages import QueuedRequest, ReplyEvent
 
 QUEUED = "queued"  # claim state of a request sent to the queue again (the others live in the scripts)
 

@@ -25,11 +25,11 @@ import torch
 from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
 from engine.model_files import ModelNotFound, prepare_default_model
 from engine.placement import PlacementError
-from ops import fleet, keys
-from ops.messages import QueuedRequest, ReplyEvent, SamplingDefaults
-from ops.sampling_defaults import load_sampling_defaults
-from ops.settings import Settings, torch_threads
-from workers.app import enqueue
+from ops.core import fleet, keys
+from ops.core.messages import QueuedRequest, ReplyEvent, SamplingDefaults
+from ops.core.sampling_defaults import load_sampling_defaults
+from ops.core.settings import Settings, torch_threads
+from ops.core.queue import enqueue
 from workers.claims import ClaimStore
 from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
 from workers.publisher import TokenPublisher

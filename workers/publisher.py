@@ -11,7 +11,7 @@ import logging
 
 import redis
 
-from ops.messages import ReplyEvent
+from ops.core.messages import ReplyEvent
 from workers.claims import ClaimStore
 
 log = logging.getLogger("brigade.worker")

@@ -20,10 +20,10 @@ import time
 
 import redis
 
-from ops import keys
-from ops.messages import QueuedRequest
-from ops.settings import Settings
-from workers.app import enqueue
+from ops.core import keys
+from ops.core.messages import QueuedRequest
+from ops.core.settings import Settings
+from ops.core.queue import enqueue
 from workers.claims import ClaimStore, as_text
 
 log = logging.getLogger("brigade.reaper")

@@ -14,10 +14,11 @@ import threading
 from celery.signals import task_received, worker_init, worker_shutdown, worker_shutting_down
 
 from engine import Engine
-from ops.messages import QueuedRequest
-from ops.settings import get_settings
+from ops.core.messages import QueuedRequest
+from ops.core.settings import get_settings
 from workers import broker_patches
-from workers.app import BATCH_TASK, GENERATE_TASK, app
+from ops.core.queue import BATCH_TASK, GENERATE_TASK
+from workers.app import app
 from workers.engine_host import EngineHost, EngineUnavailable, load_engine
 
 log = logging.getLogger("brigade.worker")

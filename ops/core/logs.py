@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ops.redaction import redact
+from ops.core.redaction import redact
 
 FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ops.messages import SAMPLING_FIELDS, SamplingDefaults
-from ops.settings import Settings
+from ops.core.messages import SAMPLING_FIELDS, SamplingDefaults
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.defaults")
 

@@ -11,11 +11,13 @@ every PRUNE_EVERY beats), so the set holds the workers seen in the last ten minu
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
 
-from ops import keys
+from ops.core import keys
 
 FORGET_S = 600.0  # generous beside any heartbeat TTL, so clocks that disagree a little do no harm
 
@@ -70,3 +72,34 @@ async def any_alive_async(client: aioredis.Redis) -> bool:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class ScaleSignal:
+    """The autoscaling signal: the workers that what is in the system right now calls for.
+
+    By Little's law the requests in the system (queued, plus running and waiting in the engines)
+    are the arrival rate times the time each spends there, QPS·T, so ⌈in system / c⌉ is the
+    planning formula above evaluated on live numbers, with c the requests one worker serves at
+    once (its batch width by default). Draining and dead workers are not counted as capacity."""
+
+    queued: int
+    running: int
+    waiting: int
+    per_worker: int
+    workers: int
+
+    @property
+    def in_system(self) -> int:
+        return self.queued + self.running + self.waiting
+
+    @property
+    def desired(self) -> int:
+        return math.ceil(self.in_system / max(self.per_worker, 1)) if self.in_system else 0
+
+
+def scale_signal(statuses: list[dict], queued: int, per_worker: int) -> ScaleSignal:
+    serving = [s for s in statuses if not s.get("draining")]
+    return ScaleSignal(queued=queued, running=sum(int(s.get("running", 0)) for s in statuses),
+                       waiting=sum(int(s.get("waiting", 0)) for s in statuses), per_worker=per_worker,
+                       workers=len(serving))

@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     batch_completion_window_s: float = 86_400.0
     batch_lease_s: float = 10.0
     batch_poll_s: float = 1.0
-    # The autoscaling signal's requests per worker (ops/capacity.ScaleSignal); 0: max_batch.
+    # The autoscaling signal's requests per worker (ops/core/fleet.ScaleSignal); 0: max_batch.
     scale_target_per_worker: int = 0
     max_wait_ms: float = 10.0
     # KV memory budget in tokens; kv_budget_bytes, when set, wins and is converted per model.

@@ -5,7 +5,7 @@ Keys that can grow carry a TTL or a cap, set where they are written:
 - request(rid): TTL Settings.stream_ttl_s
 - cancelled(rid): TTL Settings.cancel_ttl_s
 - worker(instance): TTL Settings.heartbeat_ttl_s, refreshed by the worker while it lives
-- WORKERS: one member per worker that beat in the last ops.fleet.FORGET_S (pruned by every beat)
+- WORKERS: one member per worker that beat in the last ops.core.fleet.FORGET_S (pruned by every beat)
 - claim(rid): TTL Settings.stream_ttl_s
 - CLAIMS: one field per request a live worker holds; removed when it ends or is reaped
 - DEAD_LETTERS: capped at Settings.dlq_max entries
@@ -104,7 +104,7 @@ def interactive_queue(model_name: str) -> str:
 # separator, and step 0 under the plain queue name; workers pop lower steps first.
 KOMBU_PRIORITY_SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
-BATCH_STEP = 9  # batch jobs' lines (workers/app.BATCH_PRIORITY): popped only when the others are empty
+BATCH_STEP = 9  # batch jobs' lines (ops/core/queue.BATCH_PRIORITY): popped only when the others are empty
 
 
 def queue_lists(model_name: str) -> list[str]:

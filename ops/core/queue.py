@@ -1,0 +1,86 @@
+"""The sending side of the queue: task names, queues, priorities, and `enqueue`.
+
+The gateway, the reaper and a draining worker put requests on a model's queue through here, so
+none of them imports workers/ to send. The Celery configuration lives here too, once: the worker
+app (workers/app.py) is this configuration plus its tasks and its broker transport.
+Importing this module loads no model and no torch.
+"""
+from __future__ import annotations
+
+import functools
+import uuid
+
+from celery import Celery
+
+from ops.core.keys import BATCH_STEP, interactive_queue
+from ops.core.messages import QueuedRequest
+from ops.core.settings import get_settings
+
+GENERATE_TASK = "brigade.generate"
+BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Flower shows batch lines apart
+
+# Redis priorities (kombu): lower is served first. A request continued after a crash or a drain
+# has a client mid-answer, so it goes ahead of new work instead of behind the whole queue. Batch
+# lines wait behind all interactive work (kombu pops the lower steps' lists first).
+NEW_PRIORITY = 6
+CONTINUED_PRIORITY = 0
+BATCH_PRIORITY = BATCH_STEP
+
+
+def make_app(redis_url: str | None = None, include: list[str] | None = None, transport: str | None = None,
+             set_as_current: bool = True) -> Celery:
+    """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time."""
+    settings = get_settings()
+    app = Celery("brigade", broker=redis_url or settings.redis_url, include=include or [],
+                 set_as_current=set_as_current)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],  # never pickle
+        result_serializer="json",
+        task_ignore_result=True,  # answers travel as token events, not as task results
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=interactive_queue(settings.model_name),
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        # The reaper continues a dead worker's requests within seconds; Celery's redelivery after
+        # the visibility timeout is the second line, and its duplicates are skipped by the claim.
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+    )
+    if transport:
+        app.conf.broker_transport = transport
+    return app
+
+
+@functools.cache
+def sender() -> Celery:
+    """The app that sends: built on first use, and never the process's current app, so that in a
+    worker process the worker's own app (with its tasks) stays the one Celery resolves."""
+    return make_app(set_as_current=False)
+
+
+def enqueue(queued: QueuedRequest, first: bool = False) -> None:
+    """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
+    Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
+    rid = queued.request_id
+    shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
+    batch = queued.lane == "batch"
+    sender().send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
+                       queue=interactive_queue(queued.model), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                       priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
+
+
+def task_summary(queued: QueuedRequest) -> str:
+    """What task events (and so Flower) show of a request instead of its arguments: its shape,
+    never its text. Prompts are the users' words; whoever watches the workers need not read them."""
+    shape = {"request_id": queued.request_id, "model": queued.model, "lane": queued.lane,
+             "max_tokens": queued.params.max_tokens}
+    if queued.prompt is not None:
+        shape["prompt_chars"] = len(queued.prompt)
+    if queued.messages is not None:
+        shape["messages"] = len(queued.messages)
+        shape["message_chars"] = sum(len(m.content) for m in queued.messages)
+    return repr([shape])
