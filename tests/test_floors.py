@@ -1,0 +1,138 @@
+"""Who may import whom (docs/architecture.md, "Floors"), read from every import in the source.
+
+An import counts wherever it is written: at the top, inside a function, under TYPE_CHECKING.
+The floors, bottom up:
+- ops.core imports nothing else of Brigade;
+- engine imports nothing else of Brigade;
+- cache imports ops.core;
+- workers import ops.core and engine;
+- gateway imports ops.core and cache;
+- the rest of ops (commands and benchmarks) may import anything.
+And no module reaches itself through its imports: no two files import each other, and no longer
+circle either.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "cache", "workers", "gateway", "ops")
+MAY_IMPORT = {
+    "ops.core": {"ops.core"},
+    "engine": {"engine"},
+    "cache": {"cache", "ops.core"},
+    "workers": {"workers", "ops.core", "engine"},
+    "gateway": {"gateway", "ops.core", "cache"},
+    "ops": {"ops", "ops.core", "engine", "cache", "workers", "gateway"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def floor(module: str) -> str:
+    return "ops.core" if module == "ops.core" or module.startswith("ops.core.") else module.split(".")[0]
+
+
+def imported_modules(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The Brigade modules `module` imports, each resolved to the longest known module name."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    named: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            named += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            # `from ops.core import keys` imports ops.core.keys; `from ops.core.keys import X`, ops.core.keys
+            named += [f"{base}.{alias.name}" for alias in node.names] + [base]
+    found = set()
+    for name in named:
+        if name.split(".")[0] not in PACKAGES:
+            continue
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:i])
+            if candidate in known:
+                if candidate != module:
+                    found.add(candidate)
+                break
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imported_modules(m, p, known) for m, p in known.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_graph_reader_sees_imports_wherever_they_are_written(tmp_path):
+    """The reader must count a lazy import inside a function and one under TYPE_CHECKING, or the
+    floors below could be broken without this file noticing."""
+    known = {"a.b": tmp_path / "b.py", "ops.core.keys": tmp_path / "keys.py", "engine.x": tmp_path / "x.py"}
+    module = tmp_path / "b.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import engine.x\n"
+                      "def f():\n    from ops.core import keys\n")
+    assert imported_modules("a.b", module, known) == {"engine.x", "ops.core.keys"}
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_floor_imports_only_the_floors_beneath_it():
+    broken = sorted(f"{importer} -> {imported}" for importer, targets in import_graph().items()
+                    for imported in targets if floor(imported) not in MAY_IMPORT[floor(importer)])
+    assert not broken, "imports that break the floors (docs/architecture.md, Floors):\n" + "\n".join(broken)
+
+
+def test_no_module_imports_itself_through_a_circle():
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(group) for group in found)
