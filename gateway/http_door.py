@@ -95,7 +95,7 @@ class HttpDoor:
             return error_response(err)
         model = {"id": self.settings.model_name, "object": "model", "created": self.gateway.started_at,
                  "owned_by": "brigade", "max_model_len": self.gateway.context_length(),
-                 # What a request that leaves a sampling field unset gets (ops/sampling_defaults.py).
+                 # What a request that leaves a sampling field unset gets (ops/core/sampling_defaults.py).
                  "sampling_defaults": self.gateway.protocol.defaults.model_dump(exclude={"sources"})}
         return JSONResponse({"object": "list", "data": [model]})
 

@@ -69,7 +69,7 @@ class Gateway:
         # Commands time out instead of hanging a request (or /readyz) on a stuck Redis.
         self.redis = shared_client(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         # Read once at start: the exact-cache key and a sampled request's seed need the values
-        # that will run, so the gateway fills unset fields itself (ops/sampling_defaults.py).
+        # that will run, so the gateway fills unset fields itself (ops/core/sampling_defaults.py).
         defaults = load_sampling_defaults(settings)
         log.info("event=sampling_defaults %s", describe(defaults))
         self.protocol = ClientProtocol(settings, defaults)

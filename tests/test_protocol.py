@@ -77,7 +77,7 @@ def test_good_generate_is_parsed_with_the_models_defaults_for_what_it_leaves_out
     assert isinstance(cmd, Generate)
     assert cmd.id == "r1" and cmd.prompt == "hi" and cmd.cache == "auto"
     assert cmd.params.max_tokens == 12 and cmd.params.seed == 7
-    # The default model's recommended sampling (ops/sampling_defaults.py) fills the rest.
+    # The default model's recommended sampling (ops/core/sampling_defaults.py) fills the rest.
     assert (cmd.params.temperature, cmd.params.top_p) == (protocol.defaults.temperature, protocol.defaults.top_p)
     assert not cmd.params.unset
 

@@ -1,4 +1,4 @@
-"""Where a request's unset sampling fields come from (ops/sampling_defaults.py), without a socket:
+"""Where a request's unset sampling fields come from (ops/core/sampling_defaults.py), without a socket:
 the request's own field, then BRIGADE_DEFAULT_*, then the model's generation config, then
 Brigade's neutral values. The same stack end to end: tests/test_defaults_and_hits.py."""
 from __future__ import annotations

@@ -59,7 +59,7 @@ def worker(instance: str) -> str:
 
 WORKER_PREFIX = f"{PREFIX}:worker:"
 # sorted set: worker instance -> time of its last heartbeat; the registry readers use instead of
-# scanning for worker keys (ops/fleet.py).
+# scanning for worker keys (ops/core/fleet.py).
 WORKERS = f"{PREFIX}:workers"
 
 

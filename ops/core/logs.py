@@ -11,7 +11,7 @@ FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
 class RedactingFormatter(logging.Formatter):
     """Every line and traceback without secrets: a library's message may quote a URL with its
-    password, or a request's headers (ops/redaction.py)."""
+    password, or a request's headers (ops/core/redaction.py)."""
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))

@@ -24,7 +24,7 @@ class SamplingDefaults(BaseModel):
     """What fills the sampling fields a request leaves unset: every field has a value.
 
     Made once per process from the model's generation config and the settings that override it
-    (ops/sampling_defaults.py); `sources` says where each value came from, for the start-up log."""
+    (ops/core/sampling_defaults.py); `sources` says where each value came from, for the start-up log."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_tokens: int = Field(ge=1)

@@ -42,7 +42,7 @@ FILE_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
 # answers of a 135M model end well before 256, and one that loops stops after about 13 s on two
 # cores instead of about a minute at 1024.
 DEFAULT_MODEL_GENERATION = {"temperature": 0.2, "top_p": 0.9, "max_new_tokens": 256}
-DEFAULT_MODEL_SOURCE = "the default model's recommendations (ops/sampling_defaults.py)"
+DEFAULT_MODEL_SOURCE = "the default model's recommendations (ops/core/sampling_defaults.py)"
 
 
 class GenerationConfigError(ValueError):

@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     guard_max_chars: int = 32_768
     # Sampling fields a request leaves unset (every door: WebSocket, OpenAI, batch lines), as vLLM's
     # --generation-config: "auto" reads the model's generation_config.json (for the default model,
-    # the publisher's recommendations shipped in ops/sampling_defaults.py), "brigade" ignores the
+    # the publisher's recommendations shipped in ops/core/sampling_defaults.py), "brigade" ignores the
     # model's file (neutral values), a folder path reads that folder's generation_config.json.
     generation_config: str = "auto"
     # Each wins over the generation config (vLLM's --override-generation-config); empty: the model's.
