@@ -15,16 +15,14 @@ from celery.signals import task_received, worker_init, worker_shutdown, worker_s
 
 from engine import Engine
 from ops.core.messages import QueuedRequest
-from ops.core.settings import get_settings
-from workers import broker_patches
 from ops.core.queue import BATCH_TASK, GENERATE_TASK
+from ops.core.settings import get_settings
 from workers.app import app
 from workers.engine_host import EngineHost, EngineUnavailable, load_engine
 
 log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None
 _engine: Engine | None = None  # loaded by load_model() before Celery starts
-broker_patches.apply()  # survive a broker restart (see the module)
 
 
 def load_model() -> None:
