@@ -15,7 +15,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-from ops.serve_stats import InvalidObjective, Objective, RequestResult, describe, judge, parse_slo
+from ops.bench.serve_stats import InvalidObjective, Objective, RequestResult, describe, judge, parse_slo
 
 
 class NoRunMeetsObjectives(Exception):

@@ -7,9 +7,7 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 import warnings
 from urllib.parse import urlparse
 
@@ -125,7 +123,7 @@ def cmd_up(args) -> int:
     """Redis (when none answers), the workers (one by default), the gateway and a reaper (and
     Flower), stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself."""
     from ops.core.ports import CannotListen, ensure_free
-    from ops.supervision import STOP_SIGNALS, FolderInUse, hold_folder, say, tied_to_this_process
+    from ops.supervision import STOP_SIGNALS, FolderInUse, PartExited, Supervisor, hold_folder, say, stop_graces
 
     settings = get_settings()
     if args.workers < 1:
@@ -148,7 +146,7 @@ def cmd_up(args) -> int:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
-    redis_child: subprocess.Popen | None = None
+    supervisor = Supervisor(grace_s=stop_graces(settings))
     if not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -179,25 +177,21 @@ def cmd_up(args) -> int:
                 return 1
             keep = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data)]
         # Redis dies with `up` by SIGTERM, which closes the append-only file cleanly.
-        redis_child = subprocess.Popen([server, "--port", str(url.port or 6379), "--bind", bind, "--save", "", *keep,
-                                        "--logfile", str(redis_log)], start_new_session=True,
-                                       preexec_fn=tied_to_this_process(signal.SIGTERM))
+        supervisor.start("redis", [server, "--port", str(url.port or 6379), "--bind", bind, "--save", "", *keep,
+                                   "--logfile", str(redis_log)], death_signal=signal.SIGTERM)
         # Loading a large append-only file takes a while (Redis answers LOADING until done).
-        deadline = time.monotonic() + 60
-        while not _redis_answers(settings.redis_url):
-            if stopping:
-                stop_processes([redis_child])
+        try:
+            if not supervisor.wait_for(lambda: _redis_answers(settings.redis_url), 60, stopping=lambda: stopping,
+                                       interval_s=0.1):
+                supervisor.stop()
                 return 0
-            if redis_child.poll() is not None or time.monotonic() > deadline:
-                stop_processes([redis_child])
-                print(f"redis-server did not come up at {redact_url(settings.redis_url)} (its log: {redis_log})", file=sys.stderr)
-                return 1
-            time.sleep(0.1)
-    # Children get their own sessions: Ctrl-C reaches only this process, which then stops them in
-    # order (STOP_ORDER), so nothing is left talking to a part that is gone. Should `up` die
-    # without stopping them (SIGKILL), the kernel kills them outright: a drain needs the order and
-    # a Redis, which is going at the same moment; what they held is recovered from Redis at the
-    # next start (the reaper moves the dead workers' requests).
+        except (PartExited, TimeoutError):
+            supervisor.stop()
+            print(f"redis-server did not come up at {redact_url(settings.redis_url)} (its log: {redis_log})", file=sys.stderr)
+            return 1
+    # Should `up` die without stopping its parts (SIGKILL), the kernel kills them outright: a drain
+    # needs the order and a Redis, which is going at the same moment; what they held is recovered
+    # from Redis at the next start (the reaper moves the dead workers' requests).
     me = [sys.executable, "-m", "ops.cli"]
     parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     host = socket.gethostname()
@@ -206,62 +200,20 @@ def cmd_up(args) -> int:
             ["worker"] if args.workers == 1 else ["worker", "--name", f"brigade-{os.getpid()}-{i}@{host}"])
     if args.flower:
         parts["flower"] = me + ["flower"]
-    children = {name: subprocess.Popen(argv, start_new_session=True, preexec_fn=tied_to_this_process(signal.SIGKILL))
-                for name, argv in parts.items()}
-    if redis_child is not None:
-        children["redis"] = redis_child
+    for name, argv in parts.items():
+        supervisor.start(name, argv)
     say(f"Brigade is starting: the chat page at {settings.http_url}/, the OpenAI API at {settings.http_url}/v1, "
         f"the WebSocket at {settings.ws_url} (readiness: {settings.http_url}/readyz); Ctrl-C stops everything",
         sys.stdout)
     status = 0
     try:
-        while not stopping:
-            exited = [(name, p.returncode) for name, p in children.items() if p.poll() is not None]
-            if exited:
-                name, code = exited[0]
-                say(f"brigade {name} exited (code {code}); stopping the rest")
-                status = 1
-                break
-            time.sleep(0.2)
+        ended = supervisor.watch(lambda: stopping)
+        if ended is not None:
+            say(f"brigade {ended[0]} exited (code {ended[1]}); stopping the rest")
+            status = 1
     finally:
-        stop_in_order(children, settings)
+        supervisor.stop(announce=say)
     return status
-
-
-# Who stops first: the gateway (its clients get a close frame and may resume on another gateway),
-# then the workers (they drain: running requests finish or go back to the queue), then the
-# reaper and Flower, which watch the workers, then the Redis that `up` started, which all use.
-STOP_ORDER = ("gateway", "worker", "reaper", "flower", "redis")
-
-
-def stop_in_order(children: dict[str, subprocess.Popen], settings) -> None:
-    from ops.supervision import say
-
-    grace = {"gateway": settings.gateway_shutdown_grace_s + 5, "worker": settings.drain_seconds + 10}
-    def part(name: str) -> str:
-        return name.split("-")[0]  # worker-2 stops with the workers
-
-    running = [name for name in STOP_ORDER if any(part(n) == name and p.poll() is None for n, p in children.items())]
-    if running:
-        say(f"stopping {', then '.join(running)}")
-    for name in STOP_ORDER:
-        group = [p for n, p in children.items() if part(n) == name]
-        if group:
-            stop_processes(group, grace_s=grace.get(name, 5.0))
-
-
-def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> None:
-    """SIGTERM them all (workers drain), then wait together; whoever outlives the grace is killed."""
-    for p in processes:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.time() + grace_s
-    for p in processes:
-        try:
-            p.wait(max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def cmd_flower(args) -> int:
@@ -298,12 +250,12 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     settings = get_settings()
     if args.target == "serve":  # prints its own report, and its exit code says whether the SLOs held
-        from ops.bench_serve import main as bench_serve
+        from ops.bench.serve import main as bench_serve
 
         return bench_serve(args, settings)
     if args.target == "scale":
-        from ops.bench_serve import config_from_args
-        from ops.scale_bench import parse_sizes, run
+        from ops.bench.serve import config_from_args
+        from ops.bench.scale import parse_sizes, run
 
         try:
             sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
@@ -313,7 +265,7 @@ def cmd_bench(args) -> int:
         report = run(sizes, load, args.threads_per_worker)
     elif args.target == "engine":
         from engine import Engine
-        from engine.bench import DEFAULT_COMPARE, run
+        from ops.bench.engine import DEFAULT_COMPARE, run
         from workers.engine_host import engine_config
 
         engine = Engine.load(engine_config(settings))
@@ -325,7 +277,7 @@ def cmd_bench(args) -> int:
 
         from engine import Engine
         from engine.placement import PlacementError, resolve
-        from engine.quality_bench import MAX_TOKENS, QualityConfig, default_modes, run
+        from ops.bench.quality import MAX_TOKENS, QualityConfig, default_modes, run
         from workers.engine_host import engine_config
 
         # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
@@ -346,22 +298,22 @@ def cmd_bench(args) -> int:
         report = run(Engine.load(config), QualityConfig(modes, args.max_tokens or MAX_TOKENS, args.questions,
                                                          args.consistency_questions), checkpoint=checkpoint)
     elif args.target == "doors":
-        from ops.door_bench import run
+        from ops.bench.doors import run
 
         report = run(settings, args.url, args.rounds, args.max_tokens or 16, args.api_key)
     elif args.target == "soak":
-        from ops.soak import run
+        from ops.bench.soak import run
 
         report = run(args.clients, args.seconds, args.kill_every, args.max_tokens or 16)
     else:
-        from cache.bench import run
+        from ops.bench.cache import run
 
         if not args.pairs:
             print("brigade bench cache needs --pairs FILE: labelled question pairs, one JSON object a line "
                   '({"q1": ..., "q2": ..., "duplicate": true|false}); its duplicates are asked as rewordings',
                   file=sys.stderr)
             return 2
-        from ops.bench_serve import target_urls
+        from ops.bench.serve import target_urls
 
         ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
         report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],

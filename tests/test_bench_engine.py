@@ -51,7 +51,7 @@ def test_bench_engine_shows_progress_and_reports_the_default_beside_float32(tiny
 @pytest.mark.parametrize("mode", ["float32-invariant", "mixed"])
 def test_a_compared_mode_builds_on_the_same_model(tiny_model_dir, mode):
     from engine import Engine, EngineConfig
-    from engine.bench import comparison_engine
+    from ops.bench.engine import comparison_engine
 
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), torch_threads=1, dtype="float32"))
     other = comparison_engine(engine, mode)

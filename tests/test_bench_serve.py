@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from ops.capacity import NoRunMeetsObjectives, SweepPoint, plan_capacity, sweep_point, workers_needed
-from ops.serve_stats import (InvalidObjective, RequestResult, distribution, judge, parse_slo, percentile,
+from ops.bench.serve_stats import (InvalidObjective, RequestResult, distribution, judge, parse_slo, percentile,
                              run_metrics)
-from ops.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,
+from ops.bench.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,
                                 reword)
-from ops.bench_serve import target_urls
+from ops.bench.serve import target_urls
 from ops.core.settings import Settings
 from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.quality_bench import QualityConfig, default_modes, run, spread
-from engine.quality_questions import KINDS, Question, is_correct, load_questions, wilson_interval
+from ops.bench.quality import QualityConfig, default_modes, run, spread
+from ops.bench.quality_questions import KINDS, Question, is_correct, load_questions, wilson_interval
 
 
 def words(answers, rejected=()) -> Question:

@@ -1,7 +1,7 @@
 """`brigade bench engine`: Hugging Face `generate` one request after another, against this
 engine serving the same requests at once, on the same model object, in one run; then prefix
 reuse (a 1,000-token system prompt, cold and cached), the streams' inter-token latency while a
-1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`, engine/peer_llama_cpp.py).
+1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`, ops/bench/peer_llama_cpp.py).
 
 Both sides produce exactly `max_tokens` tokens per request (end-of-sequence is ignored), so
 tokens per second compare like for like. Hugging Face serves requests one after another, so its
@@ -254,10 +254,12 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
                 engine.scheduler.config = chunked
             _say(report["long_prefill_unchunked"])
         if peer == "llama-cpp":
-            from engine.peer_llama_cpp import run as run_peer
+            from ops.bench.peer_llama_cpp import run as run_peer
 
             with _task(progress, "llama.cpp, one request after another"):
-                report["peer"] = run_peer(engine, [n for n in ns if n in (1, 16)] or [1, 16], max_tokens)
+                prompts = {n: [engine.encode(r) for r in bench_requests(n, max_tokens)]
+                           for n in [n for n in ns if n in (1, 16)] or [1, 16]}
+                report["peer"] = run_peer(prompts, max_tokens, engine.tokenizer.eos_token_id)
             _say(report["peer"])
     report["wall_s"] = round(time.perf_counter() - started, 1)
     return report

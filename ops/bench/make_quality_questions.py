@@ -1,9 +1,9 @@
-"""Writes engine/data/quality_questions.jsonl, the question set of `brigade bench quality`.
+"""Writes ops/bench/data/quality_questions.jsonl, the question set of `brigade bench quality`.
 
 The facts, yes/no and multiple-choice questions below were written by hand for Brigade (no outside
 question set, so no licence doubts); the arithmetic and unit-conversion questions are generated
 here from a fixed seed. The JSONL is committed: rerun this script only to change the set
-(`python -m ops.make_quality_questions`), and say so in the commit, since figures measured on
+(`python -m ops.bench.make_quality_questions`), and say so in the commit, since figures measured on
 one version of the set do not compare with another's.
 
 Every line: id, category, kind (how its answer is checked: words, number, yes_no or choice),
@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "engine" / "data" / "quality_questions.jsonl"
+OUT = Path(__file__).resolve().parent / "data" / "quality_questions.jsonl"
 
 # (question, accepted answers). Easy on purpose: a 135M model should get a good share right, so
 # that a precision mode that loses accuracy shows it.

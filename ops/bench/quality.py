@@ -1,4 +1,4 @@
-"""`brigade bench quality`: the shipped question set (engine/quality_questions.py) asked greedily
+"""`brigade bench quality`: the shipped question set (ops/bench/quality_questions.py) asked greedily
 through this engine in each precision mode and through Hugging Face `generate` in float32, the
 reference; then, on a subset, whether a mode's answer to a question depends on how it is asked.
 
@@ -36,10 +36,11 @@ from typing import Callable
 
 import torch
 
+import engine as engine_package
 from engine.llm_engine import Completion, Engine, EngineRequest
 from engine.placement import DTYPES, cpu_flags, resolve
-from engine.quality_questions import Question, is_correct, load_questions, wilson_interval
 from engine.sequence import SamplingParams
+from ops.bench.quality_questions import Question, is_correct, load_questions, wilson_interval
 
 MAX_TOKENS = 32
 RESUME_TOKENS = 8  # tokens of the alone answer handed over before the resumed engine continues
@@ -94,7 +95,7 @@ def precision_flags() -> dict[str, bool]:
 def source_revision() -> dict | None:
     """The commit the engine's code came from and its files changed since, when it runs from a git
     checkout (figures of work in progress are marked as such); None from an installed wheel."""
-    here = str(Path(__file__).resolve().parent)
+    here = str(Path(engine_package.__file__).resolve().parent)  # the engine's folder, not this benchmark's
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "."], capture_output=True,
@@ -389,7 +390,7 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
         "benchmark": "quality",
         "model": reference.config.model,
         "source": source_revision(),  # at the start: the code this run imported
-        "question_set": {"file": question_file or "engine/data/quality_questions.jsonl", "size": len(every),
+        "question_set": {"file": question_file or "ops/bench/data/quality_questions.jsonl", "size": len(every),
                          "asked": len(questions),
                          "categories": {c: sum(q.category == c for q in questions)
                                         for c in dict.fromkeys(q.category for q in questions)}},

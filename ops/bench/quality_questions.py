@@ -1,7 +1,7 @@
 """The question set of `brigade bench quality` and how an answer to one is checked.
 
-The set ships as package data (engine/data/quality_questions.jsonl, written for Brigade by
-ops/make_quality_questions.py). Checking is pure text matching, so it is the same for every
+The set ships as package data (ops/bench/data/quality_questions.jsonl, written for Brigade by
+ops/bench/make_quality_questions.py). Checking is pure text matching, so it is the same for every
 precision mode and for Hugging Face's reference; it is deliberately lenient (any accepted answer
 anywhere in a 32-token reply counts), because what the benchmark compares is modes against each
 other, not the model against a leaderboard.
@@ -55,7 +55,7 @@ class Question:
 def load_questions(path: str | None = None) -> list[Question]:
     """The shipped set, or a JSONL file of the same shape."""
     if path is None:
-        text = resources.files("engine").joinpath("data", SHIPPED_FILE).read_text(encoding="utf-8")
+        text = resources.files("ops.bench").joinpath("data", SHIPPED_FILE).read_text(encoding="utf-8")
     else:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()

@@ -12,18 +12,17 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-from ops.bench_serve import LoadConfig
-from ops.bench_serve import run as run_load
+from ops.bench.serve import LoadConfig
+from ops.bench.serve import run as run_load
 from ops.core.ports import free_port
+from ops.supervision import PartExited, Supervisor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.cli` runs
 START_TIMEOUT_S = 300.0
 
 
@@ -58,23 +57,23 @@ class Fleet:
                 env[key] = os.environ[key]
         env.update(extra_env or {})
         self.env = env
-        self.proc: subprocess.Popen | None = None
+        # One part, `up` itself, which supervises the fleet's own parts; it stops them in order
+        # when it gets SIGTERM, and gets SIGTERM too should this benchmark die.
+        self.supervisor = Supervisor(order=("up",), grace_s={"up": 60.0})
 
     def __enter__(self) -> "Fleet":
-        self.log = open(self.log_path, "w")
         # --ephemeral: each size gets a fresh, empty Redis, not the last size's queue and records.
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--ephemeral",
-                                      "--workers", str(self.workers)],
-                                     env=self.env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self.ready_workers() < self.workers:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the fleet of {self.workers} exited while starting; its log: {self.log_path}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the fleet of {self.workers} was not ready in {START_TIMEOUT_S:.0f} s; "
-                                   f"its log: {self.log_path}")
-            time.sleep(0.5)
+        self.supervisor.start("up", [sys.executable, "-m", "ops.cli", "up", "--ephemeral", "--workers", str(self.workers)],
+                              env=self.env, cwd=ROOT, log=self.log_path, death_signal=signal.SIGTERM)
+        try:
+            self.supervisor.wait_for(lambda: self.ready_workers() >= self.workers, START_TIMEOUT_S, interval_s=0.5)
+        except PartExited:
+            self.supervisor.stop()
+            raise RuntimeError(f"the fleet of {self.workers} exited while starting; its log: {self.log_path}") from None
+        except TimeoutError:
+            self.supervisor.stop()
+            raise RuntimeError(f"the fleet of {self.workers} was not ready in {START_TIMEOUT_S:.0f} s; "
+                               f"its log: {self.log_path}") from None
         return self
 
     def ready_workers(self) -> int:
@@ -85,14 +84,7 @@ class Fleet:
             return 0
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # `up` stops its parts in order
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
+        self.supervisor.stop()
 
 
 def row(workers: int, report: dict) -> dict:

@@ -27,8 +27,8 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from ops.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
-from ops.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
+from ops.bench.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
+from ops.bench.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
 from ops.load_commands import DEFAULT_NUM_REQUESTS
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
@@ -573,7 +573,7 @@ def main(args, settings: Settings) -> int:
     for line in _summary_lines(report):
         print(line, file=sys.stderr)
     if args.plot:
-        from ops.bench_plot import plot_run
+        from ops.bench.plot import plot_run
 
         plot_run(report, args.plot)
         print(f"  plot: {args.plot}", file=sys.stderr)

@@ -13,14 +13,17 @@ import json
 import os
 import random
 import shutil
-import socket
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from ops.core.ports import free_port
+from ops.core.settings import get_settings
+from ops.supervision import PartExited, Supervisor, stop_graces
 
 QUESTIONS = [
     "What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Give me a tip for sleeping well.",
@@ -28,12 +31,6 @@ QUESTIONS = [
     "Translate 'hello' into Spanish.", "What is the largest ocean?", "Suggest a name for a cat.",
     "How many legs does a spider have?",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -51,25 +48,34 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 class Fleet:
+    """A Brigade of its own on free ports (redis-server, the gateway, a reaper, workers), under one
+    Supervisor, so that its workers may be killed and started again."""
+
     def __init__(self, workdir: Path, workers: int):
         self.workdir = workdir
-        self.redis_port, self.port = _free_port(), _free_port()
+        self.redis_port, self.port = free_port(), free_port()
         self.env = dict(os.environ, BRIGADE_REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
                         BRIGADE_GATEWAY_PORT=str(self.port), BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
         server = shutil.which("redis-server")
         if server is None:
             raise SystemExit("redis-server is not installed: sudo apt-get install -y redis-server")
-        self.redis = subprocess.Popen([server, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
-                                       "--dir", str(workdir)], stdout=subprocess.DEVNULL)
-        self.gateway = self._start("gateway")
-        self.reaper = self._start("reaper")
-        self.workers = {f"soak{i}@bench": self._start("worker", "--name", f"soak{i}@bench") for i in range(workers)}
+        self.supervisor = Supervisor(grace_s=stop_graces(get_settings()))
+        self.supervisor.start("redis", [server, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
+                                        "--dir", str(workdir)], log=workdir / "redis.log", death_signal=signal.SIGTERM)
+        self._start("gateway", "gateway")
+        self._start("reaper", "reaper")
+        self.workers = [f"worker-{i}" for i in range(workers)]
+        for i, part in enumerate(self.workers):
+            self._start(part, "worker", "--name", f"soak{i}@bench")
         self.kills = 0
 
-    def _start(self, *args: str) -> subprocess.Popen:
-        log = open(self.workdir / f"{args[-1].replace('@', '_')}-{time.monotonic_ns()}.log", "w")
-        return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT)
+    def _start(self, part: str, *args: str) -> None:
+        self.supervisor.start(part, [sys.executable, "-m", "ops.cli", *args], env=self.env,
+                              log=self.workdir / f"{part}.log")
+
+    @property
+    def gateway_pid(self) -> int:
+        return self.supervisor.process("gateway").pid
 
     def ready(self) -> bool:
         try:
@@ -79,18 +85,14 @@ class Fleet:
             return False
 
     def kill_one(self) -> str:
-        name = random.choice(sorted(self.workers))
-        self.workers[name].kill()
-        self.workers[name].wait(10)
-        self.workers[name] = self._start("worker", "--name", name)
+        """SIGKILL a worker and start it again (from the main thread: see Supervisor)."""
+        part = random.choice(self.workers)
+        self.supervisor.kill_and_restart(part)
         self.kills += 1
-        return name
+        return part
 
     def stop(self) -> None:
-        from ops.cli import stop_processes
-
-        stop_processes([*self.workers.values(), self.gateway, self.reaper], grace_s=20)
-        stop_processes([self.redis])
+        self.supervisor.stop()
 
 
 async def _client(url: str, n: int, until: float, max_tokens: int, stats: dict) -> None:
@@ -133,7 +135,7 @@ async def _client(url: str, n: int, until: float, max_tokens: int, stats: dict) 
 async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float, max_tokens: int) -> dict:
     stats = {"sent": 0, "completed": 0, "failed": {}, "ttft": [], "e2e": [], "broken_streams": 0}
     url = f"ws://127.0.0.1:{fleet.port}/v1/ws"
-    rss_before = _rss_mb(fleet.gateway.pid)
+    rss_before = _rss_mb(fleet.gateway_pid)
     started = time.monotonic()
     until = started + seconds
     tasks = [asyncio.create_task(_client(url, n, until, max_tokens, stats)) for n in range(clients)]
@@ -141,9 +143,10 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
     next_kill = started + kill_every_s
     while time.monotonic() < until:
         await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))
-        rss.append((round(time.monotonic() - started), _rss_mb(fleet.gateway.pid)))
+        rss.append((round(time.monotonic() - started), _rss_mb(fleet.gateway_pid)))
         if next_kill <= time.monotonic() < until - 5:
-            killed.append(await asyncio.to_thread(fleet.kill_one))
+            # Not in a thread: a child's death signal follows the thread that started it.
+            killed.append(fleet.kill_one())
             next_kill += kill_every_s
     # Requests in flight at the deadline are finished, not abandoned.
     await asyncio.wait_for(asyncio.gather(*tasks), 600)
@@ -160,7 +163,7 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
         "e2e_s": {"p50": _pct(stats["e2e"], 0.5), "p99": _pct(stats["e2e"], 0.99),
                   "mean": round(statistics.fmean(stats["e2e"]), 4) if stats["e2e"] else None},
         "wall_s": round(time.monotonic() - started, 1),
-        "gateway_rss_mb": {"before": rss_before, "after": _rss_mb(fleet.gateway.pid), "every_10s": rss},
+        "gateway_rss_mb": {"before": rss_before, "after": _rss_mb(fleet.gateway_pid), "every_10s": rss},
         "max_tokens": max_tokens,
     }
 
@@ -170,11 +173,10 @@ def run(clients: int = 200, seconds: float = 120, kill_every_s: float = 30, max_
     workdir = Path(tempfile.mkdtemp(prefix="brigade-soak-"))
     fleet = Fleet(workdir, workers)
     try:
-        deadline = time.monotonic() + 180
-        while not fleet.ready():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the fleet did not become ready; logs in {workdir}")
-            time.sleep(0.5)
+        try:
+            fleet.supervisor.wait_for(fleet.ready, 180, interval_s=0.5)
+        except (PartExited, TimeoutError) as exc:
+            raise SystemExit(f"the fleet did not become ready ({exc}); logs in {workdir}") from None
         report = asyncio.run(_soak(fleet, clients, seconds, kill_every_s, max_tokens))
         report["logs"] = str(workdir)
         return report
