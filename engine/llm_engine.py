@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
 import time
@@ -21,14 +20,16 @@ from typing import Callable
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import KVMemory, KVShape, SequenceKV
+from engine.kv_allocator import KVAllocator
+from engine.kv_cache import KVMemory, KVShape
 from engine.model_files import offline
-from engine.model_runner import Chunk, ModelRunner
+from engine.model_runner import ModelRunner
 from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FinishReason, SamplingParams, Sequence
+from engine.tokenizer import SerializedTokenizer
 
 log = logging.getLogger("brigade.engine")
 IDLE_POLL_S = 0.5  # an idle engine thread wakes this often (to notice its stop event, and to prove it lives)
@@ -90,35 +91,9 @@ class RequestRejected(Exception):
         self.message = message
 
 
-class SerializedTokenizer:
-    """One call at a time into a fast tokenizer. Celery task threads encode prompts while the
-    engine thread decodes tokens, and the Rust tokenizer under a transformers fast tokenizer
-    raises "Already borrowed" when two threads use it at once (its padding and truncation
-    settings are mutable state). Calls take microseconds to milliseconds; the lock costs less.
-    Other attributes (ids of special tokens, ...) are read through."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-        self._lock = threading.Lock()
-
-    def __call__(self, *args, **kwargs):
-        with self._lock:
-            return self._tokenizer(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        with self._lock:
-            return self._tokenizer.decode(*args, **kwargs)
-
-    def apply_chat_template(self, *args, **kwargs):
-        with self._lock:
-            return self._tokenizer.apply_chat_template(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
-
-
 class Engine:
-    def __init__(self, model, tokenizer, config: EngineConfig, placement: Placement | None = None):
+    def __init__(self, model, tokenizer, config: EngineConfig, placement: Placement | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.model = model.eval()
         # One lock per tokenizer, also when engines share it (`brigade bench engine`'s float32 one).
         self.tokenizer = tokenizer if isinstance(tokenizer, SerializedTokenizer) else SerializedTokenizer(tokenizer)
@@ -138,10 +113,12 @@ class Engine:
             budget = config.kv_budget_bytes // self.kv_shape.bytes_per_token
         self.kv = KVMemory(budget)
         self.prefix = PrefixCache(self.kv, enabled=config.prefix_cache)
+        # Requests' timings and the scheduler's waits read this clock (a test drives it by hand).
+        self.clock = clock
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_batch, config.max_wait_ms, config.max_prefill_tokens,
                             config.prefill_chunk_tokens, config.admission_patience_s),
-            self.kv, self.prefix, self.kv_shape,
+            KVAllocator(self.kv_shape, self.kv, self.prefix), clock,
         )
         self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
@@ -164,7 +141,7 @@ class Engine:
     # ---- construction -----------------------------------------------------------------------
 
     @classmethod
-    def load(cls, config: EngineConfig) -> "Engine":
+    def load(cls, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> "Engine":
         offline()
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -180,7 +157,7 @@ class Engine:
         model.to(placement.device)
         log.info("event=model_loaded path=%s device=%s dtype=%s seconds=%.1f", path, placement.device,
                  placement.dtype, time.monotonic() - started)
-        return cls(model, tokenizer, config, placement)
+        return cls(model, tokenizer, config, placement, clock)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -218,7 +195,8 @@ class Engine:
                 f"exceeds the {limit} tokens this model and KV budget allow",
             )
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        seq = Sequence(request.request_id, prompt_ids, params, seed, request.resume_ids, batch=request.batch)
+        seq = Sequence(request.request_id, prompt_ids, params, seed, request.resume_ids, batch=request.batch,
+                       arrived=self.clock())
         with self._lock:
             if request.request_id in self.sequences or any(s.request_id == seq.request_id for s in self._inbox):
                 raise RequestRejected("duplicate_id", f"request {request.request_id!r} is already in the engine")
@@ -294,17 +272,6 @@ class Engine:
                     on_finished(done[u.request_id])
         return done
 
-    def perplexity(self, ids: list[int], fast: bool = False) -> float:
-        """Perplexity of a text's token ids under the primary copy of the weights, or the fast copy
-        (`fast`: what decode steps use; the same copy unless the precision is mixed). For
-        checking a precision mode against float32, not for serving."""
-        seq = Sequence("perplexity", ids, SamplingParams(), seed=0)
-        seq.kv = SequenceKV(self.kv_shape, len(ids))
-        weights = (self.runner.fast or self.runner.primary) if fast else self.runner.primary
-        logits = self.runner.forward([Chunk(seq, 0, len(ids))], every_position=True, weights=weights)
-        nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:], device=logits.device))
-        return math.exp(float(nll))
-
     def stats(self) -> dict[str, int]:
         return {
             "running": len(self.scheduler.running),
@@ -343,7 +310,7 @@ class Engine:
         return updates
 
     def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[SequenceUpdate]:
-        now = time.monotonic()
+        now = self.clock()
         updates = []
         for seq, token in zip(seqs, tokens):
             if seq.timing.first_token is None:

@@ -23,26 +23,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.batch_invariance import padded, row_quantum
 from engine.placement import Placement
-from engine.sequence import Sequence
-
-
-@dataclass
-class Chunk:
-    """Positions start .. start+length-1 of a sequence's context, computed in this step."""
-
-    seq: Sequence
-    start: int
-    length: int
-
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the end of the context, so its last logits give a token."""
-        return self.start + self.length == self.seq.num_tokens
-
-    @property
-    def decodes(self) -> bool:
-        """Whether this chunk feeds one generated token (a decode row), not a piece of a prompt."""
-        return self.length == 1 and self.start >= len(self.seq.prompt_ids)
+from engine.sequence import Chunk
 
 
 @dataclass

@@ -12,8 +12,9 @@ An idle engine waits up to `max_wait_ms` for `max_batch` requests before admitti
 a burst shares its first pass. While sequences run, new ones join at the next step and finished
 ones leave at once.
 
-KV memory (engine/kv_cache.py) is charged for what a sequence holds: its context at admission,
-then CAPACITY_STEP more positions whenever it outgrows that. Admission is not held hostage by one
+The scheduler decides; the KV owner (engine/kv_allocator.py) allocates and copies, so this module
+touches no tensor and imports no torch. A sequence is charged for what it holds: its context at
+admission, then more positions whenever it outgrows that. Admission is not held hostage by one
 large request: a sequence that does not fit is passed over and later ones that fit are admitted,
 until it has waited `admission_patience_s`; from then on nobody passes it, and it gets the memory
 that finishing sequences give back. When running sequences outgrow the memory, cached prefix
@@ -31,11 +32,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
-from engine.kv_cache import CAPACITY_STEP, KVMemory, KVShape, SequenceKV, round_up
-from engine.model_runner import Chunk
-from engine.prefix_cache import PrefixCache
-from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.sequence import Chunk, FinishReason, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -47,12 +46,31 @@ class SchedulerConfig:
     admission_patience_s: float = 2.0
 
 
+class KVOwner(Protocol):
+    """What the scheduler asks of the owner of KV memory (engine/kv_allocator.KVAllocator). Each
+    call that needs memory evicts cached prefix blocks before it fails, and a failed call has
+    taken nothing."""
+
+    def allocate(self, seq: Sequence) -> bool:
+        """A cache for seq at admission, its cached prefix copied in (sets `num_computed`)."""
+
+    def room_for_next(self, seq: Sequence) -> bool:
+        """seq's cache holds its next position, grown if need be."""
+
+    def remember(self, seq: Sequence) -> None:
+        """seq's computed blocks offered to the prefix cache."""
+
+    def release(self, seq: Sequence, remember: bool = False) -> None:
+        """seq's cache given back (`num_computed` back to 0), its blocks remembered first if asked."""
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, memory: KVMemory, prefix: PrefixCache, kv_shape: KVShape):
+    def __init__(self, config: SchedulerConfig, kv: KVOwner, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.memory = memory
-        self.prefix = prefix
-        self.kv_shape = kv_shape
+        self.kv = kv
+        # The engine's clock: arrival, admission and finish times, the micro-batch wait and the
+        # admission patience all read it (a test drives it by hand).
+        self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -83,7 +101,7 @@ class Scheduler:
         """How long an idle engine should still wait for its micro-batch to fill (0 = go now)."""
         if self.running or not self.waiting or len(self.waiting) >= self.config.max_batch:
             return 0.0
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         deadline = self.waiting[0].timing.arrived + self.config.max_wait_ms / 1000.0
         return max(0.0, deadline - now)
 
@@ -101,7 +119,7 @@ class Scheduler:
         for c in chunks:
             c.seq.num_computed = c.start + c.length
             if c.samples and c.length > 1:
-                self.prefix.remember(c.seq.all_ids, c.seq.kv, c.seq.num_computed)
+                self.kv.remember(c.seq)
 
     def _by_priority(self) -> list[Sequence]:
         """Running sequences, most deserving first: interactive before batch, then by arrival."""
@@ -129,27 +147,23 @@ class Scheduler:
     def _room_to_decode(self, seq: Sequence, order: list[Sequence]) -> bool:
         """Make sure seq's cache holds its next position, growing it and preempting the
         lowest-priority others when memory runs out. False if seq itself was preempted."""
-        if seq.num_computed < seq.kv.capacity:
-            return True
-        while not self._take(CAPACITY_STEP):
+        while not self.kv.room_for_next(seq):
             victim = next((s for s in reversed(order) if s in self.running), None)
             self._preempt(victim)
             if victim is seq:
                 return False
-        seq.kv.resize(seq.kv.capacity + CAPACITY_STEP, keep=seq.num_computed)
         return True
 
     # ---- admission --------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for seq in list(self.waiting):
             if len(self.running) >= self.config.max_batch and (seq.batch or not self._preempt_batch()):
                 break
-            capacity = round_up(min(seq.num_tokens + 1, seq.max_total_tokens))
-            fits = self._take(capacity)
+            fits = self.kv.allocate(seq)
             while not fits and not seq.batch and self._preempt_batch():
-                fits = self._take(capacity)
+                fits = self.kv.allocate(seq)
             if not fits:
                 if seq.passed_over_at is None:
                     seq.passed_over_at = now
@@ -158,18 +172,9 @@ class Scheduler:
                 continue
             self.waiting.remove(seq)
             seq.passed_over_at = None
-            seq.kv = SequenceKV(self.kv_shape, capacity)
-            seq.num_computed = self.prefix.attach(seq.all_ids, seq.kv)
             seq.status = SequenceStatus.RUNNING
             seq.timing.admitted = now
             self.running.append(seq)
-
-    def _take(self, tokens: int) -> bool:
-        """Memory for `tokens` positions, evicting cached prefix blocks if that is what it takes."""
-        if self.memory.take(tokens):
-            return True
-        self.prefix.evict(tokens - self.memory.free_tokens)
-        return self.memory.take(tokens)
 
     def _preempt_batch(self) -> bool:
         """Give the newest running batch sequence's row and KV back; False when none runs."""
@@ -181,28 +186,18 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._release(seq)
+        self.kv.release(seq)
         seq.status = SequenceStatus.WAITING
         self.preemptions += 1
         self._at_lane_head(seq)
 
-    def _release(self, seq: Sequence) -> None:
-        if seq.kv is not None:
-            self.memory.give(seq.kv.capacity)
-            seq.kv = None
-        seq.num_computed = 0
-
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        seq.timing.finished = time.monotonic()
+        seq.timing.finished = self.clock()
         if seq in self.running:
             self.running.remove(seq)
-            kv, computed = seq.kv, seq.num_computed
-            # Its memory is given back first, so that its blocks can be remembered in it.
-            self._release(seq)
-            if reason is not FinishReason.ERROR and kv is not None:
-                self.prefix.remember(seq.all_ids, kv, computed)
+            self.kv.release(seq, remember=reason is not FinishReason.ERROR)
         else:
             try:
                 self.waiting.remove(seq)

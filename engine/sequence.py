@@ -1,4 +1,5 @@
-"""A request's token state inside the engine: its ids, sampling settings, status and timings."""
+"""A request's token state inside the engine: its ids, sampling settings, status and timings, and
+the chunk of its context a step computes."""
 from __future__ import annotations
 
 import time
@@ -39,7 +40,7 @@ class SamplingParams:
 
 @dataclass
 class Timing:
-    """Seconds, measured on the engine's clock (time.monotonic)."""
+    """Seconds, measured on the engine's clock (time.monotonic unless the engine is given another)."""
 
     arrived: float = field(default_factory=time.monotonic)
     admitted: float | None = None
@@ -71,6 +72,7 @@ class Sequence:
         seed: int,
         resume_ids: list[int] | None = None,
         batch: bool = False,
+        arrived: float | None = None,
     ):
         self.request_id = request_id
         # The batch lane: served in the rows interactive requests leave, preempted when they need them.
@@ -92,8 +94,7 @@ class Sequence:
         # When admission first passed this sequence over for lack of memory (engine/scheduler.py).
         self.passed_over_at: float | None = None
         self.finish_reason: FinishReason | None = None
-        self.cancel_requested = False
-        self.timing = Timing()
+        self.timing = Timing() if arrived is None else Timing(arrived)
 
     @property
     def num_tokens(self) -> int:
@@ -123,3 +124,22 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+
+@dataclass
+class Chunk:
+    """Positions start .. start+length-1 of a sequence's context, computed in this step."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the context, so its last logits give a token."""
+        return self.start + self.length == self.seq.num_tokens
+
+    @property
+    def decodes(self) -> bool:
+        """Whether this chunk feeds one generated token (a decode row), not a piece of a prompt."""
+        return self.length == 1 and self.start >= len(self.seq.prompt_ids)

@@ -12,9 +12,8 @@ import torch
 
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams
 from engine.batch_invariance import invariant_at
-from engine.model_runner import Chunk
 from engine.kv_cache import SequenceKV
-from engine.sequence import Sequence
+from engine.sequence import Chunk, Sequence
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "How many legs does a spider have?",

@@ -4,9 +4,9 @@ sequences outgrow the memory, and the prefix cache giving way to them."""
 from __future__ import annotations
 
 import random
-import time
 
-from engine import EngineRequest, SamplingParams
+from engine import Engine, EngineConfig, EngineRequest, SamplingParams
+from tests.clock import HandClock
 
 
 def ids_req(i: str, ids: list[int], n: int = 12) -> EngineRequest:
@@ -123,8 +123,10 @@ def test_one_large_request_does_not_cap_the_rows_of_everyone_else(tiny_engine_fa
     assert len(engine.scheduler.running) == 6 and not engine.scheduler.waiting
 
 
-def test_a_request_that_does_not_fit_yet_is_passed_over_then_served(tiny_engine_factory):
-    engine = tiny_engine_factory(max_batch=8, max_wait_ms=0, kv_budget_tokens=1024, admission_patience_s=0.3)
+def test_a_request_that_does_not_fit_yet_is_passed_over_then_served(tiny_model_dir):
+    clock = HandClock()
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), max_batch=8, max_wait_ms=0, kv_budget_tokens=1024,
+                                      admission_patience_s=0.3, torch_threads=1, dtype="float32"), clock=clock)
     for i in range(4):  # 4 x 128 held
         engine.add_request(ids_req(f"early{i}", words(8, 40 + i), n=100))
     engine.step()
@@ -134,7 +136,7 @@ def test_a_request_that_does_not_fit_yet_is_passed_over_then_served(tiny_engine_
     running = {s.request_id for s in engine.scheduler.running}
     assert "small" in running and "large" not in running  # not held hostage by "large"
     # Once "large" has waited its patience, nobody passes it, and it gets the memory that frees up.
-    time.sleep(0.35)
+    clock.advance(0.35)
     engine.add_request(ids_req("late", words(8, 51), n=8))
 
     def running() -> set[str]:

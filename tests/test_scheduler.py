@@ -1,23 +1,35 @@
-"""Scheduler mechanics on a tiny random model: admission, max-wait, join/leave, KV budget."""
+"""Scheduler mechanics on a tiny random model: admission, max-wait, join/leave, KV budget. The
+scheduler is pure policy: it imports no torch (the KV owner allocates and copies)."""
 from __future__ import annotations
 
-import time
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from engine import EngineRequest, RequestRejected, SamplingParams
+from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams
+from tests.clock import HandClock
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def req(i: str, n: int = 8, prompt: str = "hello there") -> EngineRequest:
     return EngineRequest(i, SamplingParams(max_tokens=n, ignore_eos=True), prompt=prompt)
 
 
-def test_idle_engine_waits_up_to_max_wait_for_a_micro_batch(tiny_engine_factory):
-    engine = tiny_engine_factory(max_batch=4, max_wait_ms=300)
+def test_idle_engine_waits_up_to_max_wait_for_a_micro_batch(tiny_model_dir):
+    clock = HandClock()
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), max_batch=4, max_wait_ms=300, torch_threads=1,
+                                      dtype="float32"), clock=clock)
     engine.add_request(req("a"))
     assert engine.step() == []  # waits for company
-    assert 0 < engine.scheduler.seconds_until_admission() <= 0.3
-    time.sleep(0.31)
+    assert engine.scheduler.seconds_until_admission() == pytest.approx(0.3)
+    clock.advance(0.29)
+    assert engine.step() == []  # still within max_wait
+    assert engine.scheduler.seconds_until_admission() == pytest.approx(0.01)
+    clock.advance(0.01)
     first = engine.step()
     assert [u.request_id for u in first] == ["a"] and first[0].index == 0
 
@@ -141,8 +153,6 @@ def test_waiting_interactive_requests_are_admitted_before_waiting_batch_ones(tin
 @pytest.mark.real_model
 def test_an_interactive_arrival_preempts_the_newest_batch_row_which_later_ends_as_if_never_stopped(model_dir):
     """The real model, greedy: a preempted row's answer is token for token the uninterrupted one."""
-    from engine import Engine, EngineConfig
-
     def engine():
         return Engine.load(EngineConfig(model=str(model_dir), max_batch=3, max_wait_ms=0, torch_threads=1,
                                         dtype="float32"))
@@ -196,3 +206,23 @@ def test_a_prompt_longer_than_one_pass_is_loaded_over_passes_that_sample_nothing
     prompt = list(range(3, 43))  # 40 tokens: five passes
     done = engine.generate([EngineRequest("long", SamplingParams(max_tokens=3, ignore_eos=True), prompt_ids=prompt)])
     assert done["long"].finish_reason == "length" and len(done["long"].token_ids) == 3
+
+
+def imported_by(modules: list[str]) -> set[str]:
+    """The top-level packages loaded by importing these engine modules alone, in a fresh
+    interpreter. engine/__init__.py is bypassed: it gathers the public API, which needs torch."""
+    probe = (
+        "import importlib, json, sys, types\n"
+        f"package = types.ModuleType('engine'); package.__path__ = [{str(ROOT / 'engine')!r}]\n"
+        "sys.modules['engine'] = package\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+def test_the_scheduler_and_the_prefix_accounting_import_no_torch_or_transformers():
+    assert {"torch", "transformers"} & imported_by(["engine.scheduler", "engine.prefix_index"]) == set()
+    # The probe sees torch where it is: the KV owner allocates tensors.
+    assert "torch" in imported_by(["engine.kv_allocator"])
