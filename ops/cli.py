@@ -77,13 +77,12 @@ def cmd_reaper(args) -> int:
 
 def cmd_dlq(args) -> int:
     """The dead-letter list: requests that crashed max_attempts workers."""
-    import redis
-
+    from ops.core import redis_clients
     from ops.core.queue import enqueue
     from workers.claims import ClaimStore
 
     settings = get_settings()
-    store = ClaimStore.from_settings(redis.Redis.from_url(settings.redis_url, socket_timeout=5), settings)
+    store = ClaimStore.from_settings(redis_clients.client(settings.redis_url), settings)
     entries = store.dead_letters()
     if args.action == "list":
         for e in entries:
@@ -113,8 +112,10 @@ def cmd_dlq(args) -> int:
 def _redis_answers(url: str) -> bool:
     import redis
 
+    from ops.core import redis_clients
+
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        return bool(redis_clients.client(url, connect_timeout_s=1).ping())
     except redis.RedisError:
         return False
 
@@ -248,82 +249,9 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    settings = get_settings()
-    if args.target == "serve":  # prints its own report, and its exit code says whether the SLOs held
-        from ops.bench.serve import main as bench_serve
+    from ops.bench.command import run
 
-        return bench_serve(args, settings)
-    if args.target == "scale":
-        from ops.bench.serve import config_from_args
-        from ops.bench.scale import parse_sizes, run
-
-        try:
-            sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
-        except ValueError as exc:
-            print(f"brigade bench scale: {exc}", file=sys.stderr)
-            return 2
-        report = run(sizes, load, args.threads_per_worker)
-    elif args.target == "engine":
-        from engine import Engine
-        from ops.bench.engine import DEFAULT_COMPARE, run
-        from workers.engine_host import engine_config
-
-        engine = Engine.load(engine_config(settings))
-        compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
-        report = run(engine, [int(n) for n in args.n.split(",")], args.max_tokens or 128, args.peer, compare,
-                     full_baseline=args.full, long_rows=args.full)
-    elif args.target == "quality":
-        import dataclasses
-
-        from engine import Engine
-        from engine.placement import PlacementError, resolve
-        from ops.bench.quality import MAX_TOKENS, QualityConfig, default_modes, run
-        from workers.engine_host import engine_config
-
-        # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
-        config = dataclasses.replace(engine_config(settings), dtype="float32", max_batch=32)
-        modes = tuple(m.strip() for m in args.dtype.split(",") if m.strip()) if args.dtype else default_modes()
-        try:
-            for mode in modes:  # a typo fails now, not after the reference run
-                resolve(config.device, mode)
-        except PlacementError as exc:
-            print(f"brigade bench quality: {exc}", file=sys.stderr)
-            return 2
-
-        def checkpoint(partial: dict) -> None:  # --json holds what was measured so far
-            if args.json:
-                with open(args.json, "w") as fh:
-                    fh.write(json.dumps(partial, indent=2) + "\n")
-
-        report = run(Engine.load(config), QualityConfig(modes, args.max_tokens or MAX_TOKENS, args.questions,
-                                                         args.consistency_questions), checkpoint=checkpoint)
-    elif args.target == "doors":
-        from ops.bench.doors import run
-
-        report = run(settings, args.url, args.rounds, args.max_tokens or 16, args.api_key)
-    elif args.target == "soak":
-        from ops.bench.soak import run
-
-        report = run(args.clients, args.seconds, args.kill_every, args.max_tokens or 16)
-    else:
-        from ops.bench.cache import run
-
-        if not args.pairs:
-            print("brigade bench cache needs --pairs FILE: labelled question pairs, one JSON object a line "
-                  '({"q1": ..., "q2": ..., "duplicate": true|false}); its duplicates are asked as rewordings',
-                  file=sys.stderr)
-            return 2
-        from ops.bench.serve import target_urls
-
-        ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
-        report = run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
-                     ws_url, args.api_key)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
-    return 0
+    return run(args, get_settings())
 
 
 def cmd_cache(args) -> int:
@@ -356,7 +284,8 @@ def cmd_capacity(args) -> int:
     return run(args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> BrigadeParser:
+    """Every `brigade` command and its flags; building it imports no service, model or benchmark."""
     parser = BrigadeParser(prog="brigade", description=__doc__)  # its subparsers too: errors hide secrets
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="convert the default model once into a local safetensors folder").set_defaults(fn=cmd_prepare)
@@ -393,42 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
     add_connection_options(p, gateway="ws", api_key=True)
     p.set_defaults(fn=cmd_chat)
-    p = sub.add_parser("bench", help="benchmarks that print JSON")
-    p.add_argument("target", choices=["engine", "cache", "soak", "doors", "serve", "scale", "quality"])
-    p.add_argument("--n", default="1,16,32", help="engine: comma-separated request counts (the first run a user "
-                   "makes: about 6 minutes on 2 cores; --n 1,16,32,64 --full for every row)")
-    p.add_argument("--compare", help="engine: modes timed beside the default, comma-separated: a BRIGADE_DTYPE, "
-                   "with -invariant for deterministic mode or -unpadded without it (default float32,float32-invariant; "
-                   "'' for none)")
-    p.add_argument("--full", action="store_true", help="engine: HF generate timed at every N (not once on 4 "
-                   "requests), and the long-prompt rows (16 streams while a 1,500-token prompt loads)")
-    p.add_argument("--peer", choices=["llama-cpp"], help="engine: the same prompts through a peer too "
-                   "(llama-cpp: `make bench-peers` installs it)")
-    p.add_argument("--max-tokens", type=int,
-                   help="new tokens per request (default: engine 128, quality 32, soak and doors 16, serve each "
-                   "dataset line's)")
-    p.add_argument("--repeats", type=int, default=200, help="cache: exact hits to time")
-    p.add_argument("--pairs", help="cache (required): JSONL question pairs whose duplicates are asked as rewordings")
-    p.add_argument("--semantic-pairs", type=int, default=200, help="cache: duplicate pairs to ask")
-    p.add_argument("--sizes", default="1000,10000,100000", help="cache: index sizes for lookup cost")
-    p.add_argument("--clients", type=int, default=200, help="soak: concurrent WebSocket clients")
-    p.add_argument("--rounds", type=int, default=20, help="doors: requests through each door")
-    add_connection_options(p, gateway="http", api_key=True)  # doors, serve (also a ws:// --url), scale
-    p.add_argument("--seconds", type=float, default=120, help="soak: how long to keep asking")
-    p.add_argument("--kill-every", type=float, default=30, help="soak: SIGKILL a worker this often (seconds)")
-    p.add_argument("--workers", default="1,2", help="scale: fleet sizes to start in turn, each under the same "
-                   "serve load (the serve flags below)")
-    p.add_argument("--threads-per-worker", type=int, default=1, help="scale: BRIGADE_TORCH_THREADS of each worker")
-    p.add_argument("--dtype", help="quality: comma-separated precision modes (default: every mode but auto)")
-    p.add_argument("--questions", type=int, help="quality: ask this many of the shipped questions (spread "
-                   "over the set; default all)")
-    p.add_argument("--consistency-questions", type=int, default=32, help="quality: questions also asked alone, "
-                   "in a batch of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
-    p.add_argument("--json", help="also write the report to this file")
-    p.set_defaults(fn=cmd_bench)
-    from ops.load_commands import add_serve_arguments
+    from ops.bench.command import add_bench_parser
 
-    add_serve_arguments(p)
+    add_bench_parser(sub).set_defaults(fn=cmd_bench)
     from ops.cache_commands import add_parser
 
     add_parser(sub)
@@ -448,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     from ops.load_commands import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     resolve_connection(args)
     setup_logging()
     if args.command in ("up", "worker", "gateway", "reaper"):

@@ -16,37 +16,38 @@ K = ceil(QPS x T / concurrency per worker) = ceil(QPS / good rate per worker), s
 Exit 0 with a plan, 1 when no run meets the objectives, 2 for bad flags or files."""
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """bench serve's flags, on the `brigade bench` parser (--url, --api-key, --max-tokens and --json are shared)."""
-    g = p.add_argument_group("serve (a load test against a running server; exit 1 when an --slo objective fails)")
+def add_serve_arguments(p: argparse.ArgumentParser, title: str) -> None:
+    """The flags of bench serve's load, on `bench serve` and `bench scale` (--url, --api-key,
+    --max-tokens and --json are theirs: ops/bench/command.py)."""
+    g = p.add_argument_group(title)
     g.add_argument("--backend", choices=["ws", "openai"], default="ws",
-                   help="serve: Brigade's WebSocket, or the OpenAI streaming API (also vLLM's)")
+                   help="Brigade's WebSocket, or the OpenAI streaming API (also vLLM's)")
     g.add_argument("--rate", type=float, default=math.inf,
-                   help="serve: requests per second, open loop (default: all at once, or closed loop with "
+                   help="requests per second, open loop (default: all at once, or closed loop with "
                         "--max-concurrency)")
     g.add_argument("--burstiness", type=float, default=1.0,
-                   help="serve: gamma shape of the gaps between arrivals (1 = Poisson, <1 burstier)")
-    g.add_argument("--max-concurrency", type=int, help="serve: requests in flight at most (closed loop without --rate)")
-    g.add_argument("--num-requests", type=int, help=f"serve: requests to send (default {DEFAULT_NUM_REQUESTS}, "
+                   help="gamma shape of the gaps between arrivals (1 = Poisson, <1 burstier)")
+    g.add_argument("--max-concurrency", type=int, help="requests in flight at most (closed loop without --rate)")
+    g.add_argument("--num-requests", type=int, help=f"requests to send (default {DEFAULT_NUM_REQUESTS}, "
                                                     "unless --duration)")
-    g.add_argument("--duration", type=float, help="serve: send for this many seconds instead")
-    g.add_argument("--dataset", help="serve: JSONL of {\"messages\": [...], \"max_tokens\": N} (default: the shipped "
+    g.add_argument("--duration", type=float, help="send for this many seconds instead")
+    g.add_argument("--dataset", help="JSONL of {\"messages\": [...], \"max_tokens\": N} (default: the shipped "
                                      "chat questions)")
     g.add_argument("--repeat-ratio", type=float, default=0.0,
-                   help="serve: share of requests that repeat an earlier one, word for word or reworded (0..1)")
-    g.add_argument("--seed", type=int, default=0, help="serve: seeds the question order and the arrivals")
-    g.add_argument("--slo", help='serve: objectives, e.g. "ttft_p95<=2s,tpot_p50<=0.2s,error_rate<=0.01"; '
+                   help="share of requests that repeat an earlier one, word for word or reworded (0..1)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the question order and the arrivals")
+    g.add_argument("--slo", help='objectives, e.g. "ttft_p95<=2s,tpot_p50<=0.2s,error_rate<=0.01"; '
                                  "exit 1 when one fails")
-    g.add_argument("--plot", help="serve: draw latency CDFs, latency and throughput over time into this PNG")
-    g.add_argument("--model", help="serve: the model asked (default: the server's first in /v1/models for openai, "
+    g.add_argument("--plot", help="draw latency CDFs, latency and throughput over time into this PNG")
+    g.add_argument("--model", help="the model asked (default: the server's first in /v1/models for openai, "
                                    "the gateway's for ws)")
-    g.add_argument("--temperature", type=float, default=0.0, help="serve: sampling temperature (default 0, greedy)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0, greedy)")
     g.add_argument("--cache", choices=["auto", "exact", "off"],
-                   help="serve: Brigade's cache field on every request (default: not sent; the server's default)")
-    g.add_argument("--redis-url", help="serve: also count this Redis's commands per request and per output token "
+                   help="Brigade's cache field on every request (default: not sent; the server's default)")
+    g.add_argument("--redis-url", help="also count this Redis's commands per request and per output token "
                                        "(INFO commandstats; every client's commands during the run count)")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help=f"serve: hard limit on the whole run in seconds (default {DEFAULT_TIMEOUT_S:.0f}); requests "
+                   help=f"hard limit on the whole run in seconds (default {DEFAULT_TIMEOUT_S:.0f}); requests "
                         "still running then count as client_timeout")
 
 

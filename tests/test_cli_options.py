@@ -10,6 +10,7 @@ a password, and still say what went wrong.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -18,17 +19,16 @@ import subprocess
 import sys
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ops.cli import build_parser
 from ops.cli_options import report_failure
 from ops.core.logs import RedactingFormatter
 from ops.core.redaction import redact
-from tests.services import (BrigadeProcess, RedisServer, create_key, free_port, http_status, service_env, wait_until,
-                            worker_statuses)
+from tests.services import RedisServer, Stack, create_key, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # Secrets that look real: a Brigade key that no store holds, another server's key, a password.
@@ -71,22 +71,22 @@ def batch_lines(n: int) -> str:
                    for i in range(n))
 
 
-@dataclass
-class Stack:
-    redis_url: str
-    port: int
+class CliStack(Stack):
     key: str  # a real key of the gateway, which requires one
     job: str  # a batch job already completed
     files: Path
-    gateway_log: Path
 
     @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def redis_url(self) -> str:
+        return self.redis.url
 
     @property
     def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
+        return self.url
+
+    @property
+    def gateway_log(self) -> Path:
+        return self.gateway.log_path
 
     def fill(self, argv: list[str]) -> list[str]:
         values = {"redis": self.redis_url, "http": self.http, "ws": self.ws, "key": self.key, "job": self.job,
@@ -111,25 +111,16 @@ def stack(redis_server, tiny_model_dir, tmp_path_factory):
     files = tmp_path_factory.mktemp("cli-files")
     (files / "in.jsonl").write_text(batch_lines(2))
     (files / "questions.jsonl").write_text(json.dumps({"question": "Say hi", "max_tokens": 2}) + "\n")
-    port = free_port()
-    env = service_env(redis_server.url, port, BRIGADE_AUTH="required", BRIGADE_CACHE_ENABLED="0",
-                      BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", BRIGADE_DTYPE="float32",
-                      BRIGADE_MAX_WAIT_MS="0", BRIGADE_BATCH_POLL_S="0.2", BRIGADE_API_KEY=None,
-                      BRIGADE_BATCH_FILES_DIR=str(files / "batches"))
-    worker = BrigadeProcess("worker", env, files / "worker.log", ["--name", "w@cli"])
-    gateway = BrigadeProcess("gateway", env, files / "gateway.log")
-    try:
-        wait_until(lambda: worker_statuses(redis_server.client), 120, what="the worker")
-        wait_until(lambda: http_status(port, "/readyz") == 200, 120, what="the gateway")
-        key = create_key(redis_server.url, "cli-keys")
-        yield Stack(redis_server.url, port, key, _finish_a_job(f"http://127.0.0.1:{port}", key), files,
-                    files / "gateway.log")
-    except BaseException:
-        print(f"--- gateway\n{gateway.tail()}\n--- worker\n{worker.tail()}")
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+    with CliStack(redis_server, files, BRIGADE_AUTH="required", BRIGADE_CACHE_ENABLED="0",
+                  BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", BRIGADE_DTYPE="float32",
+                  BRIGADE_MAX_WAIT_MS="0", BRIGADE_BATCH_POLL_S="0.2", BRIGADE_API_KEY=None,
+                  BRIGADE_BATCH_FILES_DIR=str(files / "batches")) as s:
+        s.start_worker("w@cli")
+        s.start_gateway()
+        s.wait_ready()
+        s.key = create_key(redis_server.url, "cli-keys")
+        s.job, s.files = _finish_a_job(s.http, s.key), files
+        yield s
 
 
 def assert_outcome(done: subprocess.CompletedProcess, code: int, pattern: str) -> None:
@@ -239,7 +230,11 @@ NEVER_SHOWN = {
     "key as a bad number": (["chat", "hi", "--max-tokens", KEY], 2, r"invalid int value: 'brg_0123abcd_\*\*\*'"),
     "bad value beside a key": (["chat", "hi", "--temperature", "warm", "--api-key", OTHER], 2,
                                r"invalid float value: 'warm'"),
-    "key as a bench target": (["bench", "--api-key", "serve", KEY], 2, r"argument target: invalid choice"),
+    "key before a bench target": (["bench", "--api-key", "serve", KEY], 2,
+                                  r"unrecognized arguments: --api-key \*\*\*\n.*go after the subcommand"),
+    "key on a bench target without one": (["bench", "engine", "--n", "1", "--api-key", KEY], 2,
+                                          r"unrecognized arguments: --api-key \*\*\*\n.*go after the subcommand"),
+    "key as a bench target": (["bench", KEY], 2, r"argument target: invalid choice: 'brg_0123abcd_\*\*\*'"),
     "key missing its value": (["batch", "submit", "in.jsonl", "--api-key"], 2,
                               r"argument --api-key: expected one argument"),
     "password URL before the command": (["--redis-url", PW_DEAD_REDIS, "status"], 2,
@@ -301,6 +296,63 @@ def test_a_redis_password_works_in_the_url_and_a_wrong_one_is_never_shown(tmp_pa
             assert_outcome(done, 1, pattern)
     finally:
         server.stop()
+
+
+# ---- bench <target>: each target its own flags ------------------------------------------------
+
+def bench_targets() -> dict[str, argparse.ArgumentParser]:
+    def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    return subcommands(subcommands(build_parser())["bench"])
+
+
+def flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
+    targets = bench_targets()
+    assert sorted(targets) == ["cache", "doors", "engine", "quality", "scale", "serve", "soak"]
+    assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
+    assert {"--clients", "--seconds", "--kill-every"} <= flags(targets["soak"])
+    assert {"--rate", "--slo", "--backend"} <= flags(targets["serve"]) & flags(targets["scale"])
+    assert not {"--clients", "--rate", "--pairs", "--dtype"} & flags(targets["engine"])
+    # Only the targets that talk to a running gateway take its connection options.
+    assert [name for name, p in sorted(targets.items()) if "--api-key" in flags(p)] == ["cache", "doors", "serve"]
+    assert all("--json" in flags(p) for p in targets.values())
+    # Each target's --max-tokens default is its own, said in its help.
+    defaults = {name: targets[name].parse_args([]).max_tokens for name in ("engine", "quality", "soak", "doors",
+                                                                            "serve", "scale")}
+    assert defaults == {"engine": 128, "quality": 32, "soak": 16, "doors": 16, "serve": None, "scale": None}
+    for argv in (["bench", "soak", "--n", "1"], ["bench", "engine", "--clients", "3"], ["bench", "doors", "--rate", "1"]):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(argv)
+        assert exited.value.code == 2, argv
+
+
+DOCUMENTED = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "Makefile")
+# A mention runs to the end of its code span, table cell or line; `\|` is an alternative in a table.
+BENCH_MENTION = re.compile(r"brigade bench ([a-z]+)((?:\\\||[^`|\n])*)")
+
+
+def test_every_documented_bench_command_line_still_parses():
+    mentions = [(path.name, m.group(1), m.group(2).strip().rstrip("\\").strip())
+                for path in DOCUMENTED for m in BENCH_MENTION.finditer(path.read_text())]
+    assert len(mentions) >= 20, mentions  # the README's table, the docs' runs, the Makefile's
+    targets = bench_targets()
+    parsed = 0
+    for where, target, rest in mentions:
+        assert target in targets, (where, target)
+        named = set(re.findall(r"--[a-z][\w-]*", rest))
+        assert named <= flags(targets[target]), (where, target, rest, named - flags(targets[target]))
+        words = rest.split()
+        # A concrete command line (no [optional] placeholders, no shell variables) parses as written.
+        if words and words[0].startswith("--") and not re.search(r"[\[\]$<]", rest):
+            args = build_parser().parse_args(["bench", target, *words])
+            assert args.target == target
+            parsed += 1
+    assert parsed >= 6
 
 
 # ---- the redaction itself ----------------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""`brigade bench <target>`: one subcommand per benchmark, each with its own flags, and what runs it.
+
+Building the parser imports no benchmark (and so neither torch nor numpy): each target's code is
+imported when that target runs. Every target but serve prints its report as JSON on stdout (and
+into --json's file); serve prints its own report, and its exit code says whether the SLOs held.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ops.cli_options import add_connection_options
+from ops.core.settings import Settings
+from ops.load_commands import add_serve_arguments
+
+
+def _max_tokens(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
+    parser.add_argument("--max-tokens", type=int, default=default, help=f"new tokens per request ({what})")
+
+
+def add_bench_parser(sub) -> argparse.ArgumentParser:
+    """`brigade bench` and its targets, on the `brigade` parser's subcommands."""
+    report = argparse.ArgumentParser(add_help=False)  # what every target shares
+    report.add_argument("--json", help="also write the report to this file")
+    bench = sub.add_parser("bench", help="benchmarks that print JSON",
+                           description="Benchmarks that print JSON; `brigade bench TARGET --help` gives each one's flags.")
+    targets = bench.add_subparsers(dest="target", required=True)
+
+    p = targets.add_parser("engine", parents=[report], help="this engine against Hugging Face generate, "
+                           "on the same model in one process (prefix reuse, long prompts, a peer)")
+    p.add_argument("--n", default="1,16,32", help="comma-separated request counts (the first run a user makes: "
+                   "about 6 minutes on 2 cores; --n 1,16,32,64 --full for every row)")
+    p.add_argument("--compare", help="modes timed beside the default, comma-separated: a BRIGADE_DTYPE, with "
+                   "-invariant for deterministic mode or -unpadded without it (default float32,float32-invariant; "
+                   "'' for none)")
+    p.add_argument("--full", action="store_true", help="HF generate timed at every N (not once on 4 requests), "
+                   "and the long-prompt rows (16 streams while a 1,500-token prompt loads)")
+    p.add_argument("--peer", choices=["llama-cpp"], help="the same prompts through a peer too "
+                   "(llama-cpp: `make bench-peers` installs it)")
+    _max_tokens(p, 128, "default 128")
+
+    p = targets.add_parser("cache", parents=[report], help="cache hit latency over a running gateway's WebSocket, "
+                           "and lookup cost by index size")
+    p.add_argument("--pairs", help="(required) JSONL question pairs whose duplicates are asked as rewordings")
+    p.add_argument("--repeats", type=int, default=200, help="exact hits to time")
+    p.add_argument("--semantic-pairs", type=int, default=200, help="duplicate pairs to ask")
+    p.add_argument("--sizes", default="1000,10000,100000", help="index sizes for lookup cost")
+    add_connection_options(p, gateway="http", api_key=True)
+
+    p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
+                           "its own, a worker SIGKILLed every --kill-every seconds")
+    p.add_argument("--clients", type=int, default=200, help="concurrent WebSocket clients")
+    p.add_argument("--seconds", type=float, default=120, help="how long to keep asking")
+    p.add_argument("--kill-every", type=float, default=30, help="SIGKILL a worker this often (seconds)")
+    _max_tokens(p, 16, "default 16")
+
+    p = targets.add_parser("doors", parents=[report], help="the same requests through each door of a running "
+                           "gateway (WebSocket, OpenAI HTTP streaming and not)")
+    p.add_argument("--rounds", type=int, default=20, help="requests through each door")
+    _max_tokens(p, 16, "default 16")
+    add_connection_options(p, gateway="http", api_key=True)
+
+    p = targets.add_parser("serve", parents=[report], help="a load test against a running server (Brigade, vLLM "
+                           "or any OpenAI-compatible one); exit 1 when an --slo objective fails")
+    _max_tokens(p, None, "default: each dataset line's")
+    add_serve_arguments(p, "the load")
+    add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+
+    p = targets.add_parser("scale", parents=[report], help="output tokens/s as the fleet grows: a `brigade up` "
+                           "of its own per size, each under the same serve load")
+    p.add_argument("--workers", default="1,2", help="fleet sizes to start in turn, each under the same load "
+                   "(bench serve's flags below)")
+    p.add_argument("--threads-per-worker", type=int, default=1, help="BRIGADE_TORCH_THREADS of each worker")
+    _max_tokens(p, None, "default: each dataset line's")
+    add_serve_arguments(p, "the load on each fleet (bench serve's flags)")
+
+    p = targets.add_parser("quality", parents=[report], help="the shipped questions in every precision mode against "
+                           "Hugging Face in float32: accuracy, flips, answers that depend on how they are asked")
+    p.add_argument("--dtype", help="comma-separated precision modes (default: every mode but auto)")
+    p.add_argument("--questions", type=int, help="ask this many of the shipped questions (spread over the set; "
+                   "default all)")
+    p.add_argument("--consistency-questions", type=int, default=32, help="questions also asked alone, in a batch "
+                   "of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
+    _max_tokens(p, 32, "default 32")
+    return bench
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the target `args` names; its report printed as JSON (and written to --json)."""
+    if args.target == "serve":  # prints its own report, and its exit code says whether the SLOs held
+        from ops.bench.serve import main as bench_serve
+
+        return bench_serve(args, settings)
+    bench = {"engine": _engine, "cache": _cache, "soak": _soak, "doors": _doors, "scale": _scale,
+             "quality": _quality}[args.target]
+    report = bench(args, settings)
+    if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
+        return report
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+def _engine(args, settings: Settings) -> dict:
+    from engine import Engine
+    from ops.bench.engine import DEFAULT_COMPARE, run
+    from workers.engine_host import engine_config
+
+    engine = Engine.load(engine_config(settings))
+    compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
+    return run(engine, [int(n) for n in args.n.split(",")], args.max_tokens, args.peer, compare,
+               full_baseline=args.full, long_rows=args.full)
+
+
+def _cache(args, settings: Settings) -> dict | int:
+    if not args.pairs:
+        print("brigade bench cache needs --pairs FILE: labelled question pairs, one JSON object a line "
+              '({"q1": ..., "q2": ..., "duplicate": true|false}); its duplicates are asked as rewordings',
+              file=sys.stderr)
+        return 2
+    from ops.bench.cache import run
+    from ops.bench.serve import target_urls
+
+    ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
+    return run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
+               ws_url, args.api_key)
+
+
+def _soak(args, settings: Settings) -> dict:
+    from ops.bench.soak import run
+
+    return run(args.clients, args.seconds, args.kill_every, args.max_tokens)
+
+
+def _doors(args, settings: Settings) -> dict:
+    from ops.bench.doors import run
+
+    return run(settings, args.url, args.rounds, args.max_tokens, args.api_key)
+
+
+def _scale(args, settings: Settings) -> dict | int:
+    from ops.bench.scale import parse_sizes, run
+    from ops.bench.serve import config_from_args
+
+    try:
+        sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
+    except ValueError as exc:
+        print(f"brigade bench scale: {exc}", file=sys.stderr)
+        return 2
+    return run(sizes, load, args.threads_per_worker)
+
+
+def _quality(args, settings: Settings) -> dict | int:
+    import dataclasses
+
+    from engine import Engine
+    from engine.placement import PlacementError, resolve
+    from ops.bench.quality import QualityConfig, default_modes, run
+    from workers.engine_host import engine_config
+
+    # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
+    config = dataclasses.replace(engine_config(settings), dtype="float32", max_batch=32)
+    modes = tuple(m.strip() for m in args.dtype.split(",") if m.strip()) if args.dtype else default_modes()
+    try:
+        for mode in modes:  # a typo fails now, not after the reference run
+            resolve(config.device, mode)
+    except PlacementError as exc:
+        print(f"brigade bench quality: {exc}", file=sys.stderr)
+        return 2
+
+    def checkpoint(partial: dict) -> None:  # --json holds what was measured so far
+        if args.json:
+            with open(args.json, "w") as fh:
+                fh.write(json.dumps(partial, indent=2) + "\n")
+
+    return run(Engine.load(config), QualityConfig(modes, args.max_tokens, args.questions, args.consistency_questions),
+               checkpoint=checkpoint)
