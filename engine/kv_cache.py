@@ -11,6 +11,7 @@ capacity (every CAPACITY_STEP positions, amortised to a few bytes per token).
 The budget is charged for what each sequence holds now (its capacity), not for the most it may
 ever need, and not for a padded rectangle of rows: a request with a long prompt costs its own
 tokens and nobody else's. The prefix cache (engine/prefix_cache.py) draws on the same budget.
+engine/kv_allocator.py hands these caches out; the scheduler never touches a tensor.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class KVShape:
 
 
 class KVMemory:
-    """The budget in tokens and what is held of it. Taking never blocks: it fails, and the
-    scheduler decides what gives way (prefix-cache blocks first, then a preemption)."""
+    """The budget in tokens and what is held of it. Taking never blocks: it fails, and what gives
+    way is decided above (engine/kv_allocator.py evicts prefix-cache blocks first, then the
+    scheduler preempts)."""
 
     def __init__(self, budget_tokens: int):
         self.budget_tokens = budget_tokens
