@@ -1,16 +1,22 @@
 """Real services for the tests: a redis-server on a free port, `brigade worker` and
-`brigade gateway` processes. Nothing here is a mock."""
+`brigade gateway` processes, and `Stack`, the one way a test module starts them together, waits
+for them, breaks them and stops them. Nothing here is a mock."""
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import redis
@@ -24,12 +30,27 @@ REDIS_INSTALL_HINT = (
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns something true, and return that; fail after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def wait_until_async(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """wait_until inside an event loop: it polls without blocking the loop, so that the loop's
+    tasks (a cache following another's log) run meanwhile; `predicate` may return an awaitable."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
@@ -67,12 +88,25 @@ class BrigadeProcess:
     """`python -m ops.cli <part>` with the given environment, its output in a log file."""
 
     def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None):
-        self.log_path = log_path
+        self.env, self.log_path = env, log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", part, *(extra or [])],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
         )
+
+    @property
+    def port(self) -> int:
+        """The gateway port its environment names (a gateway's own; a worker's is unused)."""
+        return int(self.env["BRIGADE_GATEWAY_PORT"])
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def tail(self, n: int = 40) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
@@ -91,8 +125,7 @@ class BrigadeProcess:
 
 def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
     """The environment of a test service; a variable given as None is removed."""
-    env = dict(os.environ)
-    env.update({
+    base = {
         "BRIGADE_REDIS_URL": redis_url,
         "BRIGADE_GATEWAY_PORT": str(gateway_port),
         "PYTHONUNBUFFERED": "1",
@@ -100,13 +133,8 @@ def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
         # token for token and are cached; the default model samples at 0.2. The tests of the
         # defaults themselves pass BRIGADE_DEFAULT_TEMPERATURE=None.
         "BRIGADE_DEFAULT_TEMPERATURE": "0",
-    })
-    for name, value in extra.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    }
+    return with_env(dict(os.environ), **{**base, **extra})
 
 
 def http_get(port: int, path: str) -> tuple[int, dict]:
@@ -133,8 +161,6 @@ def http_status(port: int, path: str) -> int | None:
 
 def create_key(redis_url: str, name: str = "test", **limits) -> str:
     """A real API key in the test's Redis (gateway/api_keys.py), as `brigade keys create` makes one."""
-    import asyncio
-
     import redis.asyncio as aioredis
 
     from gateway.api_keys import KeyStore
@@ -147,6 +173,175 @@ def create_key(redis_url: str, name: str = "test", **limits) -> str:
             await client.aclose()
 
     return asyncio.run(create())
+
+
+def with_env(env: dict, **changes: str | None) -> dict:
+    """`env` with these variables set; a variable given as None is removed."""
+    out = dict(env)
+    for name, value in changes.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
+
+
+class Stack:
+    """Real Brigade processes on one Redis: gateways, workers and the rest (reapers, Flower), each
+    logging to its own file in `logs`, all from one environment (`service_env` with `env`'s
+    changes; a process may change it further). As a context manager it prints every log's tail if
+    its block fails (a fixture's start) and stops every process at the end, and the Redis too when
+    the stack owns it (`own_redis`: a module that restarts Redis, or keeps it append-only)."""
+
+    def __init__(self, redis: RedisServer, logs: Path, *, own_redis: bool = False, **env: str | None):
+        self.redis, self.logs, self.own_redis = redis, logs, own_redis
+        self.port = free_port()  # the gateway named "gateway"; any other gateway gets a port of its own
+        self.env = service_env(redis.url, self.port, **env)
+        self.gateways: dict[str, BrigadeProcess] = {}
+        self.workers: dict[str, BrigadeProcess] = {}
+        self.started: list[BrigadeProcess] = []  # every process, in start order, replaced ones too
+        self._starts: dict[str, int] = {}
+
+    def __enter__(self) -> "Stack":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is not None:
+                print(self.tails())
+        finally:
+            self.stop()
+
+    @property
+    def gateway(self) -> BrigadeProcess:
+        return self.gateways["gateway"]
+
+    @property
+    def url(self) -> str:
+        """The WebSocket of the gateway named "gateway"."""
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # ---- starting ------------------------------------------------------------------------------
+
+    def start(self, part: str, name: str | None = None, extra: list[str] | None = None,
+              **env: str | None) -> BrigadeProcess:
+        """`brigade <part>` in the stack's environment; its log is `<name>.log`, and a name started
+        again (a replacement) gets `<name>-2.log`, so that the first one's log stays readable."""
+        return self._launch(part, name or part, with_env(self.env, **env), extra)
+
+    def start_gateway(self, name: str = "gateway", **env: str | None) -> BrigadeProcess:
+        port = self.port if name == "gateway" else free_port()
+        self.gateways[name] = self.start("gateway", name, BRIGADE_GATEWAY_PORT=str(port), **env)
+        return self.gateways[name]
+
+    def start_worker(self, name: str, **env: str | None) -> BrigadeProcess:
+        """A worker under this --name; one already started under it is replaced in `workers`."""
+        self.workers[name] = self.start("worker", name, ["--name", name], **env)
+        return self.workers[name]
+
+    def _launch(self, part: str, name: str, env: dict, extra: list[str] | None) -> BrigadeProcess:
+        self._starts[name] = self._starts.get(name, 0) + 1
+        n = self._starts[name]
+        proc = BrigadeProcess(part, env, self.logs / (f"{name}.log" if n == 1 else f"{name}-{n}.log"), extra)
+        self.started.append(proc)
+        return proc
+
+    # ---- waiting -------------------------------------------------------------------------------
+
+    def statuses(self, names=None) -> dict[str, dict]:
+        """The heartbeats of the live workers started under these names (all by default), only
+        the current process's under each name (not a killed predecessor's, not yet expired)."""
+        names = list(self.workers if names is None else names)
+        return {s["worker"]: s for s in worker_statuses(self.redis.client)
+                if s["worker"] in names and s["pid"] == self.workers[s["worker"]].proc.pid}
+
+    def holder(self, request_id: str) -> dict | None:
+        """The heartbeat of the worker that holds this request, if one does."""
+        return next((s for s in worker_statuses(self.redis.client) if request_id in s["requests"]), None)
+
+    def wait_ready(self, workers=None, gateways=None, timeout: float = 180) -> dict[str, dict]:
+        """Wait until these workers (all by default) beat and these gateways (all by default)
+        answer /readyz with 200; fails at once, with its log, if one of them has exited. Returns
+        the workers' heartbeats."""
+        workers = list(self.workers if workers is None else workers)
+        gateways = list(self.gateways if gateways is None else gateways)
+        found: dict[str, dict] = {}
+
+        def ready() -> bool:
+            self._assert_running([self.workers[n] for n in workers] + [self.gateways[g] for g in gateways])
+            found.clear()
+            found.update(self.statuses(workers))
+            return (len(found) == len(workers)
+                    and all(http_status(self.gateways[g].port, "/readyz") == 200 for g in gateways))
+
+        wait_until(ready, timeout, interval=0.2, what=f"workers {workers} to beat and gateways {gateways} to be ready")
+        return found
+
+    def wait_healthy(self, gateways=None, timeout: float = 90) -> None:
+        """Wait until these gateways (all by default) answer /healthz with 200, ready or not."""
+        gateways = list(self.gateways if gateways is None else gateways)
+
+        def healthy() -> bool:
+            self._assert_running([self.gateways[g] for g in gateways])
+            return all(http_status(self.gateways[g].port, "/healthz") == 200 for g in gateways)
+
+        wait_until(healthy, timeout, interval=0.2, what=f"gateways {gateways} to answer /healthz")
+
+    @staticmethod
+    def _assert_running(processes: list[BrigadeProcess]) -> None:
+        for p in processes:
+            if p.proc.poll() is not None:
+                raise AssertionError(f"{p.log_path.name} exited ({p.proc.returncode}):\n{p.tail()}")
+
+    # ---- faults and restarts -------------------------------------------------------------------
+
+    def kill(self, process: BrigadeProcess, sig: int = signal.SIGKILL, timeout: float = 10) -> int:
+        """Send `sig` and wait for the process to exit; returns its exit code."""
+        os.kill(process.proc.pid, sig)
+        code = process.proc.wait(timeout)
+        process.stop()  # closes its log
+        return code
+
+    def restart_gateway(self, name: str = "gateway", timeout: float = 120) -> BrigadeProcess:
+        """Stop the gateway (if it still runs) and start another on its port with its environment
+        (a deploy, or a crash and a restart); returns once the new one is ready."""
+        old = self.gateways[name]
+        old.stop()
+        self.gateways[name] = self._launch("gateway", name, old.env, None)
+        self.wait_ready(workers=[], gateways=[name], timeout=timeout)
+        return self.gateways[name]
+
+    @contextmanager
+    def another_gateway(self, name: str, timeout: float = 120, **env: str | None) -> Iterator[BrigadeProcess]:
+        """A gateway beside the stack's for one test, ready; stopped and forgotten at the end."""
+        proc = self.start_gateway(name, **env)
+        try:
+            self.wait_ready(workers=[], gateways=[name], timeout=timeout)
+            yield proc
+        finally:
+            proc.stop()
+            del self.gateways[name]
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def tails(self, n: int = 60) -> str:
+        """The end of every log, without the access lines of wait_ready's /readyz polls."""
+        parts = []
+        for p in self.started:
+            lines = [x for x in p.log_path.read_text(errors="replace").splitlines() if "HTTP response sent" not in x]
+            parts.append(f"--- {p.log_path.name}\n" + "\n".join(lines[-n:]))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Stop every process, the last started first, then the Redis the stack owns."""
+        for p in reversed(self.started):
+            p.stop()
+        if self.own_redis:
+            self.redis.stop()
 
 
 class BrigadeUp:

@@ -7,13 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.clients import Answer, absorb, ask, collect_one
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import Stack, wait_until
 
 MODEL = "smollm2-135m-instruct"
 WORKERS = ("w1@metrics", "w2@metrics")
@@ -61,41 +58,10 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, want), 0.0)
 
 
-@dataclass
-class Fleet:
-    redis: object
-    env: dict
-    logs: Path
-    port: int
-    url: str
-    processes: list[BrigadeProcess]
-    workers: dict[str, BrigadeProcess] = field(default_factory=dict)
-
-    def start_worker(self, name: str, **env: str) -> BrigadeProcess:
-        proc = BrigadeProcess("worker", dict(self.env, **env), self.logs / f"{name}.log", ["--name", name])
-        self.workers[name] = proc
-        return proc
-
-    def statuses(self, names=None) -> dict[str, dict]:
-        """Heartbeats of the live processes started under these names."""
-        names = list(names or self.workers)
-        return {s["worker"]: s for s in worker_statuses(self.redis.client)
-                if s["worker"] in names and s["pid"] == self.workers[s["worker"]].proc.pid}
-
-    def wait_ready(self, names, timeout: float = 180) -> dict[str, dict]:
-        def up():
-            for n in names:
-                if self.workers[n].proc.poll() is not None:
-                    raise AssertionError(f"worker {n} exited:\n" + self.workers[n].tail())
-            found = self.statuses(names)
-            return found if len(found) == len(names) else None
-        return wait_until(up, timeout, interval=0.2, what=f"workers {names} to beat")
-
+class Fleet(Stack):
     def scrape(self, names=WORKERS) -> dict[str, Samples]:
+        """Every live worker's /metrics (of those named), at the address its heartbeat gives."""
         return {n: scrape(s["metrics_url"]) for n, s in self.statuses(names).items()}
-
-    def tails(self) -> str:
-        return "\n".join(f"--- {p.log_path.name}\n{p.tail()}" for p in [*self.processes, *self.workers.values()])
 
 
 def total(snapshots: dict[str, Samples], name: str, **labels: str) -> float:
@@ -108,36 +74,19 @@ def delta(before: dict[str, Samples], after: dict[str, Samples], name: str, **la
 
 @pytest.fixture(scope="module")
 def fleet(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("metrics-logs")
-    port = free_port()
-    env = service_env(
-        redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+    with Fleet(
+        redis_server, tmp_path_factory.mktemp("metrics-logs"),
+        BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_RESUME_GRACE_S="30", BRIGADE_UNCLAIMED_AFTER_S="3",
         BRIGADE_DRAIN_SECONDS="1",
-    )
-    env.pop("BRIGADE_WORKER_METRICS_PORT", None)  # the default (0: any free port) is what is tested
-    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
-    reaper = BrigadeProcess("reaper", env, logs / "reaper.log")
-    f = Fleet(redis_server, env, logs, port, f"ws://127.0.0.1:{port}/v1/ws", [gateway, reaper])
-    try:
+        BRIGADE_WORKER_METRICS_PORT=None,  # the default (0: any free port) is what is tested
+    ) as f:
+        f.start_gateway()
+        f.start("reaper")
         for name in WORKERS:
             f.start_worker(name)
-        f.wait_ready(WORKERS)
-        wait_until(lambda: _ready(port), 30, what="gateway /readyz")
+        f.wait_ready()
         yield f
-    except BaseException:
-        print(f.tails())
-        raise
-    finally:
-        for p in [*f.workers.values(), gateway, reaper]:
-            p.stop()
-
-
-def _ready(port: int) -> bool:
-    try:
-        return http_get(port, "/readyz")[0] == 200
-    except OSError:
-        return False
 
 
 async def start_streaming(ws, cid: str, prompt: str, tokens_first: int = 3) -> dict[str, Answer]:
@@ -356,8 +305,7 @@ def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(f
         statuses = wait_until(every_request_held, 10, what="every request in a heartbeat")
         name = max(statuses, key=lambda n: len(set(statuses[n]["requests"]) & rids))
         victim["name"] = name
-        os.kill(fleet.workers[name].proc.pid, signal.SIGKILL)
-        fleet.workers[name].proc.wait(10)
+        fleet.kill(fleet.workers[name])
 
     async def main():
         started = asyncio.Event()
