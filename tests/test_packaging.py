@@ -84,6 +84,7 @@ files = {
     "page": (Path(gateway.__file__).parent / "static" / "index.html").is_file(),
     "pair_model": (Path(cache.__file__).parent / "pair_model.safetensors").is_file(),
     "chat_questions": (Path(ops.__file__).parent / "data" / "chat_questions.jsonl").is_file(),
+    "quality_questions": (Path(ops.__file__).parent / "bench" / "data" / "quality_questions.jsonl").is_file(),
 }
 print(json.dumps({"roots": roots, "modules": mods, "files": files, "prefix": sys.prefix}))
 """

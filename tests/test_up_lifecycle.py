@@ -200,3 +200,50 @@ def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consumin
     assert worker.returncode != 0 and not took_it and not live, (worker.returncode, took_it, live, err[-2000:])
     assert len(lines) == 1 and lines[0].startswith(f"brigade worker: {reason}"), err
     assert out == ""
+
+
+# ---- the one Supervisor behind `up`, `bench soak` and `bench scale` ----------------------------
+
+# A part that writes its name to a file when asked to stop, then exits: the file says in which
+# order the supervisor stopped them.
+RECORDS_ITS_STOP = """
+import signal, sys, time
+def stop(*_):
+    with open(sys.argv[1], "a") as f:
+        f.write(sys.argv[2] + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_path):
+    from ops.supervision import PartExited, Supervisor
+
+    stopped = tmp_path / "stopped"
+    supervisor = Supervisor()
+    try:
+        for name in ("redis", "worker-1", "worker-2", "reaper", "gateway"):  # started out of order on purpose
+            supervisor.start(name, [sys.executable, "-c", RECORDS_ITS_STOP, str(stopped), name],
+                             log=tmp_path / f"{name}.log")
+        supervisor.wait_for(lambda: all((tmp_path / f"{n}.log").read_text() for n in supervisor.parts), 60)
+        first = supervisor.process("worker-1").pid
+        supervisor.kill_and_restart("worker-1")
+        assert supervisor.process("worker-1").pid != first
+        supervisor.wait_for(lambda: (tmp_path / "worker-1.log").read_text().count("started") == 2, 60)
+        assert supervisor.exited() is None
+        with pytest.raises(ValueError):
+            supervisor.start("database", [sys.executable, "-c", "pass"])  # a role the order does not know
+    finally:
+        supervisor.stop()
+    lines = stopped.read_text().split()
+    assert lines[0] == "gateway" and sorted(lines[1:3]) == ["worker-1", "worker-2"] and lines[3:] == ["reaper", "redis"]
+    # A part that ends while the supervisor waits for something else is said, with its exit code.
+    ending = Supervisor()
+    ending.start("reaper", [sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(PartExited) as exited:
+        ending.wait_for(lambda: False, 60)
+    assert (exited.value.name, exited.value.code) == ("reaper", 3)
+    ending.stop()
