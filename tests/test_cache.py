@@ -15,7 +15,7 @@ from cache.query import PromptRenderer, make_query
 from ops.core import keys
 from ops.core.messages import ChatMessage, GenerateParams
 from ops.core.settings import Settings
-from tests.services import free_port
+from tests.services import free_port, wait_until_async
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +145,11 @@ def test_ttl_expiry_removes_the_entry_from_redis_and_every_index(redis_server, e
         await b.rebuild()
         follower = asyncio.create_task(b.follow(block_ms=100))
         entry_id = await stored(a, ask(renderer, "How do volcanoes form?"))
-        await asyncio.sleep(0.5)
+        await wait_until_async(lambda: b.size() == 1, 10, what="the second cache to follow the insert")
         in_b_before = b.size()
-        await asyncio.sleep(1.0)
+        await wait_until_async(a.store.expired, 10, what="the entry's TTL to run out")
         await a.sweep()
-        await asyncio.sleep(0.5)
+        await wait_until_async(lambda: b.size() == 0, 10, what="the second cache to follow the expiry")
         follower.cancel()
         return entry_id, in_b_before, a.size(), b.size(), (await a.lookup(ask(renderer, "How do volcanoes form?"))).hit
 
@@ -205,8 +205,7 @@ def test_index_rebuilds_happen_off_the_event_loop_and_lookups_go_on(settings, em
         # The 40th add made a rebuild due; it was handed to a thread, not done inside add().
         building = query.namespace in cache._rebuilding
         found_meanwhile = cache.candidates(cache.indexes[query.namespace], questions[5], vectors[5])
-        while cache._rebuilding:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: not cache._rebuilding, 60, interval=0.01, what="the rebuild to be swapped in")
         index = cache.indexes[query.namespace]
         return index_kinds, building, found_meanwhile, index.kind, len(index), index.search(vectors[7], 1)
 
@@ -275,6 +274,10 @@ def test_a_failing_pair_model_gives_a_miss_never_an_unverified_hit(settings, emb
     assert any("pair_model_failed" in r.getMessage() for r in caplog.records)
 
 
+def indexed(cache: AnswerCache, entry_id: str) -> bool:
+    return any(entry_id in index for index in cache.indexes.values())
+
+
 def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_server, embedder, renderer):
     redis_server.client.flushdb()
     settings = Settings(redis_url=redis_server.url, cache_max_entries=3)
@@ -287,11 +290,13 @@ def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_ser
         ids = [await stored(a, ask(renderer, questions[0]))]
         for q in questions[1:3]:
             ids.append(await stored(a, ask(renderer, q)))
-        await asyncio.sleep(0.01)
         assert (await a.lookup(ask(renderer, questions[0]))).hit  # the oldest is now the most recently used
-        await asyncio.sleep(0.2)
+        # The hit is recorded off the lookup's path: wait until the LRU order shows it.
+        await wait_until_async(lambda: redis_server.client.zrange(keys.CACHE_LRU, -1, -1) == [ids[0]], 10,
+                               what="the hit to make the oldest entry the most recently used")
         ids.append(await stored(a, ask(renderer, questions[3])))
-        await asyncio.sleep(0.5)
+        await wait_until_async(lambda: not indexed(b, ids[1]) and indexed(b, ids[3]), 10,
+                               what="the second cache to follow the insert and the eviction")
         follower.cancel()
         return ids, a, b
 
@@ -310,11 +315,11 @@ def test_second_gateway_sees_inserts_and_deletions(settings, embedder, renderer)
         await b.rebuild()
         follower = asyncio.create_task(b.follow(block_ms=100))
         entry_id = await stored(a, ask(renderer, "How far away is the Moon?"), "About 384,400 km.")
-        await asyncio.sleep(0.5)
+        await wait_until_async(lambda: b.size() == 1, 10, what="the second cache to follow the insert")
         seen = b.size()
         reworded = (await b.lookup(ask(renderer, "how far away is the moon"))).hit
         await a.store.delete(entry_id)
-        await asyncio.sleep(0.5)
+        await wait_until_async(lambda: b.size() == 0, 10, what="the second cache to follow the deletion")
         follower.cancel()
         return seen, reworded, b.size()
 
