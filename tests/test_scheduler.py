@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams
+from engine import Engine, EngineConfig, EngineRequest, FinishReason, RequestRejected, SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import Sequence
 from tests.clock import HandClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,3 +228,65 @@ def test_the_scheduler_and_the_prefix_accounting_import_no_torch_or_transformers
     assert {"torch", "transformers"} & imported_by(["engine.scheduler", "engine.prefix_index"]) == set()
     # The probe sees torch where it is: the KV owner allocates tensors.
     assert "torch" in imported_by(["engine.kv_allocator"])
+
+
+# ---- the policy alone: a KV owner that counts rows, no tensors ---------------------------------------
+
+
+class RowsOfMemory:
+    """A KV owner with room for `rows` sequences, whatever their length (what the scheduler asks
+    of engine/kv_allocator.KVAllocator, without tensors)."""
+
+    def __init__(self, rows: int):
+        self.free = rows
+
+    def allocate(self, seq) -> bool:
+        if not self.free:
+            return False
+        self.free -= 1
+        seq.kv, seq.num_computed = object(), 0
+        return True
+
+    def room_for_next(self, seq) -> bool:
+        return True
+
+    def remember(self, seq) -> None:
+        pass
+
+    def release(self, seq, remember: bool = False) -> None:
+        if seq.kv is not None:
+            self.free += 1
+        seq.kv, seq.num_computed = None, 0
+
+
+def test_the_scheduler_decides_alone_an_interactive_arrival_preempts_the_newest_batch_row():
+    clock = HandClock()
+    scheduler = Scheduler(SchedulerConfig(max_batch=4, max_wait_ms=0), RowsOfMemory(2), clock)
+
+    def arrive(rid: str, batch: bool) -> Sequence:
+        seq = Sequence(rid, [5, 6, 7], SamplingParams(max_tokens=4), seed=0, batch=batch, arrived=clock())
+        scheduler.add(seq)
+        clock.advance(0.001)
+        return seq
+
+    def step() -> list[str]:
+        """One pass: every chunk computed, a token for each that reaches its context's end."""
+        chunks = scheduler.schedule()
+        scheduler.computed(chunks)
+        for c in chunks:
+            if c.samples:
+                c.seq.output_ids.append(9)
+        return sorted(c.seq.request_id for c in chunks)
+
+    arrive("b1", batch=True)
+    arrive("b2", batch=True)
+    assert step() == ["b1", "b2"]
+    assert [s.request_id for s in scheduler.running] == ["b1", "b2"]
+    arrive("live", batch=False)
+    assert step() == ["b1", "live"]  # b1 decodes beside the new prompt
+    assert scheduler.preemptions == 1 and [s.request_id for s in scheduler.waiting] == ["b2"]
+    b2 = scheduler.waiting[0]
+    assert b2.num_computed == 0 and b2.output_ids == [9]  # its cache given back, its token kept
+    scheduler.finish(scheduler.running[0], FinishReason.STOP)
+    assert step() == ["b2", "live"]  # the freed row goes to it
+    assert b2.num_computed == 4 and b2.output_ids == [9, 9]  # prefilled again, prompt and token, in one pass
