@@ -22,7 +22,7 @@ from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
 from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
 from ops.core import keys
-from ops.core.redis_clients import shared_client
+from ops.core.redis_clients import CACHE_TIMEOUT_S, async_client
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.cache")
@@ -46,10 +46,8 @@ class AnswerCache:
     def __init__(self, settings: Settings, embedder: Embedder | None = None, pair_model: PairModel | None = None,
                  connect: bool = True):
         self.settings = settings
-        self.redis = shared_client(settings.cache_redis, socket_timeout=2, socket_connect_timeout=2,
-                                   decode_responses=True) if connect else None
-        self.store = EntryStore(self.redis, settings.cache_ttl_s, settings.cache_max_entries,
-                                settings.cache_log_maxlen) if connect else None
+        self.redis = async_client(settings.cache_redis, timeout_s=CACHE_TIMEOUT_S) if connect else None
+        self.store = EntryStore(self.redis, settings) if connect else None
         self.embedder = embedder or Embedder(
             settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
         )
@@ -212,7 +210,7 @@ class AnswerCache:
 
     async def forget(self, entry_id: str, asked: str | None = None) -> bool:
         """A user said this entry's answer was wrong: evict it everywhere, learn from it."""
-        removed = await self.store.forget(entry_id, asked, self.settings.cache_hard_negatives_max)
+        removed = await self.store.forget(entry_id, asked)
         self._forget(entry_id)
         log.info("event=cache_entry_forgotten entry=%s removed=%s", entry_id, removed)
         return removed

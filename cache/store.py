@@ -3,7 +3,8 @@
 An entry is a hash; the exact layer maps a digest to an entry id; two sorted sets record last
 use (for LRU eviction) and expiry (for the TTL sweep); a capped stream logs every add and
 delete so that each gateway's FAISS index follows the shared state. Deleting is idempotent and
-done once: whoever removes the id from the LRU set does the rest.
+done once: whoever removes the id from the LRU set does the rest. Every bound (TTL, cap) is
+asked of ops/core/keys.py; record_hit is ops/core/lua/record_hit.lua.
 """
 from __future__ import annotations
 
@@ -16,25 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from ops.core import keys
+from ops.core import keys, scripts
+from ops.core.settings import Settings
 
 
 # What a hit needs (not the embedding, which only index rebuilds read).
 _SERVED_FIELDS = ("question", "chunks", "finish_reason", "prompt_tokens", "completion_tokens", "namespace",
                   "exact_key", "hits")
-_GET_EXACT = """
-local id = redis.call('GET', KEYS[1])
-if not id then return nil end
-return {id, redis.call('HMGET', ARGV[1] .. id, unpack(ARGV, 2))}
-"""
-
-_RECORD_HIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'hits', 1)
-redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1])
-redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-return 1
-"""
 
 
 @dataclass
@@ -67,7 +56,7 @@ def encode_vector(v: np.ndarray) -> str:
     return base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
 
 
-def decode_vector(s: str | bytes) -> np.ndarray:
+def decode_vector(s: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype="<f4").copy()
 
 
@@ -90,51 +79,51 @@ def _entry(entry_id: str, raw: dict) -> Entry:
 
 
 class EntryStore:
-    def __init__(self, client: aioredis.Redis, ttl_s: int, max_entries: int, log_maxlen: int):
-        self.redis = client
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self.log_maxlen = log_maxlen
-        self._get_exact = client.register_script(_GET_EXACT)  # EVALSHA: sent to Redis once
-        self._record_hit = client.register_script(_RECORD_HIT)
+    def __init__(self, client: aioredis.Redis, settings: Settings):
+        self.redis = client  # from ops.core.redis_clients: replies are str
+        self.ttl_s = keys.cache_entry_ttl_s(settings)
+        self.max_entries = keys.cache_max_entries(settings)
+        self.log_maxlen = keys.cache_log_maxlen(settings)
+        self.hard_negatives_max = keys.cache_hard_negatives_max(settings)
+        self._record_hit = scripts.register(client, "record_hit")
 
     async def get(self, entry_id: str) -> Entry | None:
         raw = await self.redis.hgetall(keys.cache_entry(entry_id))
         return _entry(entry_id, raw) if raw else None
 
     async def get_exact(self, exact_key: str) -> Entry | None:
-        # One round trip: the exact layer's whole cost is on the hot path of a hit.
-        found = await self._get_exact(keys=[keys.cache_exact(exact_key)], args=[keys.cache_entry(""), *_SERVED_FIELDS])
-        if not found:
+        # Two reads, not one script: the entry's key is known only once the first has answered,
+        # and a script may touch only the keys it is given. An entry deleted in between reads as
+        # a miss, as it would a moment later.
+        entry_id = await self.redis.get(keys.cache_exact(exact_key))
+        if entry_id is None:
             return None
-        entry_id, values = found
+        values = await self.redis.hmget(keys.cache_entry(entry_id), list(_SERVED_FIELDS))
         if not any(values):
             return None
-        return _entry(_s(entry_id), {f: _s(v) for f, v in zip(_SERVED_FIELDS, values) if v is not None})
+        return _entry(entry_id, {f: v for f, v in zip(_SERVED_FIELDS, values) if v is not None})
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
-        # Only while the entry exists: HINCRBY on an expired entry would recreate its hash
-        # without a TTL, and nothing would ever delete it.
         await self._record_hit(keys=[keys.cache_entry(entry_id), keys.CACHE_LRU, keys.CACHE_STATS],
                                args=[entry_id, time.time(), f"{layer}_hits"])
 
     async def question_of(self, entry_id: str) -> str | None:
-        return _s(await self.redis.hget(keys.cache_entry(entry_id), "question"))
+        return await self.redis.hget(keys.cache_entry(entry_id), "question")
 
-    async def add_hard_negative(self, asked: str, stored: str, entry_id: str, cap: int) -> None:
+    async def add_hard_negative(self, asked: str, stored: str, entry_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.lpush(keys.CACHE_HARD_NEGATIVES, json.dumps({"asked": asked, "stored": stored, "entry": entry_id,
                                                           "at": time.time()}))
-        pipe.ltrim(keys.CACHE_HARD_NEGATIVES, 0, cap - 1)
+        pipe.ltrim(keys.CACHE_HARD_NEGATIVES, 0, self.hard_negatives_max - 1)
         await pipe.execute()
 
-    async def forget(self, entry_id: str, asked: str | None, hard_negatives_max: int) -> bool:
+    async def forget(self, entry_id: str, asked: str | None) -> bool:
         """Evict an entry whose answer was reported wrong; with the question that was asked, keep
         the pair as a hard negative for the next `train-verifier`. False: no such entry (now)."""
         stored = await self.question_of(entry_id)
         removed = await self.delete(entry_id, "reported_wrong")
         if asked and stored is not None:
-            await self.add_hard_negative(asked, stored, entry_id, hard_negatives_max)
+            await self.add_hard_negative(asked, stored, entry_id)
         return removed
 
     async def count(self, counter: str, n: int = 1) -> None:
@@ -172,7 +161,6 @@ class EntryStore:
             return []
         evicted = []
         for entry_id, _ in await self.redis.zpopmin(keys.CACHE_LRU, size - self.max_entries):
-            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
             await self._purge(entry_id, "evictions")
             evicted.append(entry_id)
         return evicted
@@ -186,9 +174,9 @@ class EntryStore:
 
     async def _purge(self, entry_id: str, reason: str) -> None:
         raw = await self.redis.hmget(keys.cache_entry(entry_id), ["exact_key", "namespace"])
-        exact_key, namespace = (v.decode() if isinstance(v, bytes) else v for v in raw)
+        exact_key, namespace = raw
         # An expired entry's hash is gone already: its namespace is still on record here.
-        namespace = namespace or _s(await self.redis.hget(keys.CACHE_ENTRY_NAMESPACE, entry_id))
+        namespace = namespace or await self.redis.hget(keys.CACHE_ENTRY_NAMESPACE, entry_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.cache_entry(entry_id))
         pipe.hdel(keys.CACHE_ENTRY_NAMESPACE, entry_id)
@@ -203,35 +191,29 @@ class EntryStore:
         if exact_key:
             # Only if the exact key still points here (a newer entry may have taken it over).
             key = keys.cache_exact(exact_key)
-            if (await self.redis.get(key)) in (entry_id, entry_id.encode()):
+            if await self.redis.get(key) == entry_id:
                 await self.redis.delete(key)
 
     async def expired(self, limit: int = 500) -> list[str]:
-        ids = await self.redis.zrangebyscore(keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
-        return [i.decode() if isinstance(i, bytes) else i for i in ids]
+        return await self.redis.zrangebyscore(keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
 
     async def scan_entries(self):
         """Every entry as (id, namespace, question, vector), for rebuilding an index."""
         prefix = len(keys.cache_entry(""))
         async for key in self.redis.scan_iter(match=keys.CACHE_ENTRY_PATTERN, count=1000):
-            key = key.decode() if isinstance(key, bytes) else key
             ns, question, vector = await self.redis.hmget(key, ["namespace", "question", "vector"])
             if ns and vector:
-                yield key[prefix:], _s(ns), _s(question), decode_vector(vector)
+                yield key[prefix:], ns, question, decode_vector(vector)
 
     async def clear(self, namespace: str | None = None) -> int:
         if namespace is None:
-            ids = [_s(i) for i in await self.redis.zrange(keys.CACHE_LRU, 0, -1)]
+            ids = await self.redis.zrange(keys.CACHE_LRU, 0, -1)
         else:
-            ids = [_s(i) for i in await self.redis.smembers(keys.cache_namespace(namespace))]
+            ids = await self.redis.smembers(keys.cache_namespace(namespace))
         removed = 0
         for entry_id in ids:
             removed += await self.delete(entry_id, "cleared")
         return removed
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def new_entry_id() -> str:

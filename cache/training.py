@@ -26,7 +26,7 @@ from cache.evaluation import Outcome, evaluate, score_pairs
 from cache.hit_rule import OperatingPoint, best_and_rival
 from cache.lookalikes import generate
 from cache.pairs import Pair, read_pairs, split_for, split_of
-from ops.core import keys
+from ops.core import keys, redis_clients
 
 log = logging.getLogger("brigade.cache")
 
@@ -204,8 +204,8 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
     import redis
 
     try:
-        client = redis.Redis.from_url(settings.cache_redis, socket_connect_timeout=1, socket_timeout=2,
-                                      decode_responses=True)
+        client = redis_clients.client(settings.cache_redis, timeout_s=redis_clients.CACHE_TIMEOUT_S,
+                                      connect_timeout_s=1)
         rows = client.lrange(keys.CACHE_HARD_NEGATIVES, 0, -1)
     except (redis.RedisError, OSError):
         return []

@@ -247,7 +247,7 @@ class Admission:
         self.router.add(route)
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=self.settings.stream_ttl_s)
+            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
             pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
             await pipe.execute()
             await asyncio.to_thread(enqueue, queued, True)
@@ -269,7 +269,7 @@ class Admission:
     async def stop(self, rid: str) -> None:
         """Cancel a request everywhere: queued, it never runs; running, it frees its slot."""
         try:
-            await self.redis.set(keys.cancelled(rid), "1", ex=self.settings.cancel_ttl_s)
+            await self.redis.set(keys.cancelled(rid), "1", ex=keys.cancelled_ttl_s(self.settings))
             await self.redis.zrem(keys.UNCLAIMED, rid)
             await self.redis.publish(keys.CANCEL_CHANNEL, rid)
         except aioredis.RedisError as exc:
@@ -300,7 +300,7 @@ class Admission:
             await self.limiter.release(key_id, rid)
             # Once per request, whichever gateway sees its end first: a half-open old connection
             # and a resumed one may both receive the same `done`.
-            if not await self.redis.set(keys.settled(rid), "1", nx=True, ex=self.settings.stream_ttl_s):
+            if not await self.redis.set(keys.settled(rid), "1", nx=True, ex=keys.settled_ttl_s(self.settings)):
                 return
             await self.key_store.record_usage(key_id, prompt, completion, cache_hit)
             if not cache_hit:  # a cached answer cost no compute: it does not count against tokens per minute

@@ -88,14 +88,6 @@ def key_id_of(id_or_key: str) -> str:
     raise ValueError(f"{id_or_key!r} is neither an API key id (8 hex digits) nor an API key (brg_ID_SECRET)")
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _fields(raw: dict) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
 def _record(key_id: str, fields: dict[str, str]) -> ApiKey:
     return ApiKey(id=key_id, name=fields["name"], rpm=int(fields["rpm"]), tpm=int(fields["tpm"]),
                   max_concurrent=int(fields["max_concurrent"]), created=int(fields["created"]),
@@ -110,7 +102,7 @@ def _limit(name: str, value: int) -> int:
 
 class KeyStore:
     def __init__(self, client: aioredis.Redis):
-        self.redis = client
+        self.redis = client  # from ops.core.redis_clients: replies are str
 
     async def create(self, name: str, rpm: int = 0, tpm: int = 0, max_concurrent: int = 0) -> tuple[str, ApiKey]:
         """A new key and its record. The plain key is returned here only: Redis keeps its digest."""
@@ -133,17 +125,17 @@ class KeyStore:
     async def get(self, id_or_key: str) -> ApiKey | None:
         key_id = key_id_of(id_or_key)
         raw = await self.redis.hgetall(keys.api_key(key_id))
-        return _record(key_id, _fields(raw)) if raw else None
+        return _record(key_id, raw) if raw else None
 
     async def list(self) -> list[ApiKey]:
         """Every key ever created, revoked ones included, oldest first."""
-        ids = sorted(_text(i) for i in await self.redis.smembers(keys.API_KEYS))
+        ids = sorted(await self.redis.smembers(keys.API_KEYS))
         async with self.redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
                 pipe.hgetall(keys.api_key(key_id))
             raws = await pipe.execute()
         # An id whose record is missing was reserved by a create that has not written it yet.
-        found = [_record(key_id, _fields(raw)) for key_id, raw in zip(ids, raws) if raw]
+        found = [_record(key_id, raw) for key_id, raw in zip(ids, raws) if raw]
         return sorted(found, key=lambda k: (k.created, k.id))
 
     async def revoke(self, id_or_key: str) -> bool:
@@ -159,7 +151,7 @@ class KeyStore:
         key_id = key_id_of(id_or_key)
         if not await self.redis.exists(keys.api_key(key_id)):
             raise UnknownKey(f"no API key {key_id}; `brigade keys list` shows them all")
-        raw = {_text(k): int(v) for k, v in (await self.redis.hgetall(keys.api_key_usage(key_id))).items()}
+        raw = {k: int(v) for k, v in (await self.redis.hgetall(keys.api_key_usage(key_id))).items()}
         return {field: raw.get(field, 0) for field in USAGE_FIELDS}
 
     async def authenticate(self, presented: str | None) -> ApiKey:
@@ -170,7 +162,7 @@ class KeyStore:
         if match is None:
             raise AuthError(UNAUTHORIZED, f"malformed API key (expected brg_ID_SECRET): {_HOW_TO}")
         key_id = match.group(1)
-        fields = _fields(await self.redis.hgetall(keys.api_key(key_id)))
+        fields = await self.redis.hgetall(keys.api_key(key_id))
         stored = fields.get("digest", "")
         # Unknown and wrong-secret read the same, so the answer does not say which ids exist.
         if not stored or not hmac.compare_digest(stored.encode(), digest(presented).encode()):

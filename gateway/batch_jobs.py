@@ -5,7 +5,8 @@ runner's progress (the next input line to queue, the lines written out, the outp
 length after them). Files (uploaded inputs, produced outputs and error reports) are plain files
 in `Settings.batch_dir`, described by a hash each; every gateway and the runner must see the same
 folder (one machine, or a shared volume). Every key expires `batch_retention_s` after the job's
-completion window closes.
+completion window closes (`keys.batch_ttl_s`); the lease is renewed and dropped by
+ops/core/lua/{renew,drop}_lease.lua, so that only its holder can.
 
 States follow OpenAI's Batch API: validating -> in_progress -> finalizing -> completed, or failed
 (bad input), cancelling -> cancelled, expired (the window closed first).
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from ops.core import keys
+from ops.core import keys, scripts
 from ops.core.settings import Settings
 
 STATES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired")
@@ -49,8 +50,10 @@ def parse_window(text: str | int | float) -> float:
 
 class JobStore:
     def __init__(self, redis: aioredis.Redis, settings: Settings):
-        self.redis = redis  # decode_responses=True
+        self.redis = redis  # from ops.core.redis_clients: replies are str
         self.settings = settings
+        self._renew_lease = scripts.register(redis, "renew_lease")
+        self._drop_lease = scripts.register(redis, "drop_lease")
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -93,7 +96,8 @@ class JobStore:
         return await self.get(job_id)
 
     def ttl_s(self, window_s: float) -> int:
-        return int(window_s + self.settings.batch_retention_s)
+        """How long a job's keys (and its files') live, for a job with this completion window."""
+        return keys.batch_ttl_s(self.settings, window_s)
 
     async def get(self, job_id: str) -> dict | None:
         raw = await self.redis.hgetall(keys.batch_job(job_id))
@@ -150,14 +154,14 @@ class JobStore:
 
     async def take_lease(self, job_id: str, holder: str) -> bool:
         return bool(await self.redis.set(keys.batch_lease(job_id), holder, nx=True,
-                                         ex=int(self.settings.batch_lease_s)))
+                                         ex=keys.batch_lease_ttl_s(self.settings)))
 
     async def renew_lease(self, job_id: str, holder: str) -> bool:
-        renewed = await self.redis.eval(_RENEW, 1, keys.batch_lease(job_id), holder, int(self.settings.batch_lease_s))
-        return bool(renewed)
+        return bool(await self._renew_lease(keys=[keys.batch_lease(job_id)],
+                                            args=[holder, keys.batch_lease_ttl_s(self.settings)]))
 
     async def drop_lease(self, job_id: str, holder: str) -> None:
-        await self.redis.eval(_DROP, 1, keys.batch_lease(job_id), holder)
+        await self._drop_lease(keys=[keys.batch_lease(job_id)], args=[holder])
 
     # ---- lines in flight -------------------------------------------------------------------------
 
@@ -173,16 +177,6 @@ class JobStore:
     async def forget_in_flight(self, job_id: str, numbers: list[int]) -> None:
         if numbers:
             await self.redis.hdel(keys.batch_in_flight(job_id), *[str(n) for n in numbers])
-
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_DROP = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def decode_job(raw: dict) -> dict:

@@ -44,7 +44,7 @@ from gateway.http_door import HttpAnswer
 from gateway.protocol import ProtocolError
 from gateway.router import Route
 from ops.core import keys
-from ops.core.redis_clients import shared_client
+from ops.core.redis_clients import async_client, async_outage_retry
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -100,8 +100,7 @@ class BatchRunner:
     def __init__(self, gateway: "Gateway"):
         self.gateway = gateway
         self.settings = gateway.settings
-        self.redis = shared_client(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=2,
-                                   decode_responses=True)
+        self.redis = async_client(self.settings.redis_url)
         self.store = JobStore(self.redis, self.settings)
         self.holder = gateway.id
         self.running: dict[str, asyncio.Task] = {}
@@ -344,20 +343,18 @@ class BatchRunner:
     # ---- one line -------------------------------------------------------------------------------------
 
     async def _line(self, run: JobRun, line: BatchLine, known_rid: str | None) -> LineResult:
-        delay = 0.5
-        while True:
-            try:
-                return await self._line_once(run, line, known_rid)
-            except (aioredis.RedisError, OSError) as exc:
-                # Redis away (a restart): the line is tried again once it answers. If its request
-                # was already queued, it may run twice; its line is still written once.
-                log.warning("event=batch_line_retry job=%s line=%d error=%r", run.id, line.number, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-            except Exception as exc:  # a bug on one line must not leave a hole that stalls the output
-                log.exception("event=batch_line_failed job=%s line=%d", run.id, line.number)
-                return request_failed(run.id, line, None, "internal_error",
-                                      f"the gateway failed on this line: {exc!r}")
+        async def redis_away(exc: Exception) -> None:
+            # Redis away (a restart): the line is tried again once it answers. If its request
+            # was already queued, it may run twice; its line is still written once.
+            log.warning("event=batch_line_retry job=%s line=%d error=%r", run.id, line.number, exc)
+
+        retry = async_outage_retry(cap_s=5.0, first_s=0.5, errors=(aioredis.RedisError, OSError))
+        try:
+            return await retry.call_with_retry(lambda: self._line_once(run, line, known_rid), redis_away)
+        except Exception as exc:  # a bug on one line must not leave a hole that stalls the output
+            log.exception("event=batch_line_failed job=%s line=%d", run.id, line.number)
+            return request_failed(run.id, line, None, "internal_error",
+                                  f"the gateway failed on this line: {exc!r}")
 
     async def _line_once(self, run: JobRun, line: BatchLine, known_rid: str | None) -> LineResult:
         cmd, opts = line.command, line.options

@@ -1,5 +1,5 @@
 """Per-key limits that hold across every gateway: requests per minute, tokens per minute and
-concurrent requests, kept in Redis and decided by one Lua script, so that two gateways can never
+concurrent requests, kept in Redis and decided by one Lua script (ops/core/lua/admit.lua), so that two gateways can never
 both admit the last free request.
 
 - rpm: a sliding-window log, one sorted-set member per admitted request (scored by its admission
@@ -31,83 +31,11 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from gateway.api_keys import ApiKey
-from ops.core import keys
+from ops.core import keys, scripts
 
 RATE_LIMITED = "rate_limited"
 REQUESTS, TOKENS, CONCURRENT = "rpm", "tpm", "max_concurrent"
 CONCURRENT_RETRY_S = 1.0  # nobody knows when a running answer ends; ask again soon
-
-# KEYS: requests log, token charges, token total, in flight
-# ARGV: now (empty: Redis's clock), window_s, window_ms, rpm, tpm, max_concurrent, request id, stale_s, stale_ms
-# Returns nil when admitted (and recorded), else {limit, retry_after_s, used}.
-_ADMIT = """
-local now, window, window_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-if not now then
-  -- Redis's own clock: one clock for every gateway, and scores in the order the scripts run
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local rpm, tpm, max_concurrent = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local rid, stale, stale_ms = ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local since = now - window
-
--- Forget what left the window; a member scored exactly `since` has left it.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', since)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since)
-if #gone > 0 then
-  local freed = 0
-  for _, charge in ipairs(gone) do freed = freed + tonumber(string.match(charge, '^(%d+):')) end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', since)
-  local ttl = redis.call('PTTL', KEYS[2])
-  if ttl == -2 then
-    redis.call('DEL', KEYS[3])  -- no charge left in the window
-  else
-    if ttl < 0 then ttl = window_ms; redis.call('PEXPIRE', KEYS[2], ttl) end
-    redis.call('DECRBY', KEYS[3], freed)
-    redis.call('PEXPIRE', KEYS[3], ttl)  -- the two expire together, whatever happened before
-  end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - stale)
-
-local limit, wait, used = '', 0, 0
-if rpm > 0 then
-  local n = redis.call('ZCARD', KEYS[1])
-  if n >= rpm then
-    -- the admission that must leave the window for one more to fit
-    local leaving = redis.call('ZRANGE', KEYS[1], n - rpm, n - rpm, 'WITHSCORES')
-    limit, wait, used = 'rpm', tonumber(leaving[2]) + window - now, n
-  end
-end
-if tpm > 0 then
-  local total = tonumber(redis.call('GET', KEYS[3]) or '0')
-  if total >= tpm then
-    -- walk the charges oldest first until what stays in the window is under the limit
-    local charges = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-    local left, at = total, now
-    for i = 1, #charges, 2 do
-      left = left - tonumber(string.match(charges[i], '^(%d+):'))
-      if left < tpm then at = tonumber(charges[i + 1]); break end
-    end
-    local w = at + window - now
-    if limit == '' or w > wait then limit, wait, used = 'tpm', w, total end
-  end
-end
-if max_concurrent > 0 then
-  local n = redis.call('ZCARD', KEYS[4])
-  if n >= max_concurrent and (limit == '' or wait < 1) then limit, wait, used = 'max_concurrent', 1, n end
-end
-if limit ~= '' then return {limit, tostring(wait), tostring(used)} end
-
-if rpm > 0 then
-  redis.call('ZADD', KEYS[1], now, rid)
-  redis.call('PEXPIRE', KEYS[1], window_ms)
-end
-if max_concurrent > 0 then
-  redis.call('ZADD', KEYS[4], now, rid)
-  redis.call('PEXPIRE', KEYS[4], stale_ms)
-end
-return false
-"""
 
 
 @dataclass(frozen=True)
@@ -118,10 +46,6 @@ class Refusal:
     limit: str  # which one: REQUESTS, TOKENS or CONCURRENT
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class KeyLimiter:
     def __init__(self, client: aioredis.Redis, window_s: float = 60, stale_s: float = 3600):
         if window_s <= 0 or stale_s <= 0:
@@ -129,19 +53,19 @@ class KeyLimiter:
         self.redis = client
         self.window_s = window_s
         self.stale_s = stale_s
-        self._admit = client.register_script(_ADMIT)  # EVALSHA: sent to Redis once
+        self._admit = scripts.register(client, "admit")
 
     async def admit(self, key: ApiKey, request_id: str, now: float | None = None) -> Refusal | None:
         """Admit and record one request of `key`, or say which limit refuses it and until when."""
         refused = await self._admit(
             keys=[keys.key_requests(key.id), keys.key_tokens(key.id), keys.key_tokens_total(key.id),
                   keys.key_in_flight(key.id)],
-            args=["" if now is None else repr(float(now)), repr(float(self.window_s)), math.ceil(self.window_s * 1000),
+            args=["" if now is None else repr(float(now)), repr(float(self.window_s)), keys.key_window_ttl_ms(self.window_s),
                   key.rpm, key.tpm, key.max_concurrent, request_id,
-                  repr(float(self.stale_s)), math.ceil(self.stale_s * 1000)])
+                  repr(float(self.stale_s)), keys.key_in_flight_ttl_ms(self.stale_s)])
         if refused is None:
             return None
-        limit, wait, used = _text(refused[0]), float(refused[1]), int(float(refused[2]))
+        limit, wait, used = refused[0], float(refused[1]), int(float(refused[2]))
         return Refusal(RATE_LIMITED, self._message(key, limit, used, wait), wait, limit)
 
     async def charge_tokens(self, key_id: str, tokens: int, now: float | None = None) -> None:
@@ -149,9 +73,9 @@ class KeyLimiter:
         if tokens <= 0:
             return
         if now is None:
-            seconds, micros = await self.redis.time()  # the clock admission reads (see _ADMIT)
+            seconds, micros = await self.redis.time()  # the clock admission reads (admit.lua)
             now = seconds + micros / 1e6
-        window_ms = math.ceil(self.window_s * 1000)
+        window_ms = keys.key_window_ttl_ms(self.window_s)
         charges, total = keys.key_tokens(key_id), keys.key_tokens_total(key_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             # the nonce keeps two equal charges at one instant apart (sorted-set members are unique)

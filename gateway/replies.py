@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from gateway.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
+from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -36,9 +37,9 @@ class ReplyIntake:
         self.deliver = deliver
         self.spawn = spawn
         # The subscriber has no read timeout (it idles between events) but checks its connection.
-        self.subscriber = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=30)
+        self.subscriber = async_client(settings.redis_url, timeout_s=None, health_check_interval=30)
         # XREAD blocks for a while: this connection's read timeout must outlast the block.
-        self.follower = aioredis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=2)
+        self.follower = async_client(settings.redis_url, timeout_s=10)
         self.subscribed = asyncio.Event()
         self.follow_changed = asyncio.Event()
 
@@ -117,10 +118,10 @@ class ReplyIntake:
                 entries += page if known is None else page[:known]
                 if known is not None or len(page) < CATCH_UP_PAGE:
                     break
-                newest = f"({page[-1][0].decode()}"
+                newest = f"({page[-1][0]}"
             entries.reverse()
         if entries:
-            route.stream_id = entries[-1][0].decode()
+            route.stream_id = entries[-1][0]
         return entries
 
     def follow(self, route: Route) -> None:
@@ -144,7 +145,7 @@ class ReplyIntake:
                 await self.follow_changed.wait()
                 continue
             self.follow_changed.clear()
-            rid_of = {keys.stream(rid).encode(): rid for rid in followed}
+            rid_of = {keys.stream(rid): rid for rid in followed}
             reading = dict(followed)  # the routes this read is for; a route replaced meanwhile starts anew
             streams = {keys.stream(rid): route.stream_id for rid, route in followed.items()}
             try:
@@ -163,7 +164,7 @@ class ReplyIntake:
                     route = followed.get(rid)
                     if route is None or route is not reading.get(rid):
                         break
-                    route.stream_id = entry_id.decode()
+                    route.stream_id = entry_id
                     event = logged_event(fields)
                     if event is not None:
                         self._send(self.router.forward(route, event))
@@ -195,7 +196,7 @@ def _delivered(fields: dict, next_index: int) -> bool:
 def logged_event(fields: dict) -> ReplyEvent | None:
     """One replay-log entry as an event; a malformed entry is logged and skipped, never fatal."""
     try:
-        return ReplyEvent.model_validate_json(fields[b"event"])
+        return ReplyEvent.model_validate_json(fields["event"])
     except (KeyError, ValueError):
         log.error("event=bad_log_entry fields=%r", str(fields)[:200])
         return None

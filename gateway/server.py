@@ -47,7 +47,7 @@ from gateway.router import Delivery, ReplyRouter
 from gateway.ws_door import WebSocketDoor
 from ops.core import fleet, keys
 from ops.core.ports import bind_error
-from ops.core.redis_clients import shared_client
+from ops.core.redis_clients import async_client
 from ops.core.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
 from ops.core.settings import Settings
 
@@ -67,7 +67,7 @@ class Gateway:
         self.stopping = False  # set when the gateway itself shuts down (not a client leaving)
         reply_channel = keys.reply_channel(self.id)
         # Commands time out instead of hanging a request (or /readyz) on a stuck Redis.
-        self.redis = shared_client(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.redis = async_client(settings.redis_url)
         # Read once at start: the exact-cache key and a sampled request's seed need the values
         # that will run, so the gateway fills unset fields itself (ops/core/sampling_defaults.py).
         defaults = load_sampling_defaults(settings)

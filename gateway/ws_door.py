@@ -211,7 +211,7 @@ class WebSocketDoor:
                 known = False  # another key's request reads as unknown: its id is no ticket to its answer
             cancelled = known and bool(await redis.exists(keys.cancelled(rid)))
             if known and not cancelled:
-                await redis.set(keys.resumed(rid), str(time.time()), ex=self.settings.stream_ttl_s)
+                await redis.set(keys.resumed(rid), str(time.time()), ex=keys.resumed_ttl_s(self.settings))
         except aioredis.RedisError:
             raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
         if not known:

@@ -13,20 +13,17 @@ from ops.core.settings import Settings
 
 def _store(settings: Settings):
     """The entries alone, for commands that need no embedding model."""
-    import redis.asyncio as aioredis
-
     from cache.store import EntryStore
+    from ops.core.redis_clients import async_client
 
-    client = aioredis.Redis.from_url(settings.cache_redis, decode_responses=True)
-    return EntryStore(client, settings.cache_ttl_s, settings.cache_max_entries, settings.cache_log_maxlen)
+    return EntryStore(async_client(settings.cache_redis), settings)
 
 
 async def stats(settings: Settings) -> dict:
-    import redis.asyncio as aioredis
-
     from ops.core import keys
+    from ops.core.redis_clients import async_client
 
-    r = aioredis.Redis.from_url(settings.cache_redis, decode_responses=True)
+    r = async_client(settings.cache_redis)
     counters = {k: int(v) for k, v in (await r.hgetall(keys.CACHE_STATS)).items()}
     entries = await r.zcard(keys.CACHE_LRU)
     namespaces = {}
@@ -104,7 +101,7 @@ async def forget(settings: Settings, entries: list[str], asked: str | None) -> i
     store = _store(settings)
     out = {}
     for entry_id in entries:
-        out[entry_id] = await store.forget(entry_id, asked, settings.cache_hard_negatives_max)
+        out[entry_id] = await store.forget(entry_id, asked)
     print(json.dumps({"forgotten": out}))
     return 0 if all(out.values()) else 1
 

@@ -92,11 +92,10 @@ _COMMANDS = {"create": _create, "list": _list, "revoke": _revoke, "usage": _usag
 
 
 async def _run(args, settings: Settings) -> int:
-    import redis.asyncio as aioredis
-
     from gateway.api_keys import KeyStore
+    from ops.core.redis_clients import async_client
 
-    client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    client = async_client(settings.redis_url)
     try:
         return await _COMMANDS[args.keys_command](KeyStore(client), args)
     finally:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import redis
 
-from ops.core import fleet, keys
+from ops.core import fleet, keys, redis_clients
 from ops.core.fleet import scale_signal
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
@@ -24,14 +24,13 @@ STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "batch"}
 
 
 def collect(settings: Settings) -> dict:
-    r = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2, decode_responses=True)
+    r = redis_clients.client(settings.redis_url)
     workers = fleet.live_workers(r)
     lists = keys.queue_lists(settings.model_name)
     depths = [r.llen(name) for name in lists]
     dead = r.llen(keys.DEAD_LETTERS)
     signal = scale_signal(workers, sum(depths), settings.per_worker_target)
-    c = r if settings.cache_redis == settings.redis_url else redis.Redis.from_url(
-        settings.cache_redis, socket_timeout=5, socket_connect_timeout=2, decode_responses=True)
+    c = r if settings.cache_redis == settings.redis_url else redis_clients.client(settings.cache_redis)
     counters = {k: int(v) for k, v in c.hgetall(keys.CACHE_STATS).items()}
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)
     lookups = hits + counters.get("misses", 0)

@@ -13,19 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from gateway.api_keys import AuthError, KeyStore, UnknownKey, bearer_key, new_key
 from gateway.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
 from ops.core import keys
+from ops.core.redis_clients import async_client
 from ops.key_commands import add_parser, run
 from ops.core.settings import Settings
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-# Bursts run every admission at once, one connection each; redis-py's asyncio pool refuses more
-# than its max_connections (100 by default) instead of waiting.
-MAX_CONNECTIONS = 256
 T = 1_800_000_000.0  # a fixed "now": the limiter's clock is an argument, so no test sleeps
 
 
@@ -35,10 +32,10 @@ def url(redis_server) -> str:
     return redis_server.url
 
 
-def with_redis(url: str, body, decode: bool = False):
-    """Run `body(client)` on a fresh asyncio client (bytes replies unless `decode`)."""
+def with_redis(url: str, body):
+    """Run `body(client)` on a fresh client, as the gateway builds it (ops.core.redis_clients)."""
     async def main():
-        client = aioredis.Redis.from_url(url, decode_responses=decode, max_connections=MAX_CONNECTIONS)
+        client = async_client(url)
         try:
             return await body(client)
         finally:
@@ -72,8 +69,7 @@ def test_new_keys_are_http_and_subprotocol_tokens_of_one_word():
         assert plain.split("_", 2)[1] == key_id
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["bytes_replies", "str_replies"])
-def test_created_key_authenticates_as_its_record(url, decode):
+def test_created_key_authenticates_as_its_record(url):
     async def body(r):
         store = KeyStore(r)
         plain, created = await store.create("team-a", rpm=10, tpm=1000, max_concurrent=2)
@@ -82,7 +78,7 @@ def test_created_key_authenticates_as_its_record(url, decode):
         assert (found.name, found.rpm, found.tpm, found.max_concurrent, found.revoked) == ("team-a", 10, 1000, 2, False)
         assert plain.startswith(f"brg_{found.id}_")
 
-    with_redis(url, body, decode)
+    with_redis(url, body)
 
 
 def test_wrong_secret_unknown_id_malformed_and_missing_keys_are_unauthorized(url):
@@ -183,7 +179,7 @@ def test_list_returns_every_key_with_its_limits(url):
         assert set(listed) == {a.id, b.id, c.id}
         assert (listed[a.id].rpm, listed[b.id].tpm, listed[c.id].max_concurrent) == (1, 2, 3)
         assert [listed[i].revoked for i in (a.id, b.id, c.id)] == [False, True, False]
-        assert await r.smembers(keys.API_KEYS) == {a.id.encode(), b.id.encode(), c.id.encode()}
+        assert await r.smembers(keys.API_KEYS) == {a.id, b.id, c.id}
 
     with_redis(url, body)
 
@@ -280,7 +276,7 @@ def test_another_key_is_not_slowed_by_a_burst(url):
 def test_two_gateways_share_one_limit(url):
     async def body(r):
         key = await new_key_with(r, rpm=10)
-        other = aioredis.Redis.from_url(url, max_connections=MAX_CONNECTIONS)
+        other = async_client(url)
         try:
             first, second = KeyLimiter(r), KeyLimiter(other)
             outcomes = await asyncio.gather(*(g.admit(key, f"{name}-{n}", now=T)
@@ -364,8 +360,8 @@ def test_a_refused_request_records_nothing(url):
         assert await limiter.admit(key, "a", now=T) is None
         for n in range(5):  # refused by concurrency: must not use up the rpm
             assert (await limiter.admit(key, f"refused-{n}", now=T)).limit == CONCURRENT
-        assert await r.zrange(keys.key_requests(key.id), 0, -1) == [b"a"]
-        assert await r.zrange(keys.key_in_flight(key.id), 0, -1) == [b"a"]
+        assert await r.zrange(keys.key_requests(key.id), 0, -1) == ["a"]
+        assert await r.zrange(keys.key_in_flight(key.id), 0, -1) == ["a"]
         await limiter.release(key.id, "a")
         assert await limiter.admit(key, "b", now=T + 1) is None
         await limiter.release(key.id, "b")

@@ -74,6 +74,7 @@ def test_the_wheel_carries_every_module_and_data_file(fresh_python, tmp_path):
 import importlib, json, pkgutil, sys
 from pathlib import Path
 import ops, gateway, cache, engine, workers
+from ops.core import scripts
 mods = []
 for pkg in (ops, gateway, cache, engine, workers):
     for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
@@ -85,6 +86,7 @@ files = {
     "pair_model": (Path(cache.__file__).parent / "pair_model.safetensors").is_file(),
     "chat_questions": (Path(ops.__file__).parent / "data" / "chat_questions.jsonl").is_file(),
     "quality_questions": (Path(ops.__file__).parent / "bench" / "data" / "quality_questions.jsonl").is_file(),
+    "lua_scripts": all((Path(ops.__file__).parent / "core" / "lua" / f"{n}.lua").is_file() for n in scripts.NAMES),
 }
 print(json.dumps({"roots": roots, "modules": mods, "files": files, "prefix": sys.prefix}))
 """

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import redis.asyncio as aioredis
-
 from gateway.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.router import ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
+from ops.core.redis_clients import async_client
 
 
 class Collect:
@@ -34,7 +33,7 @@ def log_tokens(client, rid: str, start: int, stop: int) -> None:
 async def intake_on(url: str):
     """A reply intake over a real Redis, with an empty router; yields it and its deliveries."""
     delivered = []
-    aio = aioredis.Redis.from_url(url)
+    aio = async_client(url)
     intake = ReplyIntake(Settings(redis_url=url), ReplyRouter(), aio, "reply", delivered.append, asyncio.ensure_future)
     try:
         yield intake, delivered
@@ -92,10 +91,9 @@ def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_serve
 
 def test_the_gateways_pooled_client_survives_a_redis_restart_without_failing_a_command(redis_server):
     """Every pooled connection is dead after a restart; the first command on one is tried again."""
-    from ops.core.redis_clients import shared_client
 
     async def main():
-        client = shared_client(redis_server.url, socket_timeout=5, socket_connect_timeout=2)
+        client = async_client(redis_server.url)
         await asyncio.gather(*[client.set(f"k{i}", i) for i in range(8)])  # several pooled connections
         redis_server.stop()
         redis_server.start()

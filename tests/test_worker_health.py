@@ -13,7 +13,7 @@ import uuid
 import pytest
 import redis
 
-from ops.core import fleet, keys
+from ops.core import fleet, keys, redis_clients
 from ops.core.messages import GenerateParams, QueuedRequest
 from ops.core.settings import Settings
 from tests.services import wait_until
@@ -29,10 +29,11 @@ def settings(redis_server) -> Settings:
 
 @pytest.fixture
 def broker(settings):
-    """The reaper's Celery app sends to the test's Redis (a supported setting, read when the app
-    first connects; nothing else in this process sends through that app)."""
-    from workers.app import app
+    """The reaper's sending app (ops.core.queue.sender) sends to the test's Redis (a supported
+    setting, read when the app first connects; nothing else in this process sends through it)."""
+    from ops.core.queue import sender
 
+    app = sender()
     app.conf.broker_url = settings.redis_url
     return app
 
@@ -85,7 +86,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
         assert host._threads[2].is_alive() and host._threads[0].is_alive()
         assert "event=engine_stalled" in caplog.text
         assert fleet.live_workers(client) == []
-        reaper = Reaper(settings, redis.Redis.from_url(settings.redis_url))
+        reaper = Reaper(settings, redis_clients.client(settings.redis_url))
         swept = wait_until(lambda: reaper.sweep(), 10, interval=0.2, what="the reaper to act")
         assert swept == {queued.request_id: "requeue"}
         assert on_queue(client, settings.model_name, queued.request_id)
@@ -154,7 +155,7 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
 
     settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
     client = redis_server.client
-    claims = ClaimStore.from_settings(redis.Redis.from_url(settings.redis_url), settings)
+    claims = ClaimStore.from_settings(redis_clients.client(settings.redis_url), settings)
     pipe = client.pipeline()
     fleet.record_beat(pipe, "alive#1", {"instance": "alive#1"}, 60_000, time.time())
     pipe.execute()
@@ -169,7 +170,7 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     for q in (waiting, prefetched, orphaned):
         client.zadd(keys.UNCLAIMED, {q.request_id: 0})  # queued long ago
 
-    reaper = Reaper(settings, redis.Redis.from_url(settings.redis_url))
+    reaper = Reaper(settings, redis_clients.client(settings.redis_url))
     wait_until(lambda: reaper._heartbeats_trustworthy(), 5, what="the reaper to trust heartbeats")
     client.config_resetstat()
     assert reaper.sweep() == {orphaned.request_id: "unclaimed"}

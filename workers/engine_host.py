@@ -25,7 +25,7 @@ import torch
 from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
 from engine.model_files import ModelNotFound, prepare_default_model
 from engine.placement import PlacementError
-from ops.core import fleet, keys
+from ops.core import fleet, keys, redis_clients
 from ops.core.messages import QueuedRequest, ReplyEvent, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings, torch_threads
@@ -133,8 +133,8 @@ class EngineHost:
         self.sampling_defaults = load_sampling_defaults(settings)
         # The engine may have been loaded long before this host starts its thread: count from now.
         engine.loop_at = time.monotonic()
-        # A stuck Redis must not freeze the engine thread inside a publish.
-        self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        # A stuck Redis must not freeze the engine thread inside a publish (the client's timeout).
+        self.redis = redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self.publisher = TokenPublisher(self.claims)
         self.inflight: dict[str, InFlight] = {}
@@ -272,17 +272,14 @@ class EngineHost:
         return self.claims.claim(rid, self.instance)
 
     def _retrying(self, call):
-        """Redis calls a task cannot do without: wait out an outage instead of failing the request."""
-        delay = 0.25
-        while True:
-            try:
-                return call()
-            except redis.RedisError as exc:
-                if self._stop.is_set():
-                    raise
-                log.warning("event=redis_retry error=%r delay_s=%.2f", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """Redis calls a task cannot do without: wait out an outage instead of failing the request
+        (until the host stops)."""
+        return redis_clients.outage_retry().call_with_retry(call, self._redis_down, with_failure_count=True)
+
+    def _redis_down(self, exc: redis.RedisError, failures: int) -> None:
+        if self._stop.is_set():
+            raise exc
+        log.warning("event=redis_retry error=%r delay_s=%.2f", exc, redis_clients.outage_pause_s(failures))
 
     def _refuse(self, entry: InFlight, code: str, message: str) -> None:
         rid = entry.queued.request_id
@@ -433,16 +430,18 @@ class EngineHost:
     # ---- side threads ------------------------------------------------------------------------------
 
     def _listen_for_cancels(self) -> None:
-        delay = 0.25
         while not self._stop.is_set():
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(keys.CANCEL_CHANNEL)
-                delay = 0.25
+                # Each lost subscription starts a new run of retries (the pause from its first step).
+                pubsub = redis_clients.outage_retry().call_with_retry(
+                    self._subscribe_to_cancels, self._cancels_lost, with_failure_count=True)
+            except redis.RedisError:
+                return  # stopping
+            try:
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message and message["type"] == "message":
-                        rid = message["data"].decode()
+                        rid = message["data"]
                         with self._lock:
                             mine = rid in self.inflight
                         if mine:
@@ -450,8 +449,16 @@ class EngineHost:
                             self.engine.cancel(rid)
             except redis.RedisError as exc:
                 log.warning("event=cancel_listener_error error=%r", exc)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 2.0)
+
+    def _subscribe_to_cancels(self):
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(keys.CANCEL_CHANNEL)
+        return pubsub
+
+    def _cancels_lost(self, exc: redis.RedisError, failures: int) -> None:
+        if self._stop.is_set():
+            raise exc
+        log.warning("event=cancel_listener_error error=%r delay_s=%.2f", exc, redis_clients.outage_pause_s(failures))
 
     def status(self, tokens_per_s: float) -> dict:
         stats = self.engine.stats()
@@ -474,7 +481,7 @@ class EngineHost:
     def _beat(self) -> None:
         last_tokens, last_time = self.engine.tokens_generated, time.monotonic()
         interval = self.settings.heartbeat_interval_s
-        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
+        ttl_ms = keys.worker_ttl_ms(self.settings)
         stalled, beats = False, 0
         while not self._stop.is_set():
             if not self._threads[0].is_alive():

@@ -1,6 +1,6 @@
 """Token events out of a worker: after each engine step, one fenced round trip for the whole batch.
 
-Per event (inside the claim script, see claims.py): PUBLISH to the owning gateway's reply channel
+Per event (inside ops/core/lua/publish.lua, see claims.py): PUBLISH to the owning gateway's reply channel
 (live delivery) and XADD to the request's capped stream (the replay log, with a TTL), unless the
 worker's claim on the request was taken over. While Redis is unreachable the events wait here, in
 order, and go out with the next step or heartbeat once it answers again.

@@ -1,7 +1,7 @@
 """The reaper: when a worker's heartbeat expires, its requests go to another worker.
 
 Every `reaper_interval_s` it reads the running claims (request -> owner) and checks each owner's
-heartbeat key. For each request of an owner whose key is gone, the reap script (claims.py)
+heartbeat key. For each request of an owner whose key is gone, the reap script (ops/core/lua/reap.lua)
 atomically bumps the epoch, which fences the old owner should it still be alive (a stall, not a
 crash), and then either frees the request for a new claim, when the reaper sends it to the queue
 again, or, after max_attempts, buries it in the dead-letter list and tells its client.
@@ -20,11 +20,11 @@ import time
 
 import redis
 
-from ops.core import keys
+from ops.core import keys, redis_clients
 from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
 from ops.core.queue import enqueue
-from workers.claims import ClaimStore, as_text
+from workers.claims import ClaimStore
 
 log = logging.getLogger("brigade.reaper")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("brigade.reaper")
 class Reaper:
     def __init__(self, settings: Settings, client: redis.Redis | None = None):
         self.settings = settings
-        self.redis = client or redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.redis = client or redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
 
@@ -73,7 +73,7 @@ class Reaper:
         its message was lost between a worker's pop and its receipt (a SIGKILL in that instant),
         and it is sent again too. The queue itself is never read, only its length."""
         cutoff = time.time() - self.settings.unclaimed_after_s
-        stale = [as_text(r) for r in self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)]
+        stale = self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)
         if not stale:
             return {}
         pipe = self.redis.pipeline(transaction=False)
@@ -83,7 +83,7 @@ class Reaper:
             pipe.get(keys.taken(rid))
         replies = pipe.execute()
         records = [replies[i:i + 3] for i in range(0, len(replies), 3)]
-        takers = {as_text(t) for _, _, t in records if t}
+        takers = {t for _, _, t in records if t}
         alive = self.claims.alive(takers) if takers else set()
         queue_empty: dict[str, bool] = {}
         done: dict[str, str] = {}
@@ -93,7 +93,7 @@ class Reaper:
                 continue
             queued = QueuedRequest.model_validate_json(raw)
             if taker is not None:
-                waiting = as_text(taker) in alive  # in a live worker's prefetch
+                waiting = taker in alive  # in a live worker's prefetch
             else:
                 if queued.model not in queue_empty:
                     queue_empty[queued.model] = self._queue_depth(queued.model) == 0
@@ -105,7 +105,7 @@ class Reaper:
                 enqueue(queued)
                 done[rid] = "unclaimed"
                 log.info("event=unclaimed_requeued request_id=%s receiver=%s", rid,
-                         as_text(taker) if taker else "none")
+                         taker or "none")
         return done
 
     def _queue_depth(self, model: str) -> int:
@@ -126,18 +126,22 @@ class Reaper:
 
     def run(self, stop: threading.Event) -> None:
         log.info("event=reaper_started interval_s=%.2f", self.settings.reaper_interval_s)
-        delay = self.settings.reaper_interval_s
+
+        def redis_lost(exc: redis.RedisError, failures: int) -> None:
+            self._up_since = None
+            if stop.is_set():
+                raise exc
+            log.warning("event=reaper_redis_error error=%r delay_s=%.2f", exc,
+                        redis_clients.outage_pause_s(failures, first_s=0.5))
+
         while not stop.is_set():
             try:
-                self.sweep()
-                delay = self.settings.reaper_interval_s
-            except redis.RedisError as exc:
-                log.warning("event=reaper_redis_error error=%r", exc)
-                self._up_since = None
-                delay = min(max(delay * 2, 0.5), 2.0)
+                redis_clients.outage_retry(first_s=0.5).call_with_retry(self.sweep, redis_lost, with_failure_count=True)
+            except redis.RedisError:
+                return  # stopping
             except Exception:  # a bad record must not end the reaper
                 log.exception("event=reaper_error")
-            stop.wait(delay)
+            stop.wait(self.settings.reaper_interval_s)
 
 
 def run_reaper(settings: Settings) -> None:

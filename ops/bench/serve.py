@@ -500,9 +500,9 @@ async def _bench(config: LoadConfig, objectives) -> dict:
 
 def redis_commands(url: str) -> dict[str, int]:
     """Calls per command since the server started (commands run by scripts included)."""
-    import redis
+    from ops.core import redis_clients
 
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    client = redis_clients.client(url)
     try:
         return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
     finally:

@@ -57,21 +57,17 @@ def _statuses(raws: list) -> list[dict]:
 def live_workers(client: redis.Redis) -> list[dict]:
     """The status of every worker whose heartbeat has not expired."""
     names = client.zrange(keys.WORKERS, 0, -1)
-    return _statuses(client.mget([keys.worker(_text(n)) for n in names])) if names else []
+    return _statuses(client.mget([keys.worker(n) for n in names])) if names else []
 
 
 async def live_workers_async(client: aioredis.Redis) -> list[dict]:
     names = await client.zrange(keys.WORKERS, 0, -1)
-    return _statuses(await client.mget([keys.worker(_text(n)) for n in names])) if names else []
+    return _statuses(await client.mget([keys.worker(n) for n in names])) if names else []
 
 
 async def any_alive_async(client: aioredis.Redis) -> bool:
     names = await client.zrange(keys.WORKERS, 0, -1)
-    return bool(names) and await client.exists(*[keys.worker(_text(n)) for n in names]) > 0
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return bool(names) and await client.exists(*[keys.worker(n) for n in names]) > 0
 
 
 @dataclass(frozen=True)

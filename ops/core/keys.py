@@ -1,29 +1,25 @@
-"""Every Redis key and channel Brigade uses, one function per shape.
+"""Every Redis key and channel Brigade uses, one function per shape, with its bound beside it.
 
-Keys that can grow carry a TTL or a cap, set where they are written:
-- stream(rid): capped at Settings.stream_maxlen entries, TTL Settings.stream_ttl_s
-- request(rid): TTL Settings.stream_ttl_s
-- cancelled(rid): TTL Settings.cancel_ttl_s
-- worker(instance): TTL Settings.heartbeat_ttl_s, refreshed by the worker while it lives
-- WORKERS: one member per worker that beat in the last ops.core.fleet.FORGET_S (pruned by every beat)
-- claim(rid): TTL Settings.stream_ttl_s
-- CLAIMS: one field per request a live worker holds; removed when it ends or is reaped
-- DEAD_LETTERS: capped at Settings.dlq_max entries
-- UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired
-- resumed(rid): TTL Settings.stream_ttl_s
-- taken(rid): TTL Settings.stream_ttl_s; deleted at the claim
-- settled(rid): TTL Settings.stream_ttl_s
+Every key that can grow carries a TTL or a cap, and the function that says how long or how many
+stands next to the key's own (`stream_ttl_s`, `stream_maxlen`, ...): a write site asks the key,
+it never computes the bound itself. The values are Settings fields; these functions only say
+which field bounds which key. Unbounded by design:
+- CLAIMS: one field per request a live worker holds; removed when it ends or is reaped.
+- WORKERS: one member per worker that beat in the last ops.core.fleet.FORGET_S (pruned by every beat).
+- UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired.
 - api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
   are created by an operator only (`brigade keys create`), never by a request, so they are bounded
   by operator action; revoke keeps the record (revoked=1) so that the key's usage stays visible.
-- key_requests(id): admissions of the last window (trimmed by every admission), TTL the window
-- key_tokens(id), key_tokens_total(id): token charges of the last window (trimmed by every
-  admission), TTL the window
-- key_in_flight(id): requests admitted and not yet released; members older than the limiter's
-  stale age are dropped by every admission, TTL the stale age
+- BATCH_JOBS, BATCH_ACTIVE: lose a member when the job's hash is gone (pruned by `list`) or it ends.
 Channels hold nothing, so they need no bound.
 """
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ops.core.settings import Settings
 
 PREFIX = "brigade"
 
@@ -38,14 +34,32 @@ def stream(request_id: str) -> str:
     return f"{PREFIX}:stream:{request_id}"
 
 
+def stream_maxlen(settings: Settings) -> int:
+    """Events a replay log keeps (approximately: XADD MAXLEN ~); above max_tokens_limit."""
+    return settings.stream_maxlen
+
+
+def stream_ttl_s(settings: Settings) -> int:
+    """How long a request stays replayable and resumable after its last write."""
+    return settings.stream_ttl_s
+
+
 def request(request_id: str) -> str:
     """The request as enqueued (JSON), kept while it may still be replayed or resumed."""
     return f"{PREFIX}:request:{request_id}"
 
 
+def request_ttl_s(settings: Settings) -> int:
+    return settings.stream_ttl_s  # as long as its stream: a resume needs both
+
+
 def cancelled(request_id: str) -> str:
     """Set when a request is cancelled, so a worker that takes it from the queue later skips it."""
     return f"{PREFIX}:cancelled:{request_id}"
+
+
+def cancelled_ttl_s(settings: Settings) -> int:
+    return settings.cancel_ttl_s
 
 
 CANCEL_CHANNEL = f"{PREFIX}:cancels"  # request ids to stop, broadcast to every worker
@@ -57,7 +71,11 @@ def worker(instance: str) -> str:
     return f"{PREFIX}:worker:{instance}"
 
 
-WORKER_PREFIX = f"{PREFIX}:worker:"
+def worker_ttl_ms(settings: Settings) -> int:
+    """A heartbeat's life: the worker refreshes it while it lives; its expiry is the worker's death."""
+    return int(settings.heartbeat_ttl_s * 1000)
+
+
 # sorted set: worker instance -> time of its last heartbeat; the registry readers use instead of
 # scanning for worker keys (ops/core/fleet.py).
 WORKERS = f"{PREFIX}:workers"
@@ -66,6 +84,10 @@ WORKERS = f"{PREFIX}:workers"
 def claim(request_id: str) -> str:
     """Who runs a request (hash: epoch, owner instance, state, attempts): the fencing record."""
     return f"{PREFIX}:claim:{request_id}"
+
+
+def claim_ttl_s(settings: Settings) -> int:
+    return settings.stream_ttl_s  # the fencing record lives as long as what it fences
 
 
 CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every running claim (the reaper's list)
@@ -82,7 +104,16 @@ def taken(request_id: str) -> str:
     return f"{PREFIX}:taken:{request_id}"
 
 
+def taken_ttl_s(settings: Settings) -> int:
+    return settings.stream_ttl_s  # and deleted at the claim
+
+
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
+
+
+def dead_letters_max(settings: Settings) -> int:
+    """Entries the dead-letter list keeps (the newest)."""
+    return settings.dlq_max
 
 
 def settled(request_id: str) -> str:
@@ -90,9 +121,17 @@ def settled(request_id: str) -> str:
     return f"{PREFIX}:settled:{request_id}"
 
 
+def settled_ttl_s(settings: Settings) -> int:
+    return settings.stream_ttl_s
+
+
 def resumed(request_id: str) -> str:
     """Set when a client resumed a request on a new connection: its old connection's exit must not cancel it."""
     return f"{PREFIX}:resumed:{request_id}"
+
+
+def resumed_ttl_s(settings: Settings) -> int:
+    return settings.stream_ttl_s
 
 
 def interactive_queue(model_name: str) -> str:
@@ -119,14 +158,33 @@ def interactive_lists(model_name: str) -> list[str]:
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------
-# Entries and exact keys carry Settings.cache_ttl_s; the sorted sets, the namespace sets and the
-# entry-namespace hash hold at most Settings.cache_max_entries members (LRU eviction, and the
-# sweep removes expired ids from all of them); the log stream and hard negatives are capped.
+# Entries and exact keys expire; the sorted sets, the namespace sets and the entry-namespace hash
+# hold at most cache_max_entries members (LRU eviction, and the sweep removes expired ids from all
+# of them); the log stream and hard negatives are capped.
 
 
 def cache_entry(entry_id: str) -> str:
     """One cached answer (hash: question, answer chunks, namespace, embedding, hits, ...)."""
     return f"{PREFIX}:cache:entry:{entry_id}"
+
+
+def cache_entry_ttl_s(settings: Settings) -> int:
+    """An entry's life, and its exact key's: they expire together (the sweep tidies the rest)."""
+    return settings.cache_ttl_s
+
+
+def cache_max_entries(settings: Settings) -> int:
+    """Entries in CACHE_LRU, and so in the expiry set, namespaces and entry-namespace hash (LRU eviction)."""
+    return settings.cache_max_entries
+
+
+def cache_log_maxlen(settings: Settings) -> int:
+    """Events CACHE_LOG keeps (approximately): a gateway further behind rebuilds its index."""
+    return settings.cache_log_maxlen
+
+
+def cache_hard_negatives_max(settings: Settings) -> int:
+    return settings.cache_hard_negatives_max
 
 
 CACHE_ENTRY_PATTERN = f"{PREFIX}:cache:entry:*"
@@ -151,7 +209,7 @@ CACHE_STATS = f"{PREFIX}:cache:stats"  # hash of counters
 # itself expires at the same moment as its expiry score, so the sweep finds the namespace here.
 CACHE_ENTRY_NAMESPACE = f"{PREFIX}:cache:entry_namespace"
 # list of JSON {asked, stored, entry, at}: answers users reported wrong, capped at
-# Settings.cache_hard_negatives_max; read by `brigade cache train-verifier`.
+# cache_hard_negatives_max (below); read by `brigade cache train-verifier`.
 CACHE_HARD_NEGATIVES = f"{PREFIX}:cache:hard_negatives"
 
 
@@ -191,10 +249,20 @@ def key_in_flight(key_id: str) -> str:
     return f"{PREFIX}:limit:{key_id}:in_flight"
 
 
+def key_window_ttl_ms(window_s: float) -> int:
+    """key_requests, key_tokens and key_tokens_total: they outlive the limiter's window by nothing."""
+    return math.ceil(window_s * 1000)
+
+
+def key_in_flight_ttl_ms(stale_s: float) -> int:
+    """key_in_flight: an idle key's slots go once the oldest could only be a crashed gateway's."""
+    return math.ceil(stale_s * 1000)
+
+
 # ---- batch jobs (gateway/batch_jobs.py) -----------------------------------------------------------
-# A job's keys live Settings.batch_retention_s past its completion window (expires_at): its hash,
-# its in-flight map (at most Settings.batch_window fields) and its lease (seconds). The job index
-# and the active set lose a member when its hash is gone (pruned by `list`) or the job ends.
+# A job's keys live batch_ttl_s: its hash, its in-flight map (at most Settings.batch_window fields)
+# and its files; its lease lives seconds. The job index and the active set lose a member when its
+# hash is gone (pruned by `list`) or the job ends.
 
 
 def batch_job(job_id: str) -> str:
@@ -210,6 +278,16 @@ def batch_in_flight(job_id: str) -> str:
 def batch_lease(job_id: str) -> str:
     """The gateway that runs the job now (string, a short TTL it renews while it runs it)."""
     return f"{PREFIX}:batch:{job_id}:lease"
+
+
+def batch_lease_ttl_s(settings: Settings) -> int:
+    """The lease lapses this long after its holder stops renewing it (and another gateway takes over)."""
+    return int(settings.batch_lease_s)
+
+
+def batch_ttl_s(settings: Settings, window_s: float) -> int:
+    """batch_job, batch_in_flight and batch_file: the completion window, then the retention."""
+    return int(window_s + settings.batch_retention_s)
 
 
 BATCH_JOBS = f"{PREFIX}:batches"  # sorted set: job id -> created at (unix seconds), for `list`

@@ -1,24 +1,77 @@
-"""Async Redis clients for the gateway's many concurrent connections.
+"""The one place Brigade builds Redis clients: decoding, retries and timeouts are decided here.
 
-redis-py's default async pool raises MaxConnectionsError once 100 commands are in flight (seen
-in the soak with 200 clients); a blocking pool makes the 101st command wait for a connection
-instead, bounded by `wait_s`, so a burst slows down rather than failing requests.
+- Decoding: every client decodes replies to str (decode_responses=True). Brigade stores no
+  binary value in Redis (events and records are JSON, cache vectors are base64 text), so no
+  caller ever sees bytes and none needs a bytes-or-str helper.
+- Retries: a command whose connection breaks is sent again, three times, 50 ms to 0.5 s apart
+  (redis-py's Retry with ExponentialBackoff): after a Redis restart every pooled connection is
+  dead, and without this the first command on each fails a request. Timeouts are not retried:
+  a stuck Redis would only make callers wait three times as long.
+- Timeouts: COMMAND_TIMEOUT_S unless a caller says otherwise (the cache's shorter one, a
+  subscriber that idles between events, a follower whose XREAD blocks).
+- Outages: a caller that cannot do without Redis waits it out with `outage_retry` (for ever,
+  0.25 s doubling to a cap), redis-py's Retry again, around its own command or reconnection.
+- Pools: the gateway's async clients use a blocking pool. redis-py's default async pool raises
+  MaxConnectionsError once 100 commands are in flight (seen in the soak with 200 clients); a
+  blocking pool makes the 101st command wait for a connection instead, bounded by `wait_s`, so
+  a burst slows down rather than failing requests.
 """
 from __future__ import annotations
 
+import redis
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, RedisError
+from redis.retry import Retry
 
 POOL_SIZE = 100
+COMMAND_TIMEOUT_S = 5.0  # a stuck Redis must not freeze a caller (the engine thread inside a publish)
+CONNECT_TIMEOUT_S = 2.0
+CACHE_TIMEOUT_S = 2.0  # the answer cache is optional: a slow one must not hold up answers
+RETRIES = 3
 
 
-def shared_client(url: str, wait_s: float = 5.0, **options) -> aioredis.Redis:
-    """A pooled client that tries a command again (three times, 50 ms to 0.5 s apart) when its
-    connection breaks: after a Redis restart every pooled connection is dead, and without this
-    the first command on each fails a request. Timeouts are not retried: a stuck Redis would
-    only make callers wait three times as long."""
-    options.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.05), 3, supported_errors=(ConnectionError,)))
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=wait_s, **options)
+def backoff() -> ExponentialBackoff:
+    """The pause between two tries of a command: 50 ms, doubling, at most 0.5 s."""
+    return ExponentialBackoff(cap=0.5, base=0.05)
+
+
+def _outage_backoff(cap_s: float, first_s: float) -> ExponentialBackoff:
+    return ExponentialBackoff(cap=cap_s, base=first_s / 2)  # it waits base * 2 ** failures
+
+
+def outage_retry(cap_s: float = 2.0, first_s: float = 0.25) -> Retry:
+    """Tries a call until it succeeds, whatever the Redis error: first_s after the first failure,
+    doubling up to cap_s. Stop it by raising from the `fail` callback of call_with_retry."""
+    return Retry(_outage_backoff(cap_s, first_s), -1, supported_errors=(RedisError,))
+
+
+def async_outage_retry(cap_s: float = 2.0, first_s: float = 0.25,
+                       errors: tuple[type[Exception], ...] = (RedisError,)) -> AsyncRetry:
+    """outage_retry for asyncio callers (the pause is asyncio.sleep); `errors` are what an outage
+    raises in the call (a caller that also reaches Redis through another layer adds OSError)."""
+    return AsyncRetry(_outage_backoff(cap_s, first_s), -1, supported_errors=errors)
+
+
+def outage_pause_s(failures: int, cap_s: float = 2.0, first_s: float = 0.25) -> float:
+    """The pause an outage retry with these bounds takes after `failures` failures in a row (for logs)."""
+    return _outage_backoff(cap_s, first_s).compute(failures)
+
+
+def client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S,
+           connect_timeout_s: float = CONNECT_TIMEOUT_S) -> redis.Redis:
+    """A synchronous client (workers, the reaper, commands)."""
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
+                                socket_connect_timeout=connect_timeout_s,
+                                retry=Retry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
+
+
+def async_client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 wait_s: float = 5.0, health_check_interval: int = 0) -> aioredis.Redis:
+    """A pooled asyncio client (the gateway, the answer cache, async commands)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=POOL_SIZE, timeout=wait_s, decode_responses=True, socket_timeout=timeout_s,
+        socket_connect_timeout=connect_timeout_s, health_check_interval=health_check_interval,
+        retry=AsyncRetry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
     return aioredis.Redis(connection_pool=pool)
