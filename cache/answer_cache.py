@@ -10,6 +10,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable, Coroutine
 
 import numpy as np
 from redis.exceptions import RedisError
@@ -44,7 +45,7 @@ class Lookup:
 
 class AnswerCache:
     def __init__(self, settings: Settings, embedder: Embedder | None = None, pair_model: PairModel | None = None,
-                 connect: bool = True):
+                 connect: bool = True, spawn: Callable[[Coroutine], None] | None = None):
         self.settings = settings
         self.redis = async_client(settings.cache_redis, timeout_s=CACHE_TIMEOUT_S) if connect else None
         self.store = EntryStore(self.redis, settings) if connect else None
@@ -56,7 +57,10 @@ class AnswerCache:
         self.namespace_of: dict[str, str] = {}  # entry id -> namespace, for deletes that name none
         self._rebuilding: set[str] = set()
         self._log_cursor = "0-0"
-        self._pending: set[asyncio.Task] = set()  # bookkeeping writes kept off the hit path
+        # Bookkeeping writes and index rebuilds, kept off the hit path: in the gateway's background
+        # tasks when it gives its `spawn` (it waits for them at shutdown), else in a set of our own.
+        self._spawn = spawn
+        self._pending: set[asyncio.Task] = set()
 
     def _load_pair_model(self) -> PairModel | None:
         if not self.settings.cache_verifier:
@@ -70,6 +74,9 @@ class AnswerCache:
             return None
 
     def _later(self, coro) -> None:
+        if self._spawn is not None:
+            self._spawn(coro)
+            return
         task = asyncio.ensure_future(coro)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -1,4 +1,4 @@
-"""One admission path for every door: limits, guards, cache, load, enqueue; and the settling at the end.
+"""One admission path for every door: limits, guards, cache, load, enqueue; ending early, resuming, settling.
 
 A door (WebSocket, OpenAI HTTP, the page) turns its input into a `Generate` and calls `admit`.
 In order: the caller's key limits (rate_limited), the prompt guards (content_blocked), the
@@ -6,6 +6,12 @@ answer cache (a hit is answered at once, after the output guards), the service's
 (overloaded, no_workers), then the request is recorded and queued with a route registered
 first, so a fast worker's first token finds its way back. Every refusal is a ProtocolError with
 a stable code, which each door renders in its own shape.
+
+A request ends before its worker ends it when its client cancels (`cancel`), leaves for good
+(`abandon`, `hold_for_resume`) or is refused mid-answer (`refuse_midway`): each removes its route,
+stops the request everywhere and settles it, in one sequence for every door. A request is
+followed again from its replay log by `resume` (a WebSocket client's, on any gateway) or
+`follow_again` (a batch line whose runner stopped).
 
 `settle` is the other end: when a route ends (done, error, cancel, abandoned) the key's
 concurrency slot is released and its usage counted, and a finished answer is stored in the cache.
@@ -19,23 +25,27 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import redis.asyncio as aioredis
 
-from cache.query import CacheQuery, make_query
+from cache.query import CacheQuery, PromptRenderer, make_query
 from gateway import metrics
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
 from gateway.protocol import Generate, ProtocolError, cached_events
+from gateway.replies import ReplyIntake
 from gateway.router import ReplyRouter, Route, Sink
 from ops.core import keys
 from ops.core.messages import QueuedRequest, ReplyEvent
-from ops.core.settings import Settings
 from ops.core.queue import enqueue
+from ops.core.settings import Settings
+
+if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
+    from cache.answer_cache import AnswerCache
 
 log = logging.getLogger("brigade.gateway")
 
@@ -76,12 +86,13 @@ class Admitted:
 
 
 class Admission:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
-                 key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str,
-                 spawn: Callable, deliver: Callable):
+    def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, intake: ReplyIntake,
+                 load: LoadMonitor, key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard],
+                 reply_channel: str, spawn: Callable, deliver: Callable):
         self.settings = settings
         self.redis = redis
         self.router = router
+        self.intake = intake
         self.load = load
         self.key_store = key_store
         self.limiter = limiter
@@ -89,8 +100,20 @@ class Admission:
         self.reply_channel = reply_channel
         self._spawn = spawn  # the gateway's: background work it waits for at shutdown
         self._deliver = deliver  # the gateway's: a routed event to its client
-        self.cache = None  # set once the answer cache has loaded (AnswerCache)
-        self.renderer = None
+        self.cache: AnswerCache | None = None  # set once the answer cache has loaded
+        self.renderer: PromptRenderer | None = None
+
+    def use_cache(self, cache: AnswerCache, renderer: PromptRenderer) -> None:
+        """The answer cache (AnswerCache) and the prompt renderer its keys need, once both have loaded."""
+        self.cache, self.renderer = cache, renderer
+
+    @property
+    def caching(self) -> bool:
+        return self.cache is not None
+
+    async def forget(self, entry_id: str, asked: str) -> bool:
+        """A client's feedback that a cached answer was wrong for what it asked; True if evicted."""
+        return await self.cache.forget(entry_id, asked)
 
     # ---- in ---------------------------------------------------------------------------------------
 
@@ -263,6 +286,98 @@ class Admission:
         held, route.held = route.held, None
         for delivery in held:
             self._deliver(delivery)
+
+    # ---- ending early -----------------------------------------------------------------------------
+    # One sequence for every door: the route goes, the request stops everywhere (queued, it never
+    # runs; running, it frees its slot), and its key is settled with what it generated so far.
+
+    def cancel(self, rid: str, sink: Sink) -> None:
+        """A client's `cancel`: the request stops even when this gateway no longer routes it there."""
+        route = self.router.remove(rid, sink)
+        if route is None:
+            self._spawn(self.stop(rid))
+        else:
+            self._end(route)
+
+    def abandon(self, rid: str | None, sink: Sink) -> None:
+        """A client that cannot resume (HTTP, a stopped batch job's line) went away."""
+        route = self.router.remove(rid, sink) if rid else None
+        if route is None:
+            return
+        self._end(route)
+        log.info("event=client_gone request_id=%s", rid)
+
+    def refuse_midway(self, route: Route, code: str, message: str) -> None:
+        """End an answer that is already streaming (an output guard refused it, or the gateway
+        failed on it): its client is told why."""
+        if self.router.remove(route.request_id, route.sink) is None:
+            return
+        self._end(route)
+        route.sink.send({"type": "error", "id": route.client_id, "code": code, "message": message})
+        route.sink.ended(route.client_id)
+
+    def hold_for_resume(self, rid: str, sink: Sink) -> None:
+        """A WebSocket client left: it may come back with `resume` (to any gateway) within the
+        grace time; after it, its request stops."""
+        route = self.router.remove(rid, sink)
+        if route is not None:
+            self._spawn(self._end_unless_resumed(route))
+
+    async def _end_unless_resumed(self, route: Route) -> None:
+        await asyncio.sleep(self.settings.resume_grace_s)
+        try:
+            resumed_at = await self.redis.get(keys.resumed(route.request_id))
+        except aioredis.RedisError:
+            resumed_at = None
+        # A resume after this connection took the request on means the client is back
+        # elsewhere, even if it came back before this connection was seen to close.
+        if resumed_at is not None and float(resumed_at) > route.since:
+            return
+        self._end(route)
+        log.info("event=abandoned request_id=%s", route.request_id)
+
+    def _end(self, route: Route) -> None:
+        self._spawn(self.stop(route.request_id))
+        self.settle(route, None)
+
+    # ---- resuming ---------------------------------------------------------------------------------
+
+    async def resume(self, rid: str, caller: Caller, sink: Sink, after_index: int) -> bool:
+        """A client's `resume` of a request (queued by any gateway): followed from its replay log
+        after `after_index`. False when it was cancelled (its client did not come back within the
+        grace time, or cancelled it): it will not finish."""
+        try:
+            record = await self.redis.get(keys.request(rid))
+            queued = QueuedRequest.model_validate_json(record) if record is not None else None
+            known = record is not None or bool(await self.redis.exists(keys.stream(rid)))
+            if caller.key is not None and (queued is None or queued.api_key != caller.key.id):
+                known = False  # another key's request reads as unknown: its id is no ticket to its answer
+            cancelled = known and bool(await self.redis.exists(keys.cancelled(rid)))
+            if known and not cancelled:
+                await self.redis.set(keys.resumed(rid), str(time.time()), ex=keys.resumed_ttl_s(self.settings))
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
+        if not known:
+            raise ProtocolError("unknown_request", f"no request {rid!r} is known (or its replay log expired)", rid, "id")
+        if cancelled:
+            return False
+        # The key the request was admitted under is charged and released when it ends here; the
+        # output guards read the whole answer (the route keeps what came before `after_index`).
+        guard_input = (GuardInput(rid, queued.model, queued.prompt, queued.messages) if queued is not None
+                       else GuardInput(rid, self.settings.model_name, None, None))
+        context = RequestContext(caller, guard_input, key_id=queued.api_key if queued else None)
+        self.intake.follow(Route(rid, rid, sink, next_index=after_index + 1, context=context,
+                                 keep_text=bool(self.guards)))
+        log.info("event=resumed request_id=%s after_index=%d", rid, after_index)
+        return True
+
+    async def follow_again(self, rid: str, client_id: str, sink: Sink) -> bool:
+        """A request queued before (a batch line whose runner stopped), followed from its replay
+        log. False when it has none (it expired, or Redis lost it): the line is queued anew."""
+        if not await self.redis.exists(keys.stream(rid), keys.request(rid)):
+            return False
+        self.intake.follow(Route(rid, client_id, sink, keep_text=True))
+        return True
 
     # ---- out --------------------------------------------------------------------------------------
 

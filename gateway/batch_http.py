@@ -13,18 +13,16 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
+from gateway.auth import Authenticator
 from gateway.batch_input import URLS
 from gateway.batch_jobs import JobStore, new_id, parse_window, public_view
 from gateway.http_door import error_response
 from gateway.protocol import ProtocolError
-
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+from ops.core.settings import Settings
 
 BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata", "input", "skip_invalid", "warm_cache"}
 
@@ -48,13 +46,13 @@ def endpoint(handler):
 
 
 class BatchDoor:
-    def __init__(self, gateway: "Gateway", store: JobStore):
-        self.gateway = gateway
-        self.settings = gateway.settings
+    def __init__(self, settings: Settings, auth: Authenticator, store: JobStore):
+        self.settings = settings
+        self.auth = auth
         self.store = store
 
     async def _owner(self, request: Request) -> str:
-        key = await self.gateway.authenticate(request.headers.get("authorization"))
+        key = await self.auth.authenticate(request.headers.get("authorization"))
         return key.id if key is not None else ""
 
     # ---- files ----------------------------------------------------------------------------------

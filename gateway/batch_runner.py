@@ -31,23 +31,22 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
 from gateway import metrics
 from gateway import openai_schema as oa
-from gateway.admission import Caller
+from gateway.admission import Admission, Caller
+from gateway.api_keys import ApiKey, KeyStore
 from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
 from gateway.batch_jobs import JobStore, new_id
 from gateway.http_door import HttpAnswer
-from gateway.protocol import ProtocolError
-from gateway.router import Route
+from gateway.load import LoadMonitor
+from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.router import ReplyRouter
 from ops.core import keys
 from ops.core.redis_clients import async_client, async_outage_retry
-
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.batch")
 
@@ -97,12 +96,17 @@ class LeaseLost(Exception):
 
 
 class BatchRunner:
-    def __init__(self, gateway: "Gateway"):
-        self.gateway = gateway
-        self.settings = gateway.settings
+    def __init__(self, settings: Settings, protocol: ClientProtocol, admission: Admission, router: ReplyRouter,
+                 load: LoadMonitor, key_store: KeyStore, holder: str):
+        self.settings = settings
+        self.protocol = protocol
+        self.admission = admission
+        self.router = router
+        self.load = load
+        self.key_store = key_store
         self.redis = async_client(self.settings.redis_url)
         self.store = JobStore(self.redis, self.settings)
-        self.holder = gateway.id
+        self.holder = holder  # this gateway's id, on the leases it takes
         self.running: dict[str, asyncio.Task] = {}
         self._answers: OrderedDict[str, asyncio.Future] = OrderedDict()  # dedup key -> the first line's result
 
@@ -169,19 +173,19 @@ class BatchRunner:
     def window(self) -> int:
         if self.settings.batch_window:
             return self.settings.batch_window
-        workers = max(self.gateway.load.workers, 1)
+        workers = max(self.load.workers, 1)
         return max(1, workers * self.settings.max_batch // max(len(self.running), 1))
 
-    async def _owner_key(self, job: dict):
+    async def _owner_key(self, job: dict) -> ApiKey | None:
         """The API key that submitted the job: its lines are charged to it and held to its limits
         (a line refused for a limit waits and is sent again, so a job runs at its key's pace)."""
         if not job.get("owner"):
             return None
-        key = await self.gateway.key_store.get(job["owner"])
+        key = await self.key_store.get(job["owner"])
         return None if key is None or key.revoked else key
 
     def checker(self) -> Checker:
-        return Checker(self.gateway.protocol)
+        return Checker(self.protocol)
 
     # ---- validating --------------------------------------------------------------------------------
 
@@ -381,16 +385,15 @@ class BatchRunner:
         return result
 
     async def _answer(self, run: JobRun, line: BatchLine, cmd, opts, known_rid: str | None) -> LineResult:
-        if known_rid is not None and await self.gateway.redis.exists(keys.stream(known_rid), keys.request(known_rid)):
+        if known_rid is not None:
             sink = HttpAnswer()
-            route = Route(known_rid, cmd.id, sink, keep_text=True)
-            self.gateway.intake.follow(route)
-            return await self._collect(run, line, opts, sink, known_rid)
+            if await self.admission.follow_again(known_rid, cmd.id, sink):
+                return await self._collect(run, line, opts, sink, known_rid)
         delay = 0.5
         while True:
             sink = HttpAnswer()
             try:
-                admitted = await self.gateway.admission.admit(cmd, run.caller, sink, lane="batch",
+                admitted = await self.admission.admit(cmd, run.caller, sink, lane="batch",
                                                               store_answer=bool(run.job["warm_cache"]))
             except ProtocolError as err:
                 if err.code in RETRYABLE:
@@ -424,9 +427,9 @@ class BatchRunner:
                                           event.get("message") or "", event.get("field"))
         except asyncio.CancelledError:
             if rid is not None and run.stopping in ("cancelled", "expired"):
-                self.gateway.abandon(rid, sink)  # the job stopped: so does its request
-            elif rid is not None:
-                self.gateway.router.remove(rid, sink)
+                self.admission.abandon(rid, sink)  # the job stopped: so does its request
+            elif rid is not None:  # the gateway stops (or lost the lease): the next runner follows it
+                self.router.remove(rid, sink)
             raise
 
     # ---- finishing --------------------------------------------------------------------------------------

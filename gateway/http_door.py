@@ -13,17 +13,16 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import openai_schema as oa
-from gateway.admission import Caller
-from gateway.protocol import ProtocolError
-
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+from gateway.admission import Admission, Caller
+from gateway.auth import Authenticator
+from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.served_model import ServedModel
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 
@@ -80,24 +79,24 @@ async def _disconnected(request: Request) -> None:
 
 
 class HttpDoor:
-    def __init__(self, gateway: "Gateway"):
-        self.gateway = gateway
-        self.settings = gateway.settings
+    def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
+                 model: ServedModel):
+        self.settings = settings
+        self.protocol = protocol
+        self.auth = auth
+        self.admission = admission
+        self.model = model
 
     async def caller(self, request: Request) -> Caller:
         header = request.headers.get("authorization")
-        return Caller(await self.gateway.authenticate(header), "http")
+        return Caller(await self.auth.authenticate(header), "http")
 
     async def models(self, request: Request) -> Response:
         try:
             await self.caller(request)
         except ProtocolError as err:
             return error_response(err)
-        model = {"id": self.settings.model_name, "object": "model", "created": self.gateway.started_at,
-                 "owned_by": "brigade", "max_model_len": self.gateway.context_length(),
-                 # What a request that leaves a sampling field unset gets (ops/core/sampling_defaults.py).
-                 "sampling_defaults": self.gateway.protocol.defaults.model_dump(exclude={"sources"})}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [self.model.card()]})
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._complete(request, chat=True)
@@ -113,9 +112,9 @@ class HttpDoor:
                 body = json.loads(await self._body(request))
             except (ValueError, RecursionError):
                 raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
-            cmd, opts = oa.parse(body, chat, self.gateway.protocol, client_id)
+            cmd, opts = oa.parse(body, chat, self.protocol, client_id)
             answer = HttpAnswer()
-            admitted = await self.gateway.admission.admit(cmd, caller, answer)
+            admitted = await self.admission.admit(cmd, caller, answer)
         except ProtocolError as err:
             return error_response(err)
         except Exception:
@@ -135,7 +134,7 @@ class HttpDoor:
                     text.append(event["text"])
                 event = await _next_event(answer, gone)
         except ClientGone:
-            self.gateway.abandon(admitted.request_id, answer)
+            self.admission.abandon(admitted.request_id, answer)
             return Response(status_code=499)
         finally:
             gone.cancel()
@@ -192,7 +191,7 @@ class HttpDoor:
                 event = await answer.events.get()
         finally:
             if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
-                self.gateway.abandon(request_id, answer)
+                self.admission.abandon(request_id, answer)
 
 
 def _sse(body: dict) -> str:

@@ -2,11 +2,15 @@
 
 Rooms:
 - `protocol.py`: the pure WebSocket protocol (frames in, commands or errors out);
-- `admission.py`: limits, guards, cache, load, enqueue, and the settling when a request ends;
+- `admission.py`: limits, guards, cache, load, enqueue; ending a request early, resuming it, and
+  the settling when it ends;
+- `auth.py`: the caller's API key, for every door;
 - `router.py` (pure) and `replies.py` (Redis): workers' events to the waiting clients;
-- the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE), and the
-  chat page (`static/`, served at /);
-- this module: the parts wired together, health and readiness, start and stop (uvicorn).
+- the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE),
+  `batch_http.py` (/v1/files, /v1/batches), and the chat page (`static/`, served at /);
+- `background.py`: the one set of background tasks (the cache's too), drained at shutdown;
+- this module: the parts built and wired together (each door is handed what it uses; nothing
+  imports this module back), health and readiness, start and stop (uvicorn).
 
 The port is bound before anything loads, so a taken port fails at once with a clear message.
 """
@@ -14,14 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import sys
 import time
 import uuid
-from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 import uvicorn
@@ -35,6 +38,8 @@ from starlette.staticfiles import StaticFiles
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.api_keys import AuthError, KeyStore, bearer_key
+from gateway.auth import Authenticator
+from gateway.background import BackgroundTasks
 from gateway.batch_http import BatchDoor
 from gateway.batch_runner import BatchRunner
 from gateway.content_guards import GuardConfigError, configured
@@ -44,12 +49,16 @@ from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
+from gateway.served_model import ServedModel
 from gateway.ws_door import WebSocketDoor
 from ops.core import fleet, keys
 from ops.core.ports import bind_error
 from ops.core.redis_clients import async_client
 from ops.core.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
 from ops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from cache.answer_cache import AnswerCache
 
 log = logging.getLogger("brigade.gateway")
 
@@ -73,18 +82,22 @@ class Gateway:
         defaults = load_sampling_defaults(settings)
         log.info("event=sampling_defaults %s", describe(defaults))
         self.protocol = ClientProtocol(settings, defaults)
+        self.background = BackgroundTasks()
+        spawn = self.background.spawn
         self.router = ReplyRouter()
         self.load = LoadMonitor(self.redis, settings)
         self.key_store = KeyStore(self.redis)
-        self.admission = Admission(settings, self.redis, self.router, self.load, self.key_store,
-                                   KeyLimiter(self.redis), configured(settings), reply_channel, self.spawn,
+        self.auth = Authenticator(settings, self.key_store)
+        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn)
+        self.admission = Admission(settings, self.redis, self.router, self.intake, self.load, self.key_store,
+                                   KeyLimiter(self.redis), configured(settings), reply_channel, spawn,
                                    self.deliver)
-        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, self.spawn)
-        self.ws_door = WebSocketDoor(self)
-        self.http_door = HttpDoor(self)
-        self.batches = BatchRunner(self)
-        self.batch_door = BatchDoor(self, self.batches.store)
-        self._background: set[asyncio.Task] = set()
+        served = ServedModel(settings.model_name, settings.model_dir, defaults, self.started_at)
+        self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, lambda: self.stopping)
+        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, served)
+        self.batches = BatchRunner(settings, self.protocol, self.admission, self.router, self.load, self.key_store,
+                                   self.id)
+        self.batch_door = BatchDoor(settings, self.auth, self.batches.store)
 
     # ---- wiring ---------------------------------------------------------------------------------------
 
@@ -98,7 +111,7 @@ class Gateway:
             if delivery.event["type"] == "token":
                 refusal = self.admission.output_refusal(route, delivery.reply.text or "")
                 if refusal is not None:
-                    self._end_early(route, "content_blocked", refusal)
+                    self.admission.refuse_midway(route, "content_blocked", refusal)
                     return
             route.sink.send(delivery.event)
             if delivery.ended:
@@ -106,66 +119,7 @@ class Gateway:
                 self.admission.settle(route, delivery.reply)
         except Exception:  # a bug (or a plugged-in guard) on one request must not stall every stream
             log.exception("event=delivery_failed request_id=%s", route.request_id)
-            self._end_early(route, "internal_error", "the gateway failed on this request")
-
-    def _end_early(self, route, code: str, message: str) -> None:
-        """End a request before its worker does: stop it, tell its client, settle it."""
-        if self.router.remove(route.request_id, route.sink) is None:
-            return
-        self.spawn(self.admission.stop(route.request_id))
-        route.sink.send({"type": "error", "id": route.client_id, "code": code, "message": message})
-        route.sink.ended(route.client_id)
-        self.admission.settle(route, None)
-
-    def abandon(self, rid: str | None, sink) -> None:
-        """A client that cannot resume (HTTP) went away: its request stops and frees its slot."""
-        route = self.router.remove(rid, sink) if rid else None
-        if route is None:
-            return
-        self.spawn(self.admission.stop(rid))
-        self.admission.settle(route, None)
-        log.info("event=client_gone request_id=%s", rid)
-
-    async def still_valid(self, key):
-        """The key's record as it is now (a revoke or a new limit reaches open connections too)."""
-        if key is None:
-            return None
-        try:
-            current = await self.key_store.get(key.id)
-        except aioredis.RedisError:
-            raise ProtocolError("unavailable", "keys cannot be checked now; try again shortly",
-                                retry_after_s=self.settings.retry_after_s) from None
-        if current is None or current.revoked:
-            raise ProtocolError("unauthorized", "this API key was revoked; create a new one with "
-                                "`brigade keys create --name NAME`")
-        return current
-
-    async def authenticate(self, authorization: str | None):
-        """The caller's API key from an `Authorization: Bearer KEY` value; None when keys are off."""
-        if not self.settings.auth_required:
-            return None
-        try:
-            return await self.key_store.authenticate(bearer_key(authorization))
-        except AuthError as err:
-            raise ProtocolError("unauthorized", err.message) from None
-        except aioredis.RedisError:
-            raise ProtocolError("unavailable", "keys cannot be checked now; try again shortly",
-                                retry_after_s=self.settings.retry_after_s) from None
-
-    def spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    @cached_property
-    def _model_config(self) -> dict:
-        try:
-            return json.loads((self.settings.model_dir / "config.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def context_length(self) -> int | None:
-        return self._model_config.get("max_position_embeddings")
+            self.admission.refuse_midway(route, "internal_error", "the gateway failed on this request")
 
     # ---- health ------------------------------------------------------------------------------------
 
@@ -192,7 +146,7 @@ class Gateway:
         if self.settings.metrics_auth == "required":
             try:
                 if self.settings.auth_required:
-                    await self.authenticate(request.headers.get("authorization"))
+                    await self.auth.authenticate(request.headers.get("authorization"))
                 else:
                     await self.key_store.authenticate(bearer_key(request.headers.get("authorization")))
             except (ProtocolError, AuthError) as err:
@@ -210,8 +164,8 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
         if self.settings.cache_enabled:
-            await asyncio.to_thread(self._load_cache)
-            self._background.update(await self.admission.cache.start())
+            cache = await asyncio.to_thread(self._load_cache)
+            self.background.adopt(await cache.start())
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
@@ -227,24 +181,24 @@ class Gateway:
             for route in self.router.routes():
                 key_id = getattr(route.context, "key_id", None)
                 if key_id is not None:
-                    self.spawn(self.admission.release_slot(key_id, route.request_id))
+                    self.background.spawn(self.admission.release_slot(key_id, route.request_id))
             # Cancels and releases just spawned (HTTP clients cut at the grace) get a moment to land.
-            pending = [t for t in self._background if not t.done()]
-            if pending:
-                await asyncio.wait(pending, timeout=2)
-            for task in [*tasks, *self._background]:
+            await self.background.drain(timeout_s=2)
+            for task in tasks:
                 task.cancel()
             # A job this gateway ran is left where its record says; its lease lapses and another
             # gateway (or this one, restarted) continues it.
             await self.batches.close()
 
-    def _load_cache(self) -> None:
+    def _load_cache(self) -> "AnswerCache":
         # Imported here: the cache brings the embedding model (and torch) into the gateway.
         from cache.answer_cache import AnswerCache
         from cache.query import PromptRenderer
 
-        self.admission.renderer = PromptRenderer(self.settings.model_dir)
-        self.admission.cache = AnswerCache(self.settings)
+        renderer = PromptRenderer(self.settings.model_dir)
+        cache = AnswerCache(self.settings, spawn=self.background.spawn)
+        self.admission.use_cache(cache, renderer)
+        return cache
 
     def app(self) -> Starlette:
         http = self.http_door

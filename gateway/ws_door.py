@@ -13,22 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Callable
 
-import redis.asyncio as aioredis
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.admission import Caller, RequestContext
-from gateway.content_guards import GuardInput
-from gateway.protocol import Cancel, Feedback, Generate, ProtocolError, Resume, done_event
-from gateway.router import Route
-from ops.core import keys
-from ops.core.messages import QueuedRequest
-
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+from gateway.admission import Admission, Caller
+from gateway.auth import Authenticator
+from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume, done_event
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 
@@ -90,15 +83,19 @@ def offered_key(ws: WebSocket) -> str | None:
 
 
 class WebSocketDoor:
-    def __init__(self, gateway: "Gateway"):
-        self.gateway = gateway
-        self.settings = gateway.settings
+    def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
+                 stopping: Callable[[], bool]):
+        self.settings = settings
+        self.protocol = protocol
+        self.auth = auth
+        self.admission = admission
+        self.stopping = stopping  # True once the gateway itself shuts down (not a client leaving)
 
     async def serve(self, ws: WebSocket) -> None:
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
-            caller = Caller(await self.gateway.authenticate(offered_key(ws)), "ws")
+            caller = Caller(await self.auth.authenticate(offered_key(ws)), "ws")
         except ProtocolError as err:
             # Accepted first so that a browser, which never sees a refused handshake's status, reads why.
             await ws.send_text(json.dumps(err.event()))
@@ -120,34 +117,17 @@ class WebSocketDoor:
             writer.cancel()
 
     def _left(self, session: WebSocketSession) -> None:
-        if self.gateway.stopping:
+        if self.stopping():
             return  # the gateway stops, not the client: its requests run on for a resume elsewhere
         # A client that leaves may come back with `resume` (to any gateway) within the grace time;
         # after it, its requests stop: queued ones never run, running ones free their slot.
         for rid in list(session.active.values()):
-            route = self.gateway.router.remove(rid, session)
-            if route is None:
-                continue
-            # A resume after this connection took the request on means the client is back
-            # elsewhere, even if it came back before this connection was seen to close.
-            self.gateway.spawn(self._cancel_unless_resumed(route))
+            self.admission.hold_for_resume(rid, session)
         session.active.clear()
-
-    async def _cancel_unless_resumed(self, route: Route) -> None:
-        await asyncio.sleep(self.settings.resume_grace_s)
-        try:
-            resumed_at = await self.gateway.redis.get(keys.resumed(route.request_id))
-        except aioredis.RedisError:
-            resumed_at = None
-        if resumed_at is not None and float(resumed_at) > route.since:
-            return
-        await self.gateway.admission.stop(route.request_id)
-        self.gateway.admission.settle(route, None)
-        log.info("event=abandoned request_id=%s", route.request_id)
 
     async def _on_frame(self, session: WebSocketSession, frame: str | bytes) -> None:
         try:
-            command = self.gateway.protocol.parse(frame)
+            command = self.protocol.parse(frame)
             if isinstance(command, Generate):
                 await self._generate(session, command)
             elif isinstance(command, Cancel):
@@ -176,11 +156,11 @@ class WebSocketDoor:
         caller = session.caller
         if caller.key is not None:
             try:
-                caller = Caller(await self.gateway.still_valid(caller.key), "ws")
+                caller = Caller(await self.auth.still_valid(caller.key), "ws")
             except ProtocolError as err:
                 err.request_id = cmd.id
                 raise
-        admitted = await self.gateway.admission.admit(cmd, caller, session)
+        admitted = await self.admission.admit(cmd, caller, session)
         if admitted.request_id is None:
             for event in admitted.cached:
                 session.send(event)
@@ -190,10 +170,7 @@ class WebSocketDoor:
         rid = session.active.pop(client_id, None)
         if rid is None:
             return
-        route = self.gateway.router.remove(rid, session)
-        self.gateway.spawn(self.gateway.admission.stop(rid))
-        if route is not None:
-            self.gateway.admission.settle(route, None)
+        self.admission.cancel(rid, session)
         log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
         session.send(done_event(client_id, "cancelled", None, None))
 
@@ -201,45 +178,21 @@ class WebSocketDoor:
         rid = cmd.id
         if rid in session.active or rid in session.active.values():
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
-        redis = self.gateway.redis
-        try:
-            record = await redis.get(keys.request(rid))
-            queued = QueuedRequest.model_validate_json(record) if record is not None else None
-            known = record is not None or bool(await redis.exists(keys.stream(rid)))
-            key = session.caller.key
-            if key is not None and (queued is None or queued.api_key != key.id):
-                known = False  # another key's request reads as unknown: its id is no ticket to its answer
-            cancelled = known and bool(await redis.exists(keys.cancelled(rid)))
-            if known and not cancelled:
-                await redis.set(keys.resumed(rid), str(time.time()), ex=keys.resumed_ttl_s(self.settings))
-        except aioredis.RedisError:
-            raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
-        if not known:
-            raise ProtocolError("unknown_request", f"no request {rid!r} is known (or its replay log expired)", rid, "id")
-        if cancelled:
+        if not await self.admission.resume(rid, session.caller, session, cmd.after_index):
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
             session.send(done_event(rid, "cancelled", None, None))
             return
-        # The key the request was admitted under is charged and released when it ends here; the
-        # output guards read the whole answer (the route keeps what came before `after_index`).
-        guard_input = (GuardInput(rid, queued.model, queued.prompt, queued.messages) if queued is not None
-                       else GuardInput(rid, self.settings.model_name, None, None))
-        context = RequestContext(session.caller, guard_input, key_id=queued.api_key if queued else None)
-        route = Route(rid, rid, session, next_index=cmd.after_index + 1, context=context,
-                      keep_text=bool(self.gateway.admission.guards))
+        # Its replayed events come on a later turn of the loop, and find it active by then.
         session.active[rid] = rid
-        self.gateway.intake.follow(route)
-        log.info("event=resumed request_id=%s after_index=%d", rid, cmd.after_index)
 
     async def _feedback(self, session: WebSocketSession, cmd: Feedback) -> None:
         served = session.served_from_cache.pop(cmd.id, None)
-        cache = self.gateway.admission.cache
-        if served is None or cache is None:
+        if served is None or not self.admission.caching:
             raise ProtocolError("unknown_request", f"no cached answer to {cmd.id!r} on this connection "
                                 "(feedback names the id of a request answered from the cache)", cmd.id, "id")
         entry_id, asked = served
         try:
-            evicted = await cache.forget(entry_id, asked)
+            evicted = await self.admission.forget(entry_id, asked)
         except Exception as exc:  # Redis down: say so; the client may send it again
             session.served_from_cache[cmd.id] = served
             log.warning("event=cache_feedback_failed client_id=%s entry=%s error=%r", cmd.id, entry_id, exc)
