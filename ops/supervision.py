@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, TextIO
 
+from ops.core.settings import Settings
+
 # Who stops first: the gateway (its clients get a close frame and may resume on another gateway),
 # then the workers (they drain: running requests finish or go back to the queue), then the
 # reaper and Flower, which watch the workers, then the Redis that all of them use.
@@ -113,7 +115,7 @@ def stop_processes(processes: list[subprocess.Popen], grace_s: float = 15.0) -> 
             p.wait()
 
 
-def stop_graces(settings) -> dict[str, float]:
+def stop_graces(settings: Settings) -> dict[str, float]:
     """How long each role may take to stop once asked, from the settings its processes share."""
     return {"gateway": settings.gateway_shutdown_grace_s + 5, "worker": settings.drain_seconds + 10}
 
