@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from gateway.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
-from ops.core.redis_clients import async_client
+from ops.core.redis_clients import async_client, async_outage_retry, outage_pause_s
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -48,17 +48,12 @@ class ReplyIntake:
             self.deliver(delivery)
 
     async def listen(self) -> None:
-        delay, down_since, first = 0.25, None, True
+        again = False
         while True:
+            pubsub = await self._subscribe_through_outage(again)
+            again = True
+            self.subscribed.set()
             try:
-                pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(self.reply_channel)
-                if not first:
-                    # Pub/sub lost whatever was published while we were away; the replay logs did not.
-                    await self.catch_up(list(self.router.live))
-                    log.info("event=reply_router_reconnected routes=%d", len(self.router.live))
-                first, delay, down_since = False, 0.25, None
-                self.subscribed.set()
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
                         continue
@@ -74,12 +69,30 @@ class ReplyIntake:
                     else:
                         self._send(outcome)
             except Exception as exc:  # Redis, or anything else: the router must outlive it
-                down_since = down_since or time.monotonic()
-                log.warning("event=reply_router_reconnect error=%r retry_s=%.2f", exc, delay)
-                if time.monotonic() - down_since > self.settings.redis_outage_grace_s:
-                    self.fail_all("unavailable", "the service lost its connection to Redis; resend the request")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                log.warning("event=reply_router_reconnect error=%r retry_s=0", exc)
+
+    async def _subscribe_through_outage(self, again: bool):
+        """Subscribe (and after a lost subscription catch up), trying until it works: redis-py's
+        Retry, a fresh run of it for each lost subscription. Past the outage grace every waiting
+        client is told, rather than left waiting for a Redis that may not come back."""
+        down_since = time.monotonic()
+
+        async def lost(exc: Exception, failures: int) -> None:
+            log.warning("event=reply_router_reconnect error=%r retry_s=%.2f", exc, outage_pause_s(failures))
+            if time.monotonic() - down_since > self.settings.redis_outage_grace_s:
+                self.fail_all("unavailable", "the service lost its connection to Redis; resend the request")
+
+        return await async_outage_retry(errors=(Exception,)).call_with_retry(
+            lambda: self._subscribe(again), lost, with_failure_count=True)
+
+    async def _subscribe(self, again: bool):
+        pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.reply_channel)
+        if again:
+            # Pub/sub lost whatever was published while we were away; the replay logs did not.
+            await self.catch_up(list(self.router.live))
+            log.info("event=reply_router_reconnected routes=%d", len(self.router.live))
+        return pubsub
 
     async def catch_up(self, rids: list[str]) -> None:
         """Forward what each request's replay log holds beyond what its client has; a request
@@ -137,7 +150,6 @@ class ReplyIntake:
 
     async def follow_streams(self) -> None:
         """Resumed requests: read their replay logs from where each client stands, then live."""
-        delay = 0.25
         followed = self.router.followed
         while True:
             if not followed:
@@ -148,16 +160,7 @@ class ReplyIntake:
             rid_of = {keys.stream(rid): rid for rid in followed}
             reading = dict(followed)  # the routes this read is for; a route replaced meanwhile starts anew
             streams = {keys.stream(rid): route.stream_id for rid, route in followed.items()}
-            try:
-                if delay > 0.25:  # back from an error: a log that vanished (Redis lost its data) ends its follow
-                    await self._end_vanished_follows()
-                replies = await self.follower.xread(streams, count=1000, block=250)
-                delay = 0.25
-            except (aioredis.RedisError, OSError) as exc:
-                log.warning("event=stream_follower_error error=%r retry_s=%.2f", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
+            replies = await self._read_through_outage(streams)
             for stream_key, entries in replies or []:
                 rid = rid_of[stream_key]
                 for entry_id, fields in entries:
@@ -168,6 +171,24 @@ class ReplyIntake:
                     event = logged_event(fields)
                     if event is not None:
                         self._send(self.router.forward(route, event))
+
+    async def _read_through_outage(self, streams: dict[str, str]) -> list:
+        """XREAD the followed logs, trying until Redis answers (redis-py's Retry). Back from an
+        error, a log that vanished (Redis lost its data) ends its follow before the next read."""
+        failed = False
+
+        async def read() -> list:
+            if failed:
+                await self._end_vanished_follows()
+            return await self.follower.xread(streams, count=1000, block=250)
+
+        async def lost(exc: Exception, failures: int) -> None:
+            nonlocal failed
+            failed = True
+            log.warning("event=stream_follower_error error=%r retry_s=%.2f", exc, outage_pause_s(failures))
+
+        retry = async_outage_retry(errors=(aioredis.RedisError, OSError))
+        return await retry.call_with_retry(read, lost, with_failure_count=True)
 
     async def _end_vanished_follows(self) -> None:
         for rid, route in list(self.router.followed.items()):
