@@ -8,13 +8,18 @@ Importing this module loads no model and no torch.
 from __future__ import annotations
 
 import functools
+import logging
+import ssl
 import uuid
+from urllib.parse import urlsplit
 
 from celery import Celery
 
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
 from ops.core.settings import get_settings
+
+log = logging.getLogger("brigade.queue")
 
 GENERATE_TASK = "brigade.generate"
 BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Flower shows batch lines apart
@@ -31,8 +36,8 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
              set_as_current: bool = True) -> Celery:
     """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time."""
     settings = get_settings()
-    app = Celery("brigade", broker=redis_url or settings.redis_url, include=include or [],
-                 set_as_current=set_as_current)
+    broker = redis_url or settings.redis_url
+    app = Celery("brigade", broker=broker, include=include or [], set_as_current=set_as_current)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],  # never pickle
@@ -52,6 +57,12 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
     )
     if transport:
         app.conf.broker_transport = transport
+        if urlsplit(broker).scheme == "rediss" and "ssl_" not in urlsplit(broker).query:
+            # kombu turns TLS on for a bare rediss:// URL only when the URL's scheme chooses the
+            # transport; a transport named here would connect in the clear, so TLS is asked for as
+            # kombu would (no certificate check, with kombu's warning). ssl_* in the URL still win.
+            log.warning("event=broker_tls_unverified reason=rediss_url_without_ssl_cert_reqs")
+            app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_NONE}
     return app
 
 
