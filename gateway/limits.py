@@ -1,6 +1,6 @@
 """Per-key limits that hold across every gateway: requests per minute, tokens per minute and
-concurrent requests, kept in Redis and decided by one Lua script (ops/core/lua/admit.lua), so that two gateways can never
-both admit the last free request.
+concurrent requests, kept in Redis and decided by one Lua script (ops/core/lua/admit.lua), so
+that two gateways can never both admit the last free request.
 
 - rpm: a sliding-window log, one sorted-set member per admitted request (scored by its admission
   time), trimmed to the window. Exact: with rpm 10, a burst of 100 admits 10, and the next
@@ -60,8 +60,8 @@ class KeyLimiter:
         refused = await self._admit(
             keys=[keys.key_requests(key.id), keys.key_tokens(key.id), keys.key_tokens_total(key.id),
                   keys.key_in_flight(key.id)],
-            args=["" if now is None else repr(float(now)), repr(float(self.window_s)), keys.key_window_ttl_ms(self.window_s),
-                  key.rpm, key.tpm, key.max_concurrent, request_id,
+            args=["" if now is None else repr(float(now)), repr(float(self.window_s)),
+                  keys.key_window_ttl_ms(self.window_s), key.rpm, key.tpm, key.max_concurrent, request_id,
                   repr(float(self.stale_s)), keys.key_in_flight_ttl_ms(self.stale_s)])
         if refused is None:
             return None

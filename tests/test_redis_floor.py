@@ -1,0 +1,145 @@
+"""The Redis floor (ops/core): one client factory, every Lua script in one folder with its keys in
+KEYS, and every growing key's bound asked of ops/core/keys.py. On a real redis-server."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import pytest
+from redis.exceptions import RedisError
+
+from ops.core import keys, redis_clients, scripts
+from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.settings import Settings
+from workers.claims import ClaimStore
+
+ROOT = Path(__file__).resolve().parent.parent
+LUA = ROOT / "ops" / "core" / "lua"
+
+
+@pytest.fixture
+def client(redis_server):
+    redis_server.client.flushall()
+    return redis_clients.client(redis_server.url)
+
+
+def test_every_lua_file_is_a_registered_script_and_every_script_has_its_file():
+    assert sorted(p.stem for p in LUA.glob("*.lua")) == sorted(scripts.NAMES)
+    for name in scripts.NAMES:
+        assert "redis.call" in scripts.source(name)
+    with pytest.raises(KeyError):
+        scripts.source("no_such_script")
+
+
+def test_no_script_builds_a_key_from_its_arguments():
+    # A key built inside a script (`ARGV[1] .. id`) is invisible to keys.py and refused by Redis
+    # Cluster: every call's key must come in KEYS. PUBLISH names a channel, not a key.
+    built = re.compile(r"redis\.call\('(?!PUBLISH)\w+',\s*[^,)]*\.\.")
+    for path in LUA.glob("*.lua"):
+        text = path.read_text()
+        assert not built.search(text), f"{path.name} builds a key: {built.search(text).group(0)}"
+        assert "WORKER_PREFIX" not in text and "prefix" not in text.lower(), path.name
+
+
+def test_nothing_outside_ops_core_builds_a_redis_client():
+    construction = re.compile(r"Redis\.from_url\(|redis\.Redis\(|aioredis\.Redis\(|ConnectionPool\.from_url\("
+                              r"|\.register_script\(")
+    found = []
+    for pkg in ("engine", "cache", "gateway", "workers", "ops"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path.parts[-3:-1] == ("ops", "core") and path.name in ("redis_clients.py", "scripts.py"):
+                continue
+            if construction.search(path.read_text()):
+                found.append(str(path.relative_to(ROOT)))
+    assert not found, found
+
+
+def test_the_factorys_clients_answer_in_text(redis_server, client):
+    client.set("k", "v")
+    client.xadd("s", {"event": "{}"})
+    assert client.get("k") == "v"
+    [(entry_id, fields)] = client.xrange("s")
+    assert isinstance(entry_id, str) and fields == {"event": "{}"}
+
+    async def read():
+        aio = redis_clients.async_client(redis_server.url)
+        try:
+            return await aio.get("k"), await aio.hgetall("nothing")
+        finally:
+            await aio.aclose()
+
+    assert asyncio.run(read()) == ("v", {})
+
+
+def test_an_outage_retry_waits_until_redis_answers_and_stops_when_told():
+    failures = []
+
+    def flaky():
+        if len(failures) < 3:
+            raise RedisError("down")
+        return "up"
+
+    retry = redis_clients.outage_retry(cap_s=0.02, first_s=0.01)
+    assert retry.call_with_retry(flaky, lambda exc: failures.append(exc)) == "up"
+    assert len(failures) == 3
+    assert [redis_clients.outage_pause_s(n) for n in (1, 2, 3, 4, 5)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+
+    def down():
+        raise RedisError("down")
+
+    def stop(exc):
+        raise exc  # what a stopping caller does in its fail callback
+
+    with pytest.raises(RedisError):
+        retry.call_with_retry(down, stop)
+
+
+def queued(rid: str) -> QueuedRequest:
+    return QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
+                         model="m", prompt="hi", params=GenerateParams(max_tokens=4))
+
+
+def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_bounds(client):
+    settings = Settings(stream_ttl_s=1234, max_attempts=2)
+    claims = ClaimStore.from_settings(client, settings)
+    client.set(keys.request("r1"), queued("r1").model_dump_json())
+    assert claims.claim("r1", "a#1").outcome == "claimed"
+    assert client.ttl(keys.claim("r1")) == keys.claim_ttl_s(settings) == 1234
+    client.set(keys.worker("a#1"), "{}", px=keys.worker_ttl_ms(settings))
+    assert claims.claim("r1", "b#1").outcome == "busy"  # its owner's heartbeat lives
+    client.delete(keys.worker("a#1"))
+    took = claims.claim("r1", "b#1")
+    assert (took.outcome, took.epoch) == ("claimed", 2)  # a dead owner's claim is taken over
+
+
+def test_the_claim_script_refuses_to_judge_an_owner_it_was_not_given(client):
+    # The caller reads the owner, then passes that owner's heartbeat key; if the owner changed in
+    # between, the script says so (ClaimStore reads again) instead of judging a key it lacks.
+    client.set(keys.request("r2"), queued("r2").model_dump_json())
+    client.hset(keys.claim("r2"), mapping={"state": "running", "owner": "now#1", "attempts": 1})
+    claim = scripts.register(client, "claim")
+    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.DEAD_LETTERS, keys.UNCLAIMED,
+                          keys.stream("r2"), keys.taken("r2"), keys.worker("before#1")],
+                    args=["r2", "me#1", 3, 60, time.time(), 10, 100, 60, "before#1"])
+    assert outcome == ["moved", 0, 1]
+    assert client.hget(keys.claim("r2"), "owner") == "now#1"  # nothing changed
+
+
+def test_a_burial_by_the_reaper_or_at_a_claim_writes_the_same_dead_letter_and_notice(client):
+    settings = Settings(max_attempts=1, dlq_max=5)
+    claims = ClaimStore.from_settings(client, settings)
+    for rid, bury in (("by-reap", lambda: claims.reap("by-reap", "dead#1")),
+                      ("by-claim", lambda: claims.claim("by-claim", "w#2").outcome)):
+        client.set(keys.request(rid), queued(rid).model_dump_json())
+        client.hset(keys.claim(rid), mapping={"state": "running", "owner": "dead#1", "attempts": 1})
+        assert bury() in ("buried", "dead")
+        assert client.hget(keys.claim(rid), "state") == "dead"
+        assert client.ttl(keys.stream(rid)) == keys.stream_ttl_s(settings)
+    letters = {e["request_id"]: e for e in claims.dead_letters()}
+    assert {r: (e["attempts"], e["reason"]) for r, e in letters.items()} == {
+        "by-reap": (1, "crashed 1 workers"), "by-claim": (1, "crashed 1 workers")}
+    notices = [client.xrange(keys.stream(rid))[-1][1]["event"] for rid in ("by-reap", "by-claim")]
+    assert notices[0].replace("by-reap", "X") == notices[1].replace("by-claim", "X")
+    assert '"code":"worker_failed"' in notices[0]
