@@ -263,7 +263,7 @@ class Stack:
         """The heartbeat of the worker that holds this request, if one does."""
         return next((s for s in worker_statuses(self.redis.client) if request_id in s["requests"]), None)
 
-    def wait_ready(self, workers=None, gateways=None, timeout: float = 180) -> dict[str, dict]:
+    def wait_ready(self, workers=None, gateways=None, timeout: float = 300) -> dict[str, dict]:
         """Wait until these workers (all by default) beat and these gateways (all by default)
         answer /readyz with 200; fails at once, with its log, if one of them has exited. Returns
         the workers' heartbeats."""
@@ -281,7 +281,7 @@ class Stack:
         wait_until(ready, timeout, interval=0.2, what=f"workers {workers} to beat and gateways {gateways} to be ready")
         return found
 
-    def wait_healthy(self, gateways=None, timeout: float = 90) -> None:
+    def wait_healthy(self, gateways=None, timeout: float = 180) -> None:
         """Wait until these gateways (all by default) answer /healthz with 200, ready or not."""
         gateways = list(self.gateways if gateways is None else gateways)
 
@@ -306,7 +306,7 @@ class Stack:
         process.stop()  # closes its log
         return code
 
-    def restart_gateway(self, name: str = "gateway", timeout: float = 120) -> BrigadeProcess:
+    def restart_gateway(self, name: str = "gateway", timeout: float = 180) -> BrigadeProcess:
         """Stop the gateway (if it still runs) and start another on its port with its environment
         (a deploy, or a crash and a restart); returns once the new one is ready."""
         old = self.gateways[name]
@@ -316,7 +316,7 @@ class Stack:
         return self.gateways[name]
 
     @contextmanager
-    def another_gateway(self, name: str, timeout: float = 120, **env: str | None) -> Iterator[BrigadeProcess]:
+    def another_gateway(self, name: str, timeout: float = 180, **env: str | None) -> Iterator[BrigadeProcess]:
         """A gateway beside the stack's for one test, ready; stopped and forgotten at the end."""
         proc = self.start_gateway(name, **env)
         try:
