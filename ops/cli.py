@@ -234,7 +234,7 @@ def cmd_flower(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from ops.chat import INTERRUPTED, ChatOptions, chat
+    from ops.commands.chat import INTERRUPTED, ChatOptions, chat
 
     settings = get_settings()
     options = ChatOptions(
@@ -255,31 +255,31 @@ def cmd_bench(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from ops.cache_commands import run
+    from ops.commands.cache import run
 
     return run(args, get_settings())
 
 
 def cmd_keys(args) -> int:
-    from ops.key_commands import run
+    from ops.commands.keys import run
 
     return run(args, get_settings())
 
 
 def cmd_batch(args) -> int:
-    from ops.batch_commands import run
+    from ops.commands.batch import run
 
     return run(args, get_settings())
 
 
 def cmd_status(args) -> int:
-    from ops.status import run
+    from ops.commands.status import run
 
     return run(get_settings(), args.json)
 
 
 def cmd_capacity(args) -> int:
-    from ops.capacity import run
+    from ops.commands.capacity import run
 
     return run(args)
 
@@ -325,15 +325,15 @@ def build_parser() -> BrigadeParser:
     from ops.bench.command import add_bench_parser
 
     add_bench_parser(sub).set_defaults(fn=cmd_bench)
-    from ops.cache_commands import add_parser
+    from ops.commands.cache import add_parser
 
     add_parser(sub)
     sub.choices["cache"].set_defaults(fn=cmd_cache)
-    from ops.key_commands import add_parser as add_keys_parser
+    from ops.commands.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub)
     sub.choices["keys"].set_defaults(fn=cmd_keys)
-    from ops.batch_commands import add_parser as add_batch_parser
+    from ops.commands.batch import add_parser as add_batch_parser
 
     add_batch_parser(sub)
     sub.choices["batch"].set_defaults(fn=cmd_batch)
@@ -341,7 +341,7 @@ def build_parser() -> BrigadeParser:
     p.add_argument("--json", action="store_true", help="the same as JSON")
     add_connection_options(p, redis="redis_url")
     p.set_defaults(fn=cmd_status)
-    from ops.load_commands import add_capacity_parser
+    from ops.commands.load_flags import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
     return parser

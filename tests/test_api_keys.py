@@ -18,7 +18,7 @@ from gateway.api_keys import AuthError, KeyStore, UnknownKey, bearer_key, new_ke
 from gateway.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
 from ops.core import keys
 from ops.core.redis_clients import async_client
-from ops.key_commands import add_parser, run
+from ops.commands.keys import add_parser, run
 from ops.core.settings import Settings
 from tests.services import free_port
 
@@ -418,7 +418,7 @@ def authenticate(url: str, plain: str):
 
 def test_cli_create_prints_a_key_that_authenticates_and_revoke_makes_it_fail(url, capsys):
     # a real process, as an operator runs it: stdout is the key alone
-    code = ("import sys; from ops.key_commands import run; from ops.core.settings import Settings; "
+    code = ("import sys; from ops.commands.keys import run; from ops.core.settings import Settings; "
             "from tests.test_api_keys import parse; "
             "sys.exit(run(parse('create', '--name', 'ci', '--rpm', '5', '--max-concurrent', '2'), Settings()))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -483,7 +483,7 @@ def test_cli_against_a_redis_that_does_not_answer_exits_1_with_one_line(argv, ca
 
 
 def test_cli_process_against_a_dead_redis_prints_no_traceback():
-    code = ("import sys; from ops.key_commands import run; from ops.core.settings import Settings; "
+    code = ("import sys; from ops.commands.keys import run; from ops.core.settings import Settings; "
             "from tests.test_api_keys import parse; sys.exit(run(parse('list'), Settings()))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.capacity import NoRunMeetsObjectives, SweepPoint, plan_capacity, sweep_point, workers_needed
+from ops.commands.capacity import NoRunMeetsObjectives, SweepPoint, plan_capacity, sweep_point, workers_needed
 from ops.bench.serve_stats import (InvalidObjective, RequestResult, distribution, judge, parse_slo, percentile,
                              run_metrics)
 from ops.bench.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,

@@ -12,7 +12,7 @@ import sys
 
 from ops.cli_options import add_connection_options
 from ops.core.settings import Settings
-from ops.load_commands import add_serve_arguments
+from ops.commands.load_flags import add_serve_arguments
 
 
 def _max_tokens(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from ops.bench.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
 from ops.bench.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
-from ops.load_commands import DEFAULT_NUM_REQUESTS
+from ops.commands.load_flags import DEFAULT_NUM_REQUESTS
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
 
@@ -527,7 +527,7 @@ def run(config: LoadConfig, slo: str | None = None) -> dict:
     return asyncio.run(_bench(config, objectives))
 
 
-# ---- the command line (flags: ops/load_commands.py) ---------------------------------------------
+# ---- the command line (flags: ops/commands/load_flags.py) ---------------------------------------------
 
 
 def config_from_args(args, settings: Settings) -> LoadConfig:
