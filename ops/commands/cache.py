@@ -93,7 +93,7 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
     return result
 
 
-PAIR_WEIGHTS_DEFAULT = Path(__file__).resolve().parent.parent / "cache" / "pair_model.safetensors"
+PAIR_WEIGHTS_DEFAULT = Path(__file__).resolve().parents[2] / "cache" / "pair_model.safetensors"
 
 
 async def forget(settings: Settings, entries: list[str], asked: str | None) -> int:
