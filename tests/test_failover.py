@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
@@ -19,7 +18,7 @@ from websockets.asyncio.client import connect
 from engine import EngineRequest, SamplingParams
 from ops.core import keys
 from tests.clients import Answer, absorb
-from tests.services import BrigadeProcess, RedisServer, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import RedisServer, Stack, http_status, wait_until, worker_statuses
 
 HEARTBEAT_TTL_S = 3.0
 MAX_TOKENS = 64
@@ -35,83 +34,29 @@ PROMPTS = [
 ]
 
 
-@dataclass
-class Fleet:
-    redis: RedisServer
-    env: dict
-    logs: Path
-    port: int
-    url: str
-    gateway: BrigadeProcess
-    reaper: BrigadeProcess
-    other_port: int  # a second gateway, for another model name (its queue has no worker)
-    other_url: str
-    other: BrigadeProcess
-    workers: dict[str, BrigadeProcess] = field(default_factory=dict)
-    starts: int = 0
-
-    def start_worker(self, name: str) -> BrigadeProcess:
-        self.starts += 1
-        proc = BrigadeProcess("worker", self.env, self.logs / f"{name}-{self.starts}.log", ["--name", name])
-        self.workers[name] = proc
-        return proc
-
-    def wait_ready(self, names: list[str], timeout: float = 120) -> None:
-        def up():
-            live = {(s["worker"], s["pid"]) for s in worker_statuses(self.redis.client)}
-            for n in names:
-                if self.workers[n].proc.poll() is not None:
-                    raise AssertionError(f"worker {n} exited:\n" + self.workers[n].tail())
-            return all((n, self.workers[n].proc.pid) in live for n in names)
-        wait_until(up, timeout, interval=0.2, what=f"workers {names} to beat")
-
-    def holder(self, rid: str) -> dict | None:
-        for s in worker_statuses(self.redis.client):
-            if rid in s["requests"]:
-                return s
-        return None
-
-    def tails(self) -> str:
-        parts = [f"--- gateway\n{self.gateway.tail()}", f"--- reaper\n{self.reaper.tail()}"]
-        parts += [f"--- {n}\n{p.tail()}" for n, p in self.workers.items()]
-        return "\n".join(parts)
-
-
 @pytest.fixture(scope="module")
 def fleet(model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("fleet-logs")
     redis_server = RedisServer(tmp_path_factory.mktemp("fleet-redis"), persistent=True)
-    port, other_port = free_port(), free_port()
-    env = service_env(
-        redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+    with Stack(
+        redis_server, tmp_path_factory.mktemp("fleet-logs"), own_redis=True,
+        BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         BRIGADE_UNCLAIMED_AFTER_S="3",
         # Deterministic mode in the default precision: a continued answer must equal the
         # uninterrupted one token for token (engine/batch_invariance.py).
         BRIGADE_BATCH_INVARIANT="true",
-    )
-    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
-    # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
-    reaper = BrigadeProcess("reaper", env, logs / "reaper.log")
-    second_reaper = BrigadeProcess("reaper", env, logs / "reaper-2.log")
-    other_env = dict(env, BRIGADE_GATEWAY_PORT=str(other_port), BRIGADE_MODEL_NAME="no-worker-model",
-                     BRIGADE_MAX_QUEUE_DEPTH="2")
-    other = BrigadeProcess("gateway", other_env, logs / "other-gateway.log")
-    f = Fleet(redis_server, env, logs, port, f"ws://127.0.0.1:{port}/v1/ws", gateway, reaper, other_port,
-              f"ws://127.0.0.1:{other_port}/v1/ws", other)
-    try:
+    ) as f:
+        f.start_gateway()
+        # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
+        f.start("reaper")
+        f.start("reaper")
+        # A second gateway, for another model name: its queue has no worker, so it is never ready.
+        f.start_gateway("other", BRIGADE_MODEL_NAME="no-worker-model", BRIGADE_MAX_QUEUE_DEPTH="2")
         f.start_worker("w1@fleet")
         f.start_worker("w2@fleet")
-        f.wait_ready(["w1@fleet", "w2@fleet"])
-        wait_until(lambda: _status(port) == 200 and _status(other_port) is not None, 30, what="gateways")
+        f.wait_ready(gateways=["gateway"])
+        f.wait_healthy(["other"])
         yield f
-    except BaseException:
-        print(f.tails())
-        raise
-    finally:
-        for p in [*f.workers.values(), f.gateway, other, reaper, second_reaper]:  # f.gateway: a test may restart it
-            p.stop()
-        redis_server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +67,6 @@ def expected(invariant_engine) -> dict[str, str]:
         for i, p in enumerate(PROMPTS)
     ])
     return {k: v.text for k, v in out.items()}
-
-
-def _status(port: int) -> int | None:
-    try:
-        return http_get(port, "/readyz")[0]
-    except OSError:
-        return None
 
 
 @dataclass
@@ -168,7 +106,7 @@ async def stream_clients(url: str, fault, n: int = len(PROMPTS), tokens_first: i
     return clients, result
 
 
-def assert_complete(clients: list[Client], expected: dict[str, str], fleet: Fleet) -> None:
+def assert_complete(clients: list[Client], expected: dict[str, str], fleet: Stack) -> None:
     for c in clients:
         a = c.answer
         assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{fleet.tails()}"
@@ -176,11 +114,7 @@ def assert_complete(clients: list[Client], expected: dict[str, str], fleet: Flee
         assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
 
 
-def kill_worker(fleet: Fleet, name: str, sig: int) -> None:
-    os.kill(fleet.workers[name].proc.pid, sig)
-
-
-def busiest(fleet: Fleet, rids: list[str]) -> dict:
+def busiest(fleet: Stack, rids: list[str]) -> dict:
     statuses = [s for s in worker_statuses(fleet.redis.client) if s["worker"] in fleet.workers]
     return max(statuses, key=lambda s: len(set(s["requests"]) & set(rids)))
 
@@ -194,8 +128,7 @@ def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expe
         victim = busiest(fleet, rids)
         affected = [c for c in clients if c.answer.request_id in victim["requests"] and c.answer.end is None]
         killed_at = time.monotonic()
-        kill_worker(fleet, victim["worker"], signal.SIGKILL)
-        fleet.workers[victim["worker"]].proc.wait(10)
+        fleet.kill(fleet.workers[victim["worker"]])
         return victim["worker"], killed_at, affected
 
     clients, (victim, killed_at, affected) = asyncio.run(stream_clients(fleet.url, fault))
@@ -213,7 +146,7 @@ def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expe
             assert c.answer.end["timing"]["worker"] != victim
     finally:
         fleet.start_worker(victim)
-        fleet.wait_ready(list(fleet.workers))
+        fleet.wait_ready(gateways=["gateway"])
 
 
 # ---- SIGTERM ----------------------------------------------------------------------------------------
@@ -223,8 +156,7 @@ def test_sigterm_drains_the_worker_and_its_requests_continue_elsewhere(fleet, ex
         rids = [c.answer.request_id for c in clients]
         wait_until(lambda: all(fleet.holder(r) for r in rids), 10, what="every request in a heartbeat")
         victim = busiest(fleet, rids)
-        kill_worker(fleet, victim["worker"], signal.SIGTERM)
-        code = fleet.workers[victim["worker"]].proc.wait(60)
+        code = fleet.kill(fleet.workers[victim["worker"]], signal.SIGTERM, timeout=60)
         return victim["worker"], code
 
     clients, (victim, code) = asyncio.run(stream_clients(fleet.url, fault))
@@ -235,7 +167,7 @@ def test_sigterm_drains_the_worker_and_its_requests_continue_elsewhere(fleet, ex
         assert "event=draining" in text and "event=drained" in text, text[-3000:]
     finally:
         fleet.start_worker(victim)
-        fleet.wait_ready(list(fleet.workers))
+        fleet.wait_ready(gateways=["gateway"])
 
 
 # ---- a stalled worker is fenced --------------------------------------------------------------------
@@ -279,7 +211,7 @@ def test_resume_on_another_gateway_returns_exactly_the_missing_tokens(fleet, exp
         # Disconnected mid-stream. Tokens go on into the replay log; the client comes back elsewhere.
         await asyncio.sleep(0.5)
         a = first["c0"]
-        async with connect(fleet.other_url) as ws:
+        async with connect(fleet.gateways["other"].ws_url) as ws:
             await ws.send(json.dumps({"type": "resume", "id": a.request_id, "after_index": a.indexes[-1]}))
             rest = {a.request_id: Answer(a.request_id)}
             while rest[a.request_id].end is None:
@@ -351,7 +283,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         entries = [json.loads(line) for line in listing.stdout.splitlines()]
         assert [e["request_id"] for e in entries] == [answer.request_id], listing.stdout + listing.stderr
         assert entries[0]["attempts"] == 3 and entries[0]["messages"][0]["content"] == POISON
-        fleet.wait_ready(list(fleet.workers))
+        fleet.wait_ready(gateways=["gateway"])
         # An operator retries it (the "poison" is gone now); the client follows it with resume.
         retried = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "retry", answer.request_id], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
@@ -366,7 +298,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
                                  capture_output=True, text=True, timeout=60)
         assert dropped.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, dropped.stdout
     finally:
-        fleet.wait_ready(list(fleet.workers))
+        fleet.wait_ready(gateways=["gateway"])
 
 
 async def resume(url: str, rid: str, after_index: int) -> Answer:
@@ -388,7 +320,7 @@ def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet):
     client = fleet.redis.client
 
     async def send():
-        async with connect(fleet.other_url) as ws:
+        async with connect(fleet.gateways["other"].ws_url) as ws:
             await ws.send(json.dumps({"type": "generate", "id": "lost", "prompt": "hello", "max_tokens": 4}))
             event = json.loads(await asyncio.wait_for(ws.recv(), 10))
             assert event["type"] == "queued", event
@@ -413,7 +345,7 @@ def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet):
 def test_gateway_refuses_work_past_the_queue_limit_with_overloaded(fleet):
     """The second gateway's model has no worker, so its queue only grows; its limit is 2."""
     async def main():
-        async with connect(fleet.other_url) as ws:
+        async with connect(fleet.gateways["other"].ws_url) as ws:
             events = []
             for i in range(3):
                 await ws.send(json.dumps({"type": "generate", "id": f"o{i}", "prompt": "hello", "max_tokens": 4}))
@@ -493,10 +425,11 @@ def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(flee
         timings["refused"] = asyncio.run(ask_once(fleet.url))  # new work while Redis is gone
         # Down longer than the heartbeat TTL, so that readiness after the restart needs fresh beats.
         time.sleep(HEARTBEAT_TTL_S + 1)
-        assert _status(fleet.port) == 503  # /readyz tells the truth while Redis is gone
+        assert http_status(fleet.port, "/readyz") == 503  # /readyz tells the truth while Redis is gone
         fleet.redis.start()
         back = time.monotonic()
-        wait_until(lambda: _status(fleet.port) == 200, 30, interval=0.1, what="/readyz after Redis returned")
+        wait_until(lambda: http_status(fleet.port, "/readyz") == 200, 30, interval=0.1,
+                   what="/readyz after Redis returned")
         timings["ready_s"] = time.monotonic() - back
 
     clients, _ = asyncio.run(stream_clients(fleet.url, fault, n=4))
@@ -535,8 +468,7 @@ def test_sigkill_mid_sse_stream_costs_an_openai_client_only_a_pause(fleet, expec
             if victim is None and len(pieces) >= 4:
                 holder = wait_until(lambda: fleet.holder(rid), 10, what="the request in a heartbeat")
                 victim = holder["worker"]
-                kill_worker(fleet, victim, signal.SIGKILL)
-                fleet.workers[victim].proc.wait(10)
+                fleet.kill(fleet.workers[victim])
     try:
         assert victim is not None, "the answer ended before the kill"
         assert "".join(pieces) == expected["c0"], fleet.tails()
@@ -544,7 +476,7 @@ def test_sigkill_mid_sse_stream_costs_an_openai_client_only_a_pause(fleet, expec
         assert chunk.model_extra["brigade"]["timing"]["worker"] != victim  # another worker finished it
     finally:
         fleet.start_worker(victim)
-        fleet.wait_ready(list(fleet.workers))
+        fleet.wait_ready(gateways=["gateway"])
 
 
 def test_a_stopping_gateway_closes_websockets_with_1012_and_the_request_is_resumed_elsewhere(fleet, expected):
@@ -565,7 +497,7 @@ def test_a_stopping_gateway_closes_websockets_with_1012_and_the_request_is_resum
                 code = exc.rcvd.code if exc.rcvd else None
         a = answers["c1"]
         # Resume on the other gateway: it follows the replay log from the last index seen.
-        async with connect(fleet.other_url) as ws:
+        async with connect(fleet.gateways["other"].ws_url) as ws:
             await ws.send(json.dumps({"type": "resume", "id": a.request_id, "after_index": a.indexes[-1]}))
             resumed = {a.request_id: a}
             while a.end is None:
@@ -582,6 +514,4 @@ def test_a_stopping_gateway_closes_websockets_with_1012_and_the_request_is_resum
         assert answer.indexes == list(range(len(answer.tokens)))
         assert answer.text == expected["c1"]
     finally:
-        fleet.gateway.stop()
-        fleet.gateway = BrigadeProcess("gateway", fleet.env, fleet.logs / "gateway-2.log")
-        wait_until(lambda: _status(fleet.port) == 200, 60, what="the gateway back")
+        fleet.restart_gateway()
