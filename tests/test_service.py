@@ -467,6 +467,11 @@ def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_p
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(base + "/api/workers", timeout=10)
         assert refused.value.code == 401
+        # The broker's queues: Flower reads them with a client chosen by the broker URL's scheme,
+        # so this answers only while Flower runs on kombu's own Redis transport (workers/flower.py).
+        queues = json.loads(get("/api/queues/length") or "null")
+        assert queues and queues["active_queues"], queues
+        assert all(q["name"].endswith(".interactive") and q["messages"] >= 0 for q in queues["active_queues"]), queues
         # `ps` shows every user the command lines: Flower's, and its children's, hold no password.
         for pid in _process_tree(flower.proc.pid):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

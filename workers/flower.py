@@ -7,6 +7,12 @@ down hung until Redis came back (measured: over 40 s, then SIGKILL). Here, once 
 SIGTERM/SIGINT handling has returned, threads still busy get a short grace and the process then
 exits without waiting for them: they hold nothing that must be written (Flower runs without
 --persistent).
+
+Flower runs on the workers' app (their task names, their configuration) but on kombu's own Redis
+transport: it consumes no tasks, only events and control replies, which are never acked, so the
+worker transport's fixes (workers/transport.py) have nothing to do; and Flower picks its broker
+client (the Broker page, /api/queues/length) by the scheme of the broker's URL, which a named
+transport would replace with its module path.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ STUCK_THREADS_GRACE_S = 2.0
 
 
 def main(argv: list[str]) -> None:
+    app.conf.broker_transport = None  # kombu's Redis transport, chosen by the URL (see above)
     code = 0
     try:
         code = app.start(["flower", *argv]) or 0
