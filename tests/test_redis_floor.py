@@ -120,9 +120,9 @@ def test_the_claim_script_refuses_to_judge_an_owner_it_was_not_given(client):
     client.set(keys.request("r2"), queued("r2").model_dump_json())
     client.hset(keys.claim("r2"), mapping={"state": "running", "owner": "now#1", "attempts": 1})
     claim = scripts.register(client, "claim")
-    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.DEAD_LETTERS, keys.UNCLAIMED,
-                          keys.stream("r2"), keys.taken("r2"), keys.worker("before#1")],
-                    args=["r2", "me#1", 3, 60, time.time(), 10, 100, 60, "before#1"])
+    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.UNCLAIMED, keys.taken("r2"),
+                          keys.worker("before#1")],
+                    args=["r2", "me#1", 3, 60, "before#1"])
     assert outcome == ["moved", 0, 1]
     assert client.hget(keys.claim("r2"), "owner") == "now#1"  # nothing changed
 
@@ -143,3 +143,24 @@ def test_a_burial_by_the_reaper_or_at_a_claim_writes_the_same_dead_letter_and_no
     notices = [client.xrange(keys.stream(rid))[-1][1]["event"] for rid in ("by-reap", "by-claim")]
     assert notices[0].replace("by-reap", "X") == notices[1].replace("by-claim", "X")
     assert '"code":"worker_failed"' in notices[0]
+
+
+def test_two_that_decide_a_burial_bury_the_request_once(client):
+    # The reaper fences the dead owner and decides to bury; a worker's claim, before that burial
+    # runs, decides the same: one dead letter, one notice, whoever's bury.lua comes first.
+    settings = Settings(max_attempts=1)
+    claims = ClaimStore.from_settings(client, settings)
+    client.set(keys.request("r3"), queued("r3").model_dump_json())
+    client.hset(keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4})
+    reap = scripts.register(client, "reap")
+    outcome, epoch = reap(keys=[keys.claim("r3"), keys.CLAIMS, keys.UNCLAIMED], args=["r3", "dead#1", 1, time.time()])
+    assert (outcome, epoch) == ("bury", "5")
+    assert claims.claim("r3", "w#2").outcome == "dead"  # the claim decides and buries first
+    assert not claims._buried("r3", epoch)  # the reaper's burial finds it done
+    assert [e["request_id"] for e in claims.dead_letters()] == ["r3"]
+    notices = [f["event"] for _, f in client.xrange(keys.stream("r3"))]
+    assert len(notices) == 1 and '"code":"worker_failed"' in notices[0]
+    # A request handed a new life (`brigade dlq retry`) before a stale burial runs is not buried.
+    assert claims.retry_dead_letter("r3") is not None
+    assert not claims._buried("r3", epoch)
+    assert client.hget(keys.claim("r3"), "state") == "queued"

@@ -13,7 +13,10 @@ that it is atomic against every other worker and reaper:
   fences the old owner, and the request is free to be claimed again.
 - bury: after max_attempts claims that ended in a crash, the request goes to the dead-letter list.
 
-The scripts are ops/core/lua/{claim,publish,release,reap,take_unclaimed}.lua.
+The scripts are ops/core/lua/{claim,publish,release,reap,bury,take_unclaimed}.lua. A claim or a
+reap that finds max_attempts reached answers 'bury' with the claim's epoch, and bury.lua buries
+the request only if the claim is still as it was seen: two deciders bury it once, and a caller
+that dies in between leaves a running claim of a dead owner, which the reaper buries next.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from ops.core.settings import Settings
 
 QUEUED = "queued"  # claim state of a request sent to the queue again (the others live in the scripts)
 MOVED = "moved"  # claim.lua: the owner changed since the caller read it; read it again
+BURY = "bury"  # claim.lua and reap.lua: max_attempts reached; bury.lua buries it
 
 TTL_REFRESH_TOKENS = 32
 
@@ -51,15 +55,19 @@ class ClaimStore:
         self._publish = scripts.register(client, "publish")
         self._release = scripts.register(client, "release")
         self._reap = scripts.register(client, "reap")
+        self._bury = scripts.register(client, "bury")
         self._take_unclaimed = scripts.register(client, "take_unclaimed")
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> "ClaimStore":
         return cls(client, settings)
 
-    def _bury_keys(self, rid: str) -> list[str]:
-        """What a burial touches: claim, claims index, request, dead letters, unclaimed, stream."""
-        return [keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.UNCLAIMED, keys.stream(rid)]
+    def _buried(self, rid: str, seen_epoch: str) -> bool:
+        """Bury the request if its claim still carries the epoch its decider saw."""
+        return bool(self._bury(
+            keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.stream(rid)],
+            args=[rid, seen_epoch, self.max_attempts, time.time(), keys.dead_letters_max(self.settings),
+                  keys.stream_maxlen(self.settings), keys.stream_ttl_s(self.settings)]))
 
     def claim(self, rid: str, me: str) -> Claim:
         # Whether a running claim's owner lives is its heartbeat key, named by the owner: read the
@@ -67,11 +75,13 @@ class ClaimStore:
         while True:
             owner = self.redis.hget(keys.claim(rid), "owner") or ""
             outcome, epoch, attempts = self._claim(
-                keys=[*self._bury_keys(rid), keys.taken(rid), keys.worker(owner)],
-                args=[rid, me, self.max_attempts, keys.claim_ttl_s(self.settings), time.time(),
-                      keys.dead_letters_max(self.settings), keys.stream_maxlen(self.settings),
-                      keys.stream_ttl_s(self.settings), owner],
+                keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.taken(rid),
+                      keys.worker(owner)],
+                args=[rid, me, self.max_attempts, keys.claim_ttl_s(self.settings), owner],
             )
+            if outcome == BURY:
+                self._buried(rid, epoch)  # here or by whoever decided it too: dead either way
+                return Claim("dead", 0, int(attempts))
             if outcome != MOVED:
                 return Claim(outcome, int(epoch), int(attempts))
 
@@ -104,9 +114,11 @@ class ClaimStore:
 
     def reap(self, rid: str, dead_owner: str) -> str:
         """skip | requeue | buried"""
-        return self._reap(keys=self._bury_keys(rid),
-                          args=[rid, dead_owner, self.max_attempts, time.time(), keys.dead_letters_max(self.settings),
-                                keys.stream_ttl_s(self.settings), keys.stream_maxlen(self.settings)])
+        outcome, epoch = self._reap(keys=[keys.claim(rid), keys.CLAIMS, keys.UNCLAIMED],
+                                    args=[rid, dead_owner, self.max_attempts, time.time()])
+        if outcome == BURY:
+            return "buried" if self._buried(rid, epoch) else "skip"
+        return outcome
 
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
         return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.taken(rid)],
