@@ -194,7 +194,7 @@ class EngineHost:
             self._retrying(lambda: self.claims.publish_unfenced(queued.reply_channel, event))
             self.metrics.finished("cancelled", {}, None)
             return "cancelled"
-        if claim.outcome == "dead":  # buried by the claim script, which also told the client
+        if claim.outcome == "dead":  # buried (bury.lua), which also told the client
             log.warning("event=dead_lettered request_id=%s attempts=%d", rid, claim.attempts)
             self.metrics.dead_letters.inc()
             self.metrics.failed("worker_failed")

@@ -53,7 +53,7 @@ class Reaper:
         for rid, owner in owners.items():
             if owner in alive:
                 continue
-            outcome = self.claims.reap(rid, owner)  # "buried": the script also told the client
+            outcome = self.claims.reap(rid, owner)  # "buried": bury.lua also told the client
             if outcome == "skip":
                 continue
             if outcome == "requeue":
