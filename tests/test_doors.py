@@ -12,69 +12,32 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.services import (BrigadeProcess, RedisServer, create_key, free_port, http_get, service_env, wait_until,
+from tests.services import (BrigadeUp, RedisServer, Stack, create_key, free_port, service_env, wait_until,
                             worker_statuses)
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_QUESTION = "Write a very long and detailed essay about the history of the Roman Empire."
 
 
-@dataclass
-class Doors:
-    redis: RedisServer
-    port: int
-    url: str
-    env: dict
+class Doors(Stack):
     key: str  # an API key: this gateway requires one
-    gateway: BrigadeProcess
-    worker: BrigadeProcess
-    logs: Path
-
-    def restart_gateway(self) -> None:
-        """Stop the gateway and start another on the same port (a deploy, a crash and restart)."""
-        self.gateway.stop()
-        self.gateway = BrigadeProcess("gateway", self.env, self.logs / f"gateway-{time.monotonic_ns()}.log")
-        wait_until(lambda: _ready(self.port), 60, interval=0.2, what="the new gateway to turn ready")
-
-
-def _ready(port: int) -> bool:
-    try:
-        return http_get(port, "/readyz")[0] == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def doors(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("doors")
-    port = free_port()
     # Keepalive pings every second, answered within a second: a client whose event loop is
     # blocked (waiting for the user's next line) loses its connection within about 2 s.
-    env = service_env(redis_server.url, port, BRIGADE_WS_PING_INTERVAL_S="1", BRIGADE_WS_PING_TIMEOUT_S="1",
-                      BRIGADE_AUTH="required", BRIGADE_RESUME_GRACE_S="60")
-    doors = Doors(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", env, create_key(redis_server.url, "doors"),
-                  BrigadeProcess("gateway", env, logs / "gateway.log"),
-                  BrigadeProcess("worker", env, logs / "worker.log", ["--name", "doors@test"]), logs)
-    try:
-        def ready() -> bool:
-            for part in (doors.gateway, doors.worker):
-                if part.proc.poll() is not None:
-                    raise AssertionError(f"{part.log_path.name} exited:\n" + part.tail())
-            return _ready(port)
-
-        wait_until(ready, 180, interval=0.2, what="the gateway and its worker to turn ready")
+    with Doors(redis_server, tmp_path_factory.mktemp("doors"), BRIGADE_WS_PING_INTERVAL_S="1",
+               BRIGADE_WS_PING_TIMEOUT_S="1", BRIGADE_AUTH="required", BRIGADE_RESUME_GRACE_S="60") as doors:
+        doors.key = create_key(redis_server.url, "doors")
+        doors.start_gateway()
+        doors.start_worker("doors@test")
+        doors.wait_ready()
         yield doors
-    except BaseException:
-        print("gateway log:\n" + doors.gateway.tail() + "\nworker log:\n" + doors.worker.tail())
-        raise
-    finally:
-        doors.worker.stop()
-        doors.gateway.stop()
 
 
 class Chat:
@@ -333,13 +296,6 @@ def _alive(pid: int) -> bool:
     return _state(pid) not in (None, "Z")
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
 def test_up_on_a_port_in_use_says_so_and_starts_nothing(tmp_path):
     server = RedisServer(tmp_path)
     held = socket.socket()
@@ -370,17 +326,13 @@ def test_up_stops_the_gateway_then_the_worker_then_the_reaper_then_its_redis(tmp
     redis_port, port = free_port(), free_port()
     env = service_env(f"redis://127.0.0.1:{redis_port}/0", port, BRIGADE_CACHE_ENABLED="false",
                       BRIGADE_DATA_DIR=str(tmp_path / "data"))
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up"], env=env, cwd=ROOT, stdout=log,
-                          stderr=subprocess.STDOUT)
+    up = BrigadeUp(env, tmp_path / "up.log")
     snapshots: list[dict[str, bool]] = []
+    pids: dict[str, int] = {}
     try:
-        wait_until(lambda: _ready(port), 180, interval=0.2, what="`brigade up` to turn ready")
-        names = {"brigade-gateway": "gateway", "brigade-worker": "worker", "brigade-reaper": "reaper",
-                 "redis-server": "redis"}
-        pids = {names.get(Path(f"/proc/{c}/comm").read_text().strip(), c): c for c in _children(up.pid)}
-        assert sorted(pids, key=str) == sorted(order), pids
-        up.send_signal(signal.SIGINT)
+        pids = {name: p.pid for name, p in up.wait_ready(180).items()}
+        assert sorted(pids) == sorted(order), pids
+        up.proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             # Later parts first: a part seen stopped here stopped before the earlier ones are read.
@@ -389,15 +341,12 @@ def test_up_stops_the_gateway_then_the_worker_then_the_reaper_then_its_redis(tmp
             if not any(snapshot.values()):
                 break
             time.sleep(0.02)
-        assert up.wait(30) == 0
+        assert up.proc.wait(30) == 0
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait(5)
-        for pid in locals().get("pids", {}).values():
+        up.kill()
+        for pid in pids.values():
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        log.close()
     output = (tmp_path / "up.log").read_text()
     assert "Traceback" not in output, output[-3000:]
     assert not any(snapshots[-1].values()), f"still running after 90 s: {snapshots[-1]}"
