@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from websockets.asyncio.client import connect
 from engine import EngineRequest, SamplingParams
 from ops.core import keys
 from tests.clients import Answer, absorb, ask, collect, collect_one, start_long_request
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import Stack, free_port, http_get, http_status, service_env, wait_until, worker_statuses
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -29,59 +28,33 @@ QUESTIONS = [
 LONG_QUESTION = "Write a very long and detailed essay about the history of the Roman Empire."
 
 
-@dataclass
-class Stack:
-    redis: object
-    port: int
-    url: str
-    gateway: BrigadeProcess
-    worker: BrigadeProcess
-    readiness_log: list[tuple[int, bool]]  # (/readyz status, did a worker status key exist)
+class ServiceStack(Stack):
+    readiness_log: list[tuple[int | None, bool]]  # while starting: (/readyz status, did a worker status key exist)
 
 
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    port = free_port()
     # float32: the streamed answers are compared with the in-process engine's greedy ones, token
     # for token; in half precision a different batch composition may round differently.
-    env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="30",
-                      BRIGADE_RESUME_GRACE_S="1", BRIGADE_DTYPE="float32")
-    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
-    worker = None
-    try:
-        wait_until(lambda: _status(port, "/healthz") == 200, 30, what="gateway /healthz")
-        readiness: list[tuple[int, bool]] = [(_status(port, "/readyz"), bool(worker_statuses(redis_server.client)))]
-        worker = BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@test"])
+    with ServiceStack(redis_server, tmp_path_factory.mktemp("logs"), BRIGADE_WORKER_CONCURRENCY="16",
+                      BRIGADE_MAX_WAIT_MS="30", BRIGADE_RESUME_GRACE_S="1", BRIGADE_DTYPE="float32") as s:
+        s.start_gateway()
+        s.wait_healthy()
+        s.readiness_log = [(http_status(s.port, "/readyz"), bool(worker_statuses(redis_server.client)))]
+        worker = s.start_worker("w1@test")
 
         def ready() -> bool:
-            status = _status(port, "/readyz")
-            readiness.append((status, bool(worker_statuses(redis_server.client))))
+            status = http_status(s.port, "/readyz")
+            s.readiness_log.append((status, bool(worker_statuses(redis_server.client))))
             if worker.proc.poll() is not None:
                 raise AssertionError("worker exited:\n" + worker.tail())
             return status == 200
 
-        wait_until(ready, 120, interval=0.2, what="/readyz to turn ready")
-        yield Stack(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", gateway, worker, readiness)
-    except BaseException:
-        print("gateway log:\n" + gateway.tail())
-        if worker is not None:
-            print("worker log:\n" + worker.tail())
-        raise
-    finally:
-        if worker is not None:
-            worker.stop()
-        gateway.stop()
+        wait_until(ready, 300, interval=0.2, what="/readyz to turn ready")
+        yield s
 
 
-def _status(port: int, path: str) -> int | None:
-    try:
-        return http_get(port, path)[0]
-    except OSError:
-        return None
-
-
-def running_requests(stack: Stack) -> list[str]:
+def running_requests(stack: ServiceStack) -> list[str]:
     statuses = worker_statuses(stack.redis.client)
     assert statuses, "no worker status key"
     return [rid for s in statuses for rid in s["requests"]]
@@ -137,7 +110,7 @@ def test_cancel_stops_a_running_request_and_frees_its_slot(stack):
     assert answer.end == {"type": "done", "id": "long", "finish_reason": "cancelled", "usage": {}, "timing": {}}
     wait_until(lambda: rid not in running_requests(stack), 10, what="the worker to drop the cancelled request")
     length = stack.redis.client.xlen(keys.stream(rid))
-    time.sleep(1.0)
+    time.sleep(1.0)  # what is measured: no token within a second (there is no event to wait for)
     assert stack.redis.client.xlen(keys.stream(rid)) == length, "tokens kept coming after cancel"
     assert length < 200
 
@@ -151,6 +124,16 @@ def test_disconnect_stops_the_clients_requests(stack):
     wait_until(lambda: rid not in running_requests(stack), 10, what="the worker to drop the abandoned request")
     wait_until(lambda: all(s["running"] == 0 for s in worker_statuses(stack.redis.client)), 10,
                what="the worker's running count to drop to 0")
+
+    # Stopped, not finished: a request of up to 1000 tokens that had simply run to its end would
+    # end with `stop` or `length` in its replay log.
+    def end() -> dict | None:
+        events = [json.loads(f["event"]) for _, f in stack.redis.client.xrange(keys.stream(rid))]
+        return events[-1] if events and events[-1]["type"] == "done" else None
+
+    done = wait_until(end, 10, what="the request's end in its replay log")
+    assert done["finish_reason"] == "cancelled", done
+    assert stack.redis.client.exists(keys.cancelled(rid)), "the gateway did not cancel the abandoned request"
 
 
 def test_resume_after_the_grace_time_ends_with_cancelled_instead_of_waiting(stack):
@@ -275,23 +258,27 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     assert logged == ["done"]
 
 
-def served(stack: Stack) -> int:
+def served(stack: ServiceStack) -> int:
     """The worker's requests-served count, once its status beat has caught up."""
-    def settled():
-        first = worker_statuses(stack.redis.client)[0]
-        time.sleep(1.2)  # one status interval
-        second = worker_statuses(stack.redis.client)[0]
-        return second if second["requests_served"] == first["requests_served"] else None
-    return wait_until(settled, 20, interval=0, what="a settled worker status")["requests_served"]
+    # A worker counts a request as served right after it publishes its end, so a beat written
+    # after now counts every request whose client has seen its end.
+    asked = time.time()
+
+    def beat_after() -> dict | None:
+        return next((s for s in worker_statuses(stack.redis.client) if s["updated_at"] > asked), None)
+
+    return wait_until(beat_after, 20, what="a worker beat after the last answer")["requests_served"]
 
 
 CACHED_Q = [{"role": "user", "content": "Name three planets of the solar system."}]
 
 
 def test_repeated_question_is_answered_from_the_cache_without_reaching_a_worker(stack):
+    entries = stack.redis.client.zcard(keys.CACHE_LRU)
     first = asyncio.run(ask(stack.url, "c1", messages=CACHED_Q, max_tokens=24))
     assert first.end["type"] == "done" and "cached" not in first.end
-    time.sleep(0.3)  # the gateway stores the answer right after `done`
+    # The gateway stores the answer right after `done`.
+    wait_until(lambda: stack.redis.client.zcard(keys.CACHE_LRU) > entries, 10, what="the answer stored in the cache")
     before = served(stack)
 
     async def again():
@@ -312,32 +299,22 @@ def test_repeated_question_is_answered_from_the_cache_without_reaching_a_worker(
     assert served(stack) == before, "a cache hit reached the worker"
 
 
-def test_answer_stored_through_one_gateway_is_hit_through_another(stack, tmp_path):
+def test_answer_stored_through_one_gateway_is_hit_through_another(stack):
     first = asyncio.run(ask(stack.url, "g1", messages=[{"role": "user", "content": "What colour is the sky?"}],
                             max_tokens=16))
     assert first.end["type"] == "done"
-    port = free_port()
-    other = BrigadeProcess("gateway", service_env(stack.redis.url, port), tmp_path / "gateway-b.log")
-    try:
-        wait_until(lambda: _status(port, "/readyz") == 200, 60, what="gateway B ready")
-        hit = asyncio.run(ask(f"ws://127.0.0.1:{port}/v1/ws", "g2",
-                              messages=[{"role": "user", "content": "What colour is the sky?"}], max_tokens=16))
-        assert hit.end.get("cached") == "exact" and hit.text == first.text
-    finally:
-        other.stop()
+    with stack.another_gateway("gateway-b") as other:
+        hit = asyncio.run(ask(other.ws_url, "g2", messages=[{"role": "user", "content": "What colour is the sky?"}],
+                              max_tokens=16))
+    assert hit.end.get("cached") == "exact" and hit.text == first.text
 
 
-def test_cache_outage_degrades_to_a_miss_and_the_worker_answers(stack, tmp_path):
-    port = free_port()
-    env = service_env(stack.redis.url, port, BRIGADE_CACHE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
-    broken = BrigadeProcess("gateway", env, tmp_path / "gateway-c.log")
-    try:
-        wait_until(lambda: _status(port, "/readyz") == 200, 60, what="gateway C ready")
-        answer = asyncio.run(ask(f"ws://127.0.0.1:{port}/v1/ws", "d1", messages=CACHED_Q, max_tokens=24))
+def test_cache_outage_degrades_to_a_miss_and_the_worker_answers(stack):
+    dead_cache = f"redis://127.0.0.1:{free_port()}/0"
+    with stack.another_gateway("gateway-c", BRIGADE_CACHE_REDIS_URL=dead_cache) as broken:
+        answer = asyncio.run(ask(broken.ws_url, "d1", messages=CACHED_Q, max_tokens=24))
         assert answer.end["type"] == "done" and "cached" not in answer.end and answer.tokens
         assert "cache_lookup_failed" in broken.log_path.read_text()
-    finally:
-        broken.stop()
 
 
 def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
@@ -355,8 +332,10 @@ def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout[out.stdout.index("{"):])
 
+    entries = stack.redis.client.zcard(keys.CACHE_LRU)
     assert brigade("cache", "warm", str(questions)) == {"questions": 2, "answered": 2, "already_cached": 0, "errors": 0}
-    time.sleep(0.3)
+    # The gateway stores each answer right after its `done`.
+    wait_until(lambda: stack.redis.client.zcard(keys.CACHE_LRU) >= entries + 2, 10, what="both answers stored")
     assert brigade("cache", "warm", str(questions))["already_cached"] == 2
     stats = brigade("cache", "stats")
     assert stats["entries"] >= 2 and stats["hits"]["exact"] >= 2 and 0 < stats["hit_rate"] <= 1
@@ -436,15 +415,14 @@ def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_nega
     assert "cached" not in again[-1] and any(e["type"] == "queued" for e in again)
 
 
-def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_password(stack, tmp_path):
+def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_password(stack):
     import base64
     import urllib.error
     import urllib.request
 
     port = free_port()
-    env = service_env(stack.redis.url, stack.port, BRIGADE_FLOWER_PORT=str(port),
-                      BRIGADE_FLOWER_USER="ops", BRIGADE_FLOWER_PASSWORD="s3cret")
-    flower = BrigadeProcess("flower", env, tmp_path / "flower.log")
+    flower = stack.start("flower", BRIGADE_FLOWER_PORT=str(port), BRIGADE_FLOWER_USER="ops",
+                         BRIGADE_FLOWER_PASSWORD="s3cret")
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
 
