@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 import time
-from dataclasses import dataclass
 
 import httpx
 import openai
@@ -22,18 +21,21 @@ from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.clients import ask
-from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
+from tests.services import Stack, wait_until
 
 MODEL = "smollm2-135m-instruct"
 COUNT = "Count from 1 to 1000, separated by commas."  # never ends by itself: every answer is cut
 SERVER_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-@dataclass
-class Stack:
-    redis: object
-    model: int
-    pinned: int
+class DefaultsStack(Stack):
+    @property
+    def model(self) -> int:
+        return self.gateways["model"].port
+
+    @property
+    def pinned(self) -> int:
+        return self.gateways["pinned"].port
 
     def client(self, port: int) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=180)
@@ -47,40 +49,25 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("defaults-logs")
     redis_server.client.flushdb()
-    ports = {"model": free_port(), "pinned": free_port()}
-    base = dict(BRIGADE_WORKER_CONCURRENCY="8", BRIGADE_MAX_WAIT_MS="20", BRIGADE_BATCH_POLL_S="0.2")
-    procs = [
+    with DefaultsStack(redis_server, tmp_path_factory.mktemp("defaults-logs"), BRIGADE_WORKER_CONCURRENCY="8",
+                       BRIGADE_MAX_WAIT_MS="20", BRIGADE_BATCH_POLL_S="0.2") as s:
         # The model's own defaults: the test stacks' greedy pin (tests/services.py) removed. Batch
         # jobs go to whichever gateway takes their lease first: this one looks only at its start,
         # so that the batch test's job runs on `pinned`, with its defaults.
-        BrigadeProcess("gateway", service_env(redis_server.url, ports["model"], BRIGADE_DEFAULT_TEMPERATURE=None,
-                                              **{**base, "BRIGADE_BATCH_POLL_S": "3600"}), logs / "model.log"),
-        BrigadeProcess("gateway", service_env(redis_server.url, ports["pinned"], BRIGADE_DEFAULT_MAX_TOKENS="3",
-                                              BRIGADE_DEFAULT_TEMPERATURE="0", **base), logs / "pinned.log"),
-        BrigadeProcess("worker", service_env(redis_server.url, ports["model"], **base), logs / "worker.log",
-                       ["--name", "w1@defaults"]),
-    ]
-    try:
-        for port in ports.values():
-            wait_until(lambda: http_status(port, "/readyz") == 200, 180, interval=0.2, what=f"gateway {port} ready")
-        yield Stack(redis_server, ports["model"], ports["pinned"])
-    except BaseException:
-        for p in procs:
-            print(f"--- {p.log_path.name}\n{p.tail()}")
-        raise
-    finally:
-        for p in procs:
-            p.stop()
+        s.start_gateway("model", BRIGADE_DEFAULT_TEMPERATURE=None, BRIGADE_BATCH_POLL_S="3600")
+        s.start_gateway("pinned", BRIGADE_DEFAULT_MAX_TOKENS="3", BRIGADE_DEFAULT_TEMPERATURE="0")
+        s.start_worker("w1@defaults")
+        s.wait_ready()
+        yield s
 
 
-def stored_after(stack: Stack, before: int, n: int = 1) -> None:
+def stored_after(stack: DefaultsStack, before: int, n: int = 1) -> None:
     """The gateway stores an answer after its `done`: wait until it is in Redis."""
     wait_until(lambda: stack.entries() >= before + n, 30, what="the answer stored in the cache")
 
 
-def ws_ask(stack: Stack, port: int, client_id: str, **fields):
+def ws_ask(stack: DefaultsStack, port: int, client_id: str, **fields):
     return asyncio.run(ask(stack.ws(port), client_id, **fields))
 
 

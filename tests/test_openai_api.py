@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
 
 import httpx
 import openai
@@ -22,8 +21,7 @@ from gateway.api_keys import KeyStore
 from ops.core import keys
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
-from tests.services import (BrigadeProcess, create_key, free_port, http_status, service_env, wait_until,
-                            worker_statuses)
+from tests.services import Stack, create_key, http_status, wait_until, worker_statuses
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
@@ -31,16 +29,28 @@ LONG = "Write a very long and detailed essay about the history of the Roman Empi
 BLOCKED_WORD = "Paris"  # the strict gateway's output guard blocks answers that say it
 
 
-@dataclass
-class Doors:
-    redis: object
-    open: int
-    strict: int
-    full: int
-    empty: int
-    worker: BrigadeProcess
+class Doors(Stack):
     key: str  # a key of the strict gateway, no limits
-    store_url: str
+
+    @property
+    def open(self) -> int:
+        return self.gateways["open"].port
+
+    @property
+    def strict(self) -> int:
+        return self.gateways["strict"].port
+
+    @property
+    def full(self) -> int:
+        return self.gateways["full"].port
+
+    @property
+    def empty(self) -> int:
+        return self.gateways["empty"].port
+
+    @property
+    def store_url(self) -> str:
+        return self.redis.url
 
     def client(self, port: int, key: str = "none", **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120, **kw)
@@ -54,40 +64,24 @@ def doors(redis_server, model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("openai-logs")
     patterns = logs / "blocked.txt"
     patterns.write_text(f"# blocked terms\n{BLOCKED_WORD}\nignore (all )?previous instructions\n")
-    ports = {name: free_port() for name in ("open", "strict", "full", "empty")}
-    base = dict(BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="20", BRIGADE_RESUME_GRACE_S="1")
-    procs = [
-        BrigadeProcess("gateway", service_env(redis_server.url, ports["open"], **base), logs / "open.log"),
-        BrigadeProcess("gateway", service_env(
-            redis_server.url, ports["strict"], BRIGADE_AUTH="required", BRIGADE_GUARD_PATTERNS_FILE=str(patterns),
-            BRIGADE_GUARDS="gateway.content_guards:sanitize,gateway.content_guards:patterns,"
-                           "tests.guard_plugins:explode_on_marker,tests.guard_plugins:explode_on_output", **base),
-            logs / "strict.log"),
-        BrigadeProcess("gateway", service_env(redis_server.url, ports["full"], BRIGADE_MAX_QUEUE_DEPTH="0",
-                                              BRIGADE_CACHE_ENABLED="0", **base), logs / "full.log"),
-        BrigadeProcess("gateway", service_env(redis_server.url.rsplit("/", 1)[0] + "/1", ports["empty"],
-                                              BRIGADE_CACHE_ENABLED="0", **base), logs / "empty.log"),
-    ]
-    worker = BrigadeProcess("worker", service_env(redis_server.url, ports["open"], **base), logs / "worker.log",
-                            ["--name", "w1@openai"])
-    procs.append(worker)
-    try:
-        for port in ports.values():
-            wait_until(lambda: http_status(port, "/healthz") == 200, 90, what=f"gateway on {port}")
-        wait_until(lambda: http_status(ports["open"], "/readyz") == 200, 120, interval=0.2, what="a worker")
+    with Doors(redis_server, logs, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="20",
+               BRIGADE_RESUME_GRACE_S="1") as doors:
+        doors.start_gateway("open")
+        doors.start_gateway("strict", BRIGADE_AUTH="required", BRIGADE_GUARD_PATTERNS_FILE=str(patterns),
+                            BRIGADE_GUARDS="gateway.content_guards:sanitize,gateway.content_guards:patterns,"
+                                           "tests.guard_plugins:explode_on_marker,tests.guard_plugins:explode_on_output")
+        doors.start_gateway("full", BRIGADE_MAX_QUEUE_DEPTH="0", BRIGADE_CACHE_ENABLED="0")
+        doors.start_gateway("empty", BRIGADE_REDIS_URL=redis_server.url.rsplit("/", 1)[0] + "/1",
+                            BRIGADE_CACHE_ENABLED="0")
+        doors.start_worker("w1@openai")
+        doors.wait_healthy(timeout=300)  # four gateways start at once
+        doors.wait_ready(gateways=["open"])
         # The `empty` gateway must have looked at the heartbeats once (it finds none): its fleet
         # gauges appear after its first look.
-        wait_until(lambda: "brigade_queue_depth{" in httpx.get(f"http://127.0.0.1:{ports['empty']}/metrics").text,
+        wait_until(lambda: "brigade_queue_depth{" in httpx.get(f"http://127.0.0.1:{doors.empty}/metrics").text,
                    30, what="the empty gateway's first look at the fleet")
-        yield Doors(redis_server, ports["open"], ports["strict"], ports["full"], ports["empty"], worker,
-                    create_key(redis_server.url), redis_server.url)
-    except BaseException:
-        for p in procs:
-            print(f"--- {p.log_path.name}\n{p.tail()}")
-        raise
-    finally:
-        for p in procs:
-            p.stop()
+        doors.key = create_key(redis_server.url)
+        yield doors
 
 
 def _chat(question: str = QUESTION, **extra) -> dict:
