@@ -4,11 +4,8 @@ Faults are real: a worker SIGKILLed mid-job, a gateway SIGKILLed mid-job and sta
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -17,8 +14,7 @@ import pytest
 from gateway.batch_input import Checker
 from gateway.protocol import ClientProtocol
 from ops.core.settings import Settings
-from tests.services import (BrigadeProcess, RedisServer, free_port, http_status, service_env, wait_until,
-                            worker_statuses)
+from tests.services import RedisServer, Stack, wait_until, worker_statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [
@@ -29,30 +25,15 @@ QUESTIONS = [
 ]
 
 
-@dataclass
-class Stack:
-    redis: RedisServer
-    env: dict
-    logs: Path
-    port: int
-    gateway: BrigadeProcess
-    workers: dict[str, BrigadeProcess] = field(default_factory=dict)
-    others: list[BrigadeProcess] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start_gateway(self, n: int) -> None:
-        self.gateway = BrigadeProcess("gateway", self.env, self.logs / f"gateway-{n}.log")
-        wait_until(lambda: http_status(self.port, "/readyz") == 200, 120, what="the gateway")
+class BatchStack(Stack):
+    """The stack, and `brigade batch` and the batch API as a user drives them."""
 
     def batch(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", self.url, *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", self.http, *args], cwd=ROOT,
                               env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def job(self, job_id: str) -> dict:
-        return httpx.get(f"{self.url}/v1/batches/{job_id}", timeout=10).json()
+        return httpx.get(f"{self.http}/v1/batches/{job_id}", timeout=10).json()
 
     def submit(self, source: Path) -> str:
         submitted = self.batch("submit", str(source))
@@ -73,39 +54,25 @@ class Stack:
         assert done.returncode == 0, done.stderr
         return read_output(out)
 
-    def tails(self) -> str:
-        return "\n".join(f"--- {p.log_path.name}\n{p.tail()}" for p in [self.gateway, *self.workers.values()])
-
 
 @pytest.fixture(scope="module")
 def stack(model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("batch-logs")
     redis_server = RedisServer(tmp_path_factory.mktemp("batch-redis"), persistent=True)
-    port = free_port()
-    env = service_env(redis_server.url, port, BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
-                      BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
-                      BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
-                      BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")),
-                      # float32: every batch line is compared with the same request answered
-                      # interactively, token for token, whatever else shared its engine steps.
-                      BRIGADE_DTYPE="float32")
-    s = Stack(redis_server, env, logs, port, None)  # type: ignore[arg-type]
-    try:
-        s.others.append(BrigadeProcess("reaper", env, logs / "reaper.log"))
+    with BatchStack(redis_server, tmp_path_factory.mktemp("batch-logs"), own_redis=True,
+                    BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+                    BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
+                    BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
+                    BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")),
+                    # float32: every batch line is compared with the same request answered
+                    # interactively, token for token, whatever else shared its engine steps.
+                    BRIGADE_DTYPE="float32") as s:
+        s.start("reaper")
         for name in ("w1@batch", "w2@batch"):
-            s.workers[name] = BrigadeProcess("worker", env, logs / f"{name}.log", ["--name", name])
-        wait_until(lambda: len(worker_statuses(redis_server.client)) == 2, 180, what="two workers")
-        s.start_gateway(1)
+            s.start_worker(name)
+        s.wait_ready()
+        s.start_gateway()
+        s.wait_ready()
         yield s
-    except BaseException:
-        if s.gateway is not None:
-            print(s.tails())
-        raise
-    finally:
-        for p in [s.gateway, *s.workers.values(), *s.others]:
-            if p is not None:
-                p.stop()
-        redis_server.stop()
 
 
 def line(i: int, max_tokens: int = 8, chat: bool = True) -> dict:
@@ -134,8 +101,8 @@ def text_of(result: dict) -> str:
     return choice["message"]["content"] if "message" in choice else choice["text"]
 
 
-def interactive(stack: Stack, request: dict) -> str:
-    resp = httpx.post(stack.url + request["url"], json=request["body"], timeout=120)
+def interactive(stack: BatchStack, request: dict) -> str:
+    resp = httpx.post(stack.http + request["url"], json=request["body"], timeout=120)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     return choice["message"]["content"] if "message" in choice else choice["text"]
@@ -243,16 +210,15 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
     job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
     busy = max(worker_statuses(stack.redis.client), key=lambda s: s["running"])
-    os.kill(busy["pid"], signal.SIGKILL)
     name = busy["worker"]
-    stack.workers[name].proc.wait(10)
+    stack.kill(stack.workers[name])
     job = stack.wait_end(job_id, "the job to end")
-    stack.workers[name] = BrigadeProcess("worker", stack.env, stack.logs / f"{name}-2.log", ["--name", name])
+    stack.start_worker(name)
     assert job["status"] == "completed" and job["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
     results = stack.results(job_id, tmp_path / "kill.out.jsonl")
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert all(r["response"]["status_code"] == 200 for r in results)
-    wait_until(lambda: len(worker_statuses(stack.redis.client)) == 2, 180, what="the replacement worker")
+    stack.wait_ready()  # the replacement worker beats
 
 
 def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_written_once(stack, tmp_path):
@@ -260,10 +226,8 @@ def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_wri
     source = write_lines(tmp_path / "gw.jsonl", requests)
     job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
-    os.kill(stack.gateway.proc.pid, signal.SIGKILL)
-    stack.gateway.proc.wait(10)
-    stack.gateway.log.close()
-    stack.start_gateway(2)
+    stack.kill(stack.gateway)
+    stack.restart_gateway()
     # A CLI started now reports the same job, and the new gateway finishes it.
     shown = stack.batch("status", job_id)
     assert job_id in shown.stdout, shown.stdout + shown.stderr
@@ -294,7 +258,7 @@ def test_the_official_openai_client_drives_a_batch_end_to_end(stack, tmp_path):
 
     from openai import OpenAI
 
-    client = OpenAI(base_url=stack.url + "/v1", api_key="unused")
+    client = OpenAI(base_url=stack.http + "/v1", api_key="unused")
     requests = [line(i, max_tokens=6) for i in range(5)]
     source = write_lines(tmp_path / "sdk.jsonl", requests)
     uploaded = client.files.create(file=source.open("rb"), purpose="batch")
@@ -313,7 +277,7 @@ def test_the_official_openai_client_drives_a_batch_end_to_end(stack, tmp_path):
     assert batch.id in [b.id for b in client.batches.list(limit=10).data]
     assert [x["custom_id"] for x in lines] == [r["custom_id"] for r in requests]
     assert all(x["response"]["body"]["object"] == "chat.completion" for x in lines)
-    metrics = httpx.get(stack.url + "/metrics", timeout=10).text
+    metrics = httpx.get(stack.http + "/metrics", timeout=10).text
     assert 'brigade_batch_lines_total{model="smollm2-135m-instruct",outcome="completed"}' in metrics
     assert 'door="batch"' in metrics
 
@@ -323,13 +287,9 @@ def test_with_keys_a_job_belongs_to_its_key_and_its_lines_are_charged_to_it(stac
     a job sees it, another caller does not, and the key's usage counts the job's lines."""
     from tests.services import create_key
 
-    port = free_port()
-    env = dict(stack.env, BRIGADE_GATEWAY_PORT=str(port), BRIGADE_AUTH="required")
-    keyed = BrigadeProcess("gateway", env, stack.logs / "gateway-keys.log")
-    try:
-        wait_until(lambda: http_status(port, "/readyz") == 200, 120, what="the keyed gateway")
+    with stack.another_gateway("gateway-keys", BRIGADE_AUTH="required") as keyed:
+        env, url = keyed.env, keyed.http_url
         key = create_key(stack.redis.url, "batcher")
-        url = f"http://127.0.0.1:{port}"
         source = write_lines(tmp_path / "keyed.jsonl", [line(i, max_tokens=4) for i in range(3)])
         run = lambda *a: subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", url, *a], cwd=ROOT,
                                         env=env, capture_output=True, text=True, timeout=300)
@@ -340,10 +300,8 @@ def test_with_keys_a_job_belongs_to_its_key_and_its_lines_are_charged_to_it(stac
         job_id = done.stdout.strip().splitlines()[0]
         assert len(read_output(tmp_path / "k.out")) == 3
         # Another caller (the keyless gateway's anonymous one) does not see it.
-        assert httpx.get(f"{stack.url}/v1/batches/{job_id}", timeout=10).status_code == 404
+        assert httpx.get(f"{stack.http}/v1/batches/{job_id}", timeout=10).status_code == 404
         usage = subprocess.run([sys.executable, "-m", "ops.cli", "keys", "usage", "--json"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         row = next(json.loads(x) for x in usage.stdout.splitlines() if json.loads(x)["name"].startswith("batcher-"))
         assert row["requests"] == 3 and row["completion_tokens"] > 0, row
-    finally:
-        keyed.stop()
