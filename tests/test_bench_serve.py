@@ -23,7 +23,7 @@ from ops.bench.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arri
                                 reword)
 from ops.bench.serve import target_urls
 from ops.core.settings import Settings
-from tests.services import BrigadeProcess, free_port, http_status, service_env, wait_until
+from tests.services import Stack, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -319,22 +319,13 @@ stack_redis: dict[str, str] = {}  # the stack's gateway URL -> its Redis
 
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("bench-serve-logs")
-    port = free_port()
-    env = service_env(redis_server.url, port, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="20")
-    procs = [BrigadeProcess("gateway", env, logs / "gateway.log"),
-             BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@bench-serve"])]
-    try:
-        wait_until(lambda: http_status(port, "/readyz") == 200, 180, interval=0.2, what="the gateway and a worker")
-        stack_redis[f"http://127.0.0.1:{port}"] = redis_server.url
-        yield f"http://127.0.0.1:{port}"
-    except BaseException:
-        for p in procs:
-            print(f"--- {p.log_path.name}\n{p.tail()}")
-        raise
-    finally:
-        for p in procs:
-            p.stop()
+    with Stack(redis_server, tmp_path_factory.mktemp("bench-serve-logs"), BRIGADE_WORKER_CONCURRENCY="16",
+               BRIGADE_MAX_WAIT_MS="20") as s:
+        s.start_gateway()
+        s.start_worker("w1@bench-serve")
+        s.wait_ready()
+        stack_redis[s.http] = redis_server.url
+        yield s.http
 
 
 def bench_serve(url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -29,7 +29,7 @@ from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
 from ops.core.messages import SAMPLING_FIELDS
 from ops.core.settings import Settings
 from tests.clients import Answer, absorb
-from tests.services import BrigadeProcess, free_port, http_get, service_env, wait_until
+from tests.services import Stack
 
 SETTINGS = Settings()
 PROTOCOL = ClientProtocol(SETTINGS)
@@ -199,35 +199,14 @@ def draw_hostile_frames(n: int) -> list[str | bytes]:
     return frames
 
 
-def print_logs(*procs: BrigadeProcess) -> None:
-    for p in procs:  # without the /readyz polling lines
-        lines = [x for x in p.log_path.read_text(errors="replace").splitlines() if "HTTP response sent" not in x]
-        print(f"---- {p.log_path.name}\n" + "\n".join(lines[-60:]))
-
-
 @pytest.fixture(scope="module")
 def wire(redis_server, model_dir, tmp_path_factory):
-    logs, port = tmp_path_factory.mktemp("fuzz-logs"), free_port()
-    env = service_env(redis_server.url, port, BRIGADE_CACHE_ENABLED="0", BRIGADE_WORKER_CONCURRENCY="8")
-    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
-    worker = BrigadeProcess("worker", env, logs / "worker.log", ["--name", "fuzz@test"])
-    try:
-        def ready() -> bool:
-            for p in (gateway, worker):
-                assert p.proc.poll() is None, f"{p.log_path.stem} exited:\n{p.tail()}"
-            try:
-                return http_get(port, "/readyz")[0] == 200
-            except OSError:
-                return False
-
-        wait_until(ready, 120, interval=0.2, what="/readyz to turn ready")
-        yield f"ws://127.0.0.1:{port}/v1/ws", gateway, worker
-    except BaseException:
-        print_logs(gateway, worker)
-        raise
-    finally:
-        worker.stop()
-        gateway.stop()
+    with Stack(redis_server, tmp_path_factory.mktemp("fuzz-logs"), BRIGADE_CACHE_ENABLED="0",
+               BRIGADE_WORKER_CONCURRENCY="8") as stack:
+        stack.start_gateway()
+        stack.start_worker("fuzz@test")
+        stack.wait_ready()
+        yield stack
 
 
 async def exchange(url: str, frames: list[str | bytes]) -> tuple[Answer, list[dict], list[dict], str | None]:
@@ -276,7 +255,7 @@ async def first_fatal(url: str, frames: list[str | bytes]) -> int | None:
 
 
 def test_hostile_frames_mid_stream_each_get_one_error_and_spare_the_stream(wire):
-    url, gateway, worker = wire
+    url = wire.url
     frames = draw_hostile_frames(HOSTILE)
     expected = [expected_code(f) for f in frames]
     try:
@@ -294,5 +273,5 @@ def test_hostile_frames_mid_stream_each_get_one_error_and_spare_the_stream(wire)
         for frame, code, event in zip(frames, expected, errors):
             assert code in ("?", event["code"]), f"frame {frame[:200]!r}: want {code}, got {event}"
     except BaseException:
-        print_logs(gateway, worker)
+        print(wire.tails())
         raise

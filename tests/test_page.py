@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -17,7 +16,7 @@ import pytest
 
 from ops.core import keys
 from tests.clients import ask
-from tests.services import BrigadeProcess, create_key, free_port, http_get, service_env, wait_until, worker_statuses
+from tests.services import Stack, create_key, wait_until, worker_statuses
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -51,38 +50,15 @@ return s;
 """
 
 
-@dataclass
-class PageStack:
-    redis: object
-    port: int
-    url: str  # the WebSocket
-    page_url: str
-
-
 @pytest.fixture(scope="module")
 def stack(redis_server, model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    port = free_port()
     # A resume grace well above the page's reconnect backoff.
-    env = service_env(redis_server.url, port, BRIGADE_MAX_WAIT_MS="30", BRIGADE_RESUME_GRACE_S="15")
-    gateway = BrigadeProcess("gateway", env, logs / "gateway.log")
-    worker = BrigadeProcess("worker", env, logs / "worker.log", ["--name", "w1@page"])
-    try:
-        def ready() -> bool:
-            for proc in (gateway, worker):
-                if proc.proc.poll() is not None:
-                    raise AssertionError(f"{proc.log_path.name} exited:\n" + proc.tail())
-            return _ready(port)
-
-        wait_until(ready, 120, interval=0.2, what="/readyz to turn ready")
-        yield PageStack(redis_server, port, f"ws://127.0.0.1:{port}/v1/ws", f"http://127.0.0.1:{port}")
-    except BaseException:
-        print("gateway log:\n" + gateway.tail())
-        print("worker log:\n" + worker.tail())
-        raise
-    finally:
-        worker.stop()
-        gateway.stop()
+    with Stack(redis_server, tmp_path_factory.mktemp("logs"), BRIGADE_MAX_WAIT_MS="30",
+               BRIGADE_RESUME_GRACE_S="15") as s:
+        s.start_gateway()
+        s.start_worker("w1@page")
+        s.wait_ready()
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +155,10 @@ class ChatPage:
 
 @pytest.fixture
 def page(browser, stack):
-    return ChatPage(browser, stack.page_url)
+    return ChatPage(browser, stack.http)
 
 
-def worker_requests(stack: PageStack) -> tuple[int, list[str]]:
+def worker_requests(stack: Stack) -> tuple[int, list[str]]:
     statuses = worker_statuses(stack.redis.client)
     assert statuses, "no worker heartbeat"
     return sum(s["running"] for s in statuses), [rid for s in statuses for rid in s["requests"]]
@@ -285,19 +261,15 @@ def test_the_same_question_asked_again_is_marked_cached(page, stack):
     assert page.driver.find_element(By.CSS_SELECTOR, ".msg.assistant .cached").is_displayed()
 
 
-def test_keys_and_guards_errors_show_their_code_and_the_key_field(browser, stack, tmp_path):
+def test_keys_and_guards_errors_show_their_code_and_the_key_field(browser, stack):
     """A gateway that requires keys and runs the pattern guard: no key, a key, a refused prompt."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    port = free_port()
-    gateway = BrigadeProcess("gateway", service_env(stack.redis.url, port, BRIGADE_AUTH="required",
-                                                      BRIGADE_GUARDS="gateway.content_guards:patterns"),
-                             tmp_path / "gateway-keys.log")
-    try:
-        wait_until(lambda: _ready(port), 120, interval=0.2, what="the second gateway's /readyz")
+    with stack.another_gateway("gateway-keys", BRIGADE_AUTH="required",
+                               BRIGADE_GUARDS="gateway.content_guards:patterns") as gateway:
         key = create_key(stack.redis.url, "page")
-        page = ChatPage(browser, f"http://127.0.0.1:{port}")
+        page = ChatPage(browser, gateway.http_url)
         browser.get(page.base_url + "/")
         page.until(lambda d: page.element("status").get_attribute("data-state") == "closed", 30,
                    "the page to be refused")
@@ -323,12 +295,3 @@ def test_keys_and_guards_errors_show_their_code_and_the_key_field(browser, stack
         refused = page.wait_ended(30)
         assert refused["state"] == "error" and refused["error"].startswith("content_blocked: refused by guard"), refused
         assert page.element("send").is_enabled()
-    finally:
-        gateway.stop()
-
-
-def _ready(port: int) -> bool:
-    try:
-        return http_get(port, "/readyz")[0] == 200
-    except OSError:
-        return False
