@@ -13,12 +13,12 @@ import time
 import httpx
 import openai
 import pytest
-import redis as redis_lib
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.api_keys import KeyStore
 from ops.core import keys
+from ops.core.redis_clients import async_client
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
 from tests.services import Stack, create_key, http_status, wait_until, worker_statuses
@@ -358,7 +358,7 @@ def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_an
         client.chat.completions.create(**_chat("Name a color.", max_tokens=4))
 
     async def usage():
-        r = redis_lib.asyncio.Redis.from_url(doors.store_url)
+        r = async_client(doors.store_url)
         try:
             return await KeyStore(r).usage(key.split("_")[1])
         finally:
@@ -431,7 +431,7 @@ def test_resume_reaches_only_the_key_that_asked_and_a_revoked_key_is_refused_on_
         async with connect(url, **headers(owner)) as ws:
             await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": -1}))
             first = json.loads(await ws.recv())
-            async with redis_lib.asyncio.Redis.from_url(doors.store_url) as r:
+            async with async_client(doors.store_url) as r:
                 await KeyStore(r).revoke(owner)
             await ws.send(json.dumps({"type": "generate", "id": "after", "prompt": "Hi.", "max_tokens": 2}))
             while True:
@@ -457,7 +457,7 @@ def test_an_answer_cut_short_still_counts_its_tokens_against_the_key(doors):
     assert len(got) >= 5
 
     async def usage():
-        async with redis_lib.asyncio.Redis.from_url(doors.store_url) as r:
+        async with async_client(doors.store_url) as r:
             return await KeyStore(r).usage(key.split("_")[1])
 
     wait_until(lambda: asyncio.run(usage())["requests"] == 1, 10, what="the cut answer's usage")
