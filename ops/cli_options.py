@@ -88,8 +88,8 @@ def resolve_connection(args: argparse.Namespace) -> None:
         value = getattr(args, _REDIS_DEST + field, None)
         if value:
             # The flag stands for its variable: every reader of the settings in this process sees
-            # it, the Celery app that `dlq retry` sends through included (built from the settings
-            # when workers.app is imported).
+            # it, the Celery app that `dlq retry` sends through included (ops.core.queue.sender(),
+            # built from the settings on first use).
             os.environ[f"BRIGADE_{field.upper()}"] = value
             get_settings.cache_clear()
     if not hasattr(args, "url"):
