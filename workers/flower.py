@@ -8,8 +8,8 @@ SIGTERM/SIGINT handling has returned, threads still busy get a short grace and t
 exits without waiting for them: they hold nothing that must be written (Flower runs without
 --persistent).
 
-Flower runs on the workers' app (their task names, their configuration) but on kombu's own Redis
-transport: it consumes no tasks, only events and control replies, which are never acked, so the
+Flower's app is the workers' (their task names, their configuration, ops/core/queue.make_app)
+without their transport, so on kombu's own Redis transport: it consumes no tasks, only events and control replies, which are never acked, so the
 worker transport's fixes (workers/transport.py) have nothing to do; and Flower picks its broker
 client (the Broker page, /api/queues/length) by the scheme of the broker's URL, which a named
 transport would replace with its module path.
@@ -21,13 +21,14 @@ import sys
 import threading
 import time
 
-from workers.app import app
+from ops.core.queue import make_app
+
+app = make_app(include=["workers.tasks"])  # no worker transport: see above
 
 STUCK_THREADS_GRACE_S = 2.0
 
 
 def main(argv: list[str]) -> None:
-    app.conf.broker_transport = None  # kombu's Redis transport, chosen by the URL (see above)
     code = 0
     try:
         code = app.start(["flower", *argv]) or 0
