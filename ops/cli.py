@@ -341,6 +341,8 @@ def build_parser() -> BrigadeParser:
     p.add_argument("--json", action="store_true", help="the same as JSON")
     add_connection_options(p, redis="redis_url")
     p.set_defaults(fn=cmd_status)
+    # models and routes: `brigade models ...`, `brigade route ...` (ops/commands/models.py, route.py)
+    # canaries: `brigade canary ...` (ops/commands/canary.py)
     from ops.commands.load_flags import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)

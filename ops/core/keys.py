@@ -10,6 +10,8 @@ which field bounds which key. Unbounded by design:
 - api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
   are created by an operator only (`brigade keys create`), never by a request, so they are bounded
   by operator action; revoke keeps the record (revoked=1) so that the key's usage stays visible.
+- MODELS, MODEL_STABLE, ROUTES: one field per registered version or model, written by an operator
+  (`brigade models`, `brigade route`, `brigade canary`) only.
 - BATCH_JOBS, BATCH_ACTIVE: lose a member when the job's hash is gone (pruned by `list`) or it ends.
 Channels hold nothing, so they need no bound.
 """
@@ -134,9 +136,15 @@ def resumed_ttl_s(settings: Settings) -> int:
     return settings.stream_ttl_s
 
 
-def interactive_queue(model_name: str) -> str:
-    """The Celery queue of a model's interactive requests."""
-    return f"{PREFIX}.{model_name}.interactive"
+def served(model_name: str, version: str = "") -> str:
+    """What one worker serves: a model's version (name@version), or the model alone when unversioned
+    (a worker started on a folder with an empty registry)."""
+    return f"{model_name}@{version}" if version else model_name
+
+
+def interactive_queue(model_name: str, version: str = "") -> str:
+    """The Celery queue of a model version's requests (a version's workers take only its own)."""
+    return f"{PREFIX}.{served(model_name, version)}.interactive"
 
 
 # kombu's Redis transport keeps one list per priority step (0, 3, 6, 9), the step after this
@@ -146,15 +154,15 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 BATCH_STEP = 9  # batch jobs' lines (ops/core/queue.BATCH_PRIORITY): popped only when the others are empty
 
 
-def queue_lists(model_name: str) -> list[str]:
-    """Every Redis list holding a model's queued requests, one per priority step (batch lines last)."""
-    q = interactive_queue(model_name)
+def queue_lists(model_name: str, version: str = "") -> list[str]:
+    """Every Redis list holding a model version's queued requests, one per priority step (batch lines last)."""
+    q = interactive_queue(model_name, version)
     return [q if step == 0 else f"{q}{KOMBU_PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
-def interactive_lists(model_name: str) -> list[str]:
+def interactive_lists(model_name: str, version: str = "") -> list[str]:
     """The lists of interactive requests only (every step but the batch one)."""
-    return [name for step, name in zip(PRIORITY_STEPS, queue_lists(model_name)) if step != BATCH_STEP]
+    return [name for step, name in zip(PRIORITY_STEPS, queue_lists(model_name, version)) if step != BATCH_STEP]
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------
@@ -297,3 +305,44 @@ BATCH_ACTIVE = f"{PREFIX}:batches:active"  # set: jobs not yet in a final state,
 def batch_file(file_id: str) -> str:
     """An uploaded or produced file's record (hash: filename, bytes, purpose, created_at, path)."""
     return f"{PREFIX}:file:{file_id}"
+
+
+# ---- models, routes, canaries (ops/core/registry.py, ops/core/canary.py) --------------------------
+# The registry's hashes hold one field per registered version, route or model: bounded by operator
+# action, as API keys are. Outcome streams are capped and expire; a canary's record is one value
+# per model, its decision log capped.
+MODELS = f"{PREFIX}:models"  # hash: "name@version" -> registry entry (JSON)
+MODEL_STABLE = f"{PREFIX}:models:stable"  # hash: model name -> the version that gets traffic without a route
+MODEL_DEFAULT = f"{PREFIX}:models:default"  # string: the model a request without `model` gets
+ROUTES = f"{PREFIX}:routes"  # hash: model name -> route (JSON: shares, sticky, shadows, revision)
+# Incremented by every change to MODELS, MODEL_STABLE, MODEL_DEFAULT or ROUTES, in the same
+# transaction: gateways poll this one number and reload the whole registry when it moves.
+REGISTRY_REVISION = f"{PREFIX}:models:revision"
+
+
+def outcomes(model: str, version: str) -> str:
+    """Stream of one version's finished requests (latencies, error, cache, shadow), read by canaries."""
+    return f"{PREFIX}:outcomes:{model}@{version}"
+
+
+def outcomes_maxlen(settings: Settings) -> int:
+    return settings.outcomes_maxlen
+
+
+def outcomes_ttl_s(settings: Settings) -> int:
+    """An idle version's outcomes expire; every write renews the TTL."""
+    return settings.outcomes_ttl_s
+
+
+def canary(model: str) -> str:
+    """A model's canary (JSON: versions, steps, objectives, state, reason, evidence)."""
+    return f"{PREFIX}:canary:{model}"
+
+
+def canary_log(model: str) -> str:
+    """A model's canary decisions, newest first (list of JSON), capped at CANARY_LOG_MAX."""
+    return f"{PREFIX}:canary:{model}:log"
+
+
+CANARY_LOG_MAX = 500
+CANARY_LEASE = f"{PREFIX}:canary:lease"  # the one controller (gateway or reaper) stepping canaries, short TTL

@@ -68,6 +68,8 @@ class QueuedRequest(BaseModel):
     reply_channel: str
     enqueued_at: float  # unix seconds, for queue-time accounting
     model: str
+    # The registered version it was routed to (its queue is that version's); empty: unversioned.
+    version: str = ""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     params: GenerateParams
@@ -78,6 +80,8 @@ class QueuedRequest(BaseModel):
     # interactive, or batch: a batch job's line, served in the rows interactive work leaves
     # (queued behind it, preempted for it in the engine).
     lane: Literal["interactive", "batch"] = "interactive"
+    # A shadow copy of another request (that request's id): run and measured, never delivered.
+    shadow_of: str | None = None
 
 
 class ReplyEvent(BaseModel):

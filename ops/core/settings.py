@@ -91,6 +91,20 @@ class Settings(BaseSettings):
     # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
     model: str = ""
     model_name: str = "smollm2-135m-instruct"
+    # The registered version this worker serves (set by `brigade worker --model NAME@VERSION`);
+    # empty: unversioned, the folder above under model_name (an empty registry).
+    model_version: str = ""
+    # The model store: each registered version's prepared folder, store/NAME/VERSION. Workers on
+    # other machines fill theirs with `brigade models pull`. Empty: BRIGADE_HOME/store.
+    model_store: str = ""
+    # A version's finished requests kept for canaries (a capped stream per version, with a TTL).
+    outcomes_maxlen: int = 20_000
+    outcomes_ttl_s: int = 7 * 86_400
+    # How often a gateway looks for registry and route changes (one GET of a revision number).
+    registry_poll_s: float = 0.25
+    # The canary controller's lease (whoever holds it steps every canary) and its tick.
+    canary_lease_s: float = 5.0
+    canary_tick_s: float = 1.0
     # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
     max_batch: int = 32
     # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
@@ -230,6 +244,10 @@ class Settings(BaseSettings):
         if self.model:
             return Path(self.model).expanduser()
         return self.home / "models" / "SmolLM2-135M-Instruct"
+
+    @property
+    def store_dir(self) -> Path:
+        return Path(self.model_store).expanduser() if self.model_store else self.home / "store"
 
     @property
     def cache_redis(self) -> str:
