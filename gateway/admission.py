@@ -19,6 +19,7 @@ concurrency slot is released and its usage counted, and a finished answer is sto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -33,13 +34,14 @@ import redis.asyncio as aioredis
 from cache.query import CacheQuery, PromptRenderer, make_query
 from gateway import metrics
 from gateway.api_keys import ApiKey, KeyStore
+from gateway.catalog import Catalog, Choice
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
 from gateway.protocol import Generate, ProtocolError, cached_events
 from gateway.replies import ReplyIntake
 from gateway.router import ReplyRouter, Route, Sink
-from ops.core import keys
+from ops.core import fleet, keys, outcomes, registry
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.queue import enqueue
 from ops.core.settings import Settings
@@ -69,6 +71,39 @@ class RequestContext:
     key_id: str | None = None  # the key charged at the end (the caller's, or the resumed request's)
     settled: bool = False
     store_answer: bool = True  # into the answer cache when it ends (batch lines without --warm-cache: no)
+    choice: Choice | None = None  # the model version it was routed to
+    shadows: list[str] = field(default_factory=list)  # versions given a shadow copy (compared with its answer)
+
+
+@dataclass
+class ShadowContext:
+    """A shadow copy's route: measured when it ends, compared with the served answer, never delivered."""
+
+    primary: str  # the served request's id
+    choice: Choice
+
+
+class ShadowSink:
+    """Where a shadow's events go: nowhere. Its answer is only measured."""
+
+    def send(self, event: dict) -> None:
+        pass
+
+    def queued(self, client_id: str, request_id: str) -> None:
+        pass
+
+    def ended(self, client_id: str) -> None:
+        pass
+
+
+@dataclass
+class ShadowPair:
+    """A served answer and its shadows' outcomes, until both sides have ended."""
+
+    served_text: str | None = None
+    served_ended: bool = False
+    waiting: list = field(default_factory=list)  # (shadow choice, its outcome, its text) before the served one ended
+    at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,8 @@ class Admitted:
     hit: object | None = None  # the cache hit (entry, layer, similarity), for feedback
     asked: str | None = None  # the question as the cache saw it, for feedback
     hit_request_id: str | None = None  # the server id a cache hit is answered under (never queued)
+    model: str = ""
+    version: str = ""  # the version that answers (x-brigade-model-version)
 
     @property
     def server_id(self) -> str | None:
@@ -88,8 +125,9 @@ class Admitted:
 class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, intake: ReplyIntake,
                  load: LoadMonitor, key_store: KeyStore, limiter: KeyLimiter, guards: list[NamedGuard],
-                 reply_channel: str, spawn: Callable, deliver: Callable):
+                 reply_channel: str, spawn: Callable, deliver: Callable, catalog: Catalog | None = None):
         self.settings = settings
+        self.catalog = catalog
         self.redis = redis
         self.router = router
         self.intake = intake
@@ -102,6 +140,8 @@ class Admission:
         self._deliver = deliver  # the gateway's: a routed event to its client
         self.cache: AnswerCache | None = None  # set once the answer cache has loaded
         self.renderer: PromptRenderer | None = None
+        self._renderers: dict[str, PromptRenderer] = {}  # per served version: its own chat template
+        self._shadow_pairs: dict[str, ShadowPair] = {}  # served request id -> its shadows' comparison
 
     def use_cache(self, cache: AnswerCache, renderer: PromptRenderer) -> None:
         """The answer cache (AnswerCache) and the prompt renderer its keys need, once both have loaded."""
@@ -122,31 +162,68 @@ class Admission:
         """`lane` batch: a batch job's line (queued behind interactive work, never refused for the
         queue's depth: the job's window bounds it). `store_answer` False: looked up in the answer
         cache, but its answer is not stored there."""
+        choice = self._choose(cmd, caller)
+        cmd = self._with_version_defaults(cmd, choice)
         try:
-            admitted = await self._admit(cmd, caller, sink, lane, store_answer)
+            admitted = await self._admit(cmd, caller, sink, lane, store_answer, choice)
         except ProtocolError:
-            metrics.REQUESTS.labels(cmd.model, caller.door, "refused").inc()
+            metrics.REQUESTS.labels(cmd.model, choice.version, caller.door, "refused").inc()
             raise
-        metrics.REQUESTS.labels(cmd.model, caller.door, "queued" if admitted.request_id else "cached").inc()
+        metrics.REQUESTS.labels(cmd.model, choice.version, caller.door,
+                                "queued" if admitted.request_id else "cached").inc()
         return admitted
 
-    async def _admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str, store_answer: bool) -> Admitted:
+    def _choose(self, cmd: Generate, caller: Caller) -> Choice:
+        """The version this request runs on (gateway/catalog.py): pinned, routed, or stable."""
+        if self.catalog is None:
+            return Choice(cmd.model, cmd.version, "settings")
+        conversation = registry.conversation_of(cmd.prompt, [m.model_dump() for m in cmd.messages]
+                                                if cmd.messages is not None else None)
+        choice = self.catalog.choose(cmd.model, cmd.version, caller.key.id if caller.key else None, cmd.user,
+                                     conversation)
+        if choice.why == "route" and not self.catalog.serving(choice.model, choice.version):
+            fallback = self.catalog.snapshot.stable.get(cmd.model)
+            if fallback and fallback != choice.version and self.catalog.serving(cmd.model, fallback):
+                # A routed version with no live worker must not cost its users their answers: the
+                # request runs on the stable version, and the routed one is charged an error, which
+                # is what rolls a canary whose workers are gone back.
+                log.warning("event=routed_version_down model=%s version=%s served_by=%s", cmd.model,
+                            choice.version, fallback)
+                self._spawn(self._record(choice, outcomes.Outcome(at=time.time(), error=True)))
+                return Choice(cmd.model, fallback, "stable, routed version down")
+        return choice
+
+    def _with_version_defaults(self, cmd: Generate, choice: Choice) -> Generate:
+        """Fields the client left unset, filled again from the chosen version's defaults when they
+        differ from the ones the protocol used (the stable version's)."""
+        if self.catalog is None or not cmd.unset or choice.version == cmd.version:
+            return cmd
+        defaults = self.catalog.defaults_for(choice.model, choice.version)
+        update = {name: getattr(defaults, name) for name in cmd.unset}
+        if all(getattr(cmd.params, name) == value for name, value in update.items()):
+            return cmd
+        return dataclasses.replace(cmd, params=cmd.params.model_copy(update=update))
+
+    async def _admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str, store_answer: bool,
+                     choice: Choice) -> Admitted:
         rid = uuid.uuid4().hex
         guard_input = GuardInput(rid, cmd.model, cmd.prompt, cmd.messages, caller.key.name if caller.key else None)
         context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None,
-                                 store_answer=store_answer)
+                                 store_answer=store_answer, choice=choice)
         await self._within_limits(caller, rid, cmd)
         try:
             await self._check_prompt(guard_input, cmd.id)
             hit = await self._look_up(cmd, context)
             if hit is not None:
                 return hit
-            await self._refuse_if_overloaded(cmd, lane)
+            await self._refuse_if_overloaded(cmd, lane, choice)
         except BaseException:
             self._release(caller, rid)
             raise
-        await self._enqueue(cmd, rid, context, sink, lane)
-        return Admitted(request_id=rid)
+        queued = await self._enqueue(cmd, rid, context, sink, lane)
+        for version in context.shadows:
+            self._spawn(self._shadow(queued, Choice(choice.model, version, "shadow")))
+        return Admitted(request_id=rid, model=choice.model, version=choice.version)
 
     async def _within_limits(self, caller: Caller, rid: str, cmd: Generate) -> None:
         if caller.key is None:
@@ -188,8 +265,12 @@ class Admission:
         if self.cache is None or cmd.cache == "off":
             return None
         started = time.perf_counter()
+        choice = context.choice
         try:
-            query = make_query(self.renderer, cmd.model, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
+            renderer = await self._renderer_for(choice) if cmd.messages is not None else self.renderer
+            # Keyed by the served version: each version's answers are its own (a new version's
+            # users must not be served the old one's answers from the cache).
+            query = make_query(renderer, choice.served, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
                                cmd.cache_threshold)
         except Exception as exc:  # a template that cannot render this input: no caching, no failure
             log.warning("event=cache_query_failed client_id=%s error=%r", cmd.id, exc)
@@ -197,12 +278,12 @@ class Admission:
         if query is None:
             return None
         lookup = await self.cache.lookup(query)
-        metrics.CACHE_LOOKUPS.labels(cmd.model).inc()
+        metrics.CACHE_LOOKUPS.labels(cmd.model, choice.version).inc()
         context.cache_query, context.cache_vector = query, lookup.vector
         hit = lookup.hit
         if hit is None:
             return None
-        metrics.CACHE_HITS.labels(cmd.model, hit.layer).inc()
+        metrics.CACHE_HITS.labels(cmd.model, choice.version, hit.layer).inc()
         entry = hit.entry
         text = "".join(entry.chunks)
         if self.guards:
@@ -216,40 +297,70 @@ class Admission:
         rid = context.guard_input.request_id
         events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
                                time.perf_counter() - started, entry.entry_id, request_id=rid)
+        events[-1].update(model=choice.model, version=choice.version)
         log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
                  hit.layer, hit.similarity, entry.entry_id)
         self._spawn(self._settle_usage(context.key_id, rid, usage, cache_hit=True))
-        return Admitted(cached=events, hit=hit, asked=query.question, hit_request_id=rid)
+        self._spawn(self._record(choice, outcomes.Outcome(at=time.time(), cached=True)))
+        return Admitted(cached=events, hit=hit, asked=query.question, hit_request_id=rid, model=choice.model,
+                        version=choice.version)
 
-    async def _refuse_if_overloaded(self, cmd: Generate, lane: str) -> None:
+    async def _renderer_for(self, choice: Choice) -> PromptRenderer:
+        """The chat template of the chosen version (its folder's tokenizer files, when this machine
+        has them; else canonical JSON of the messages, which costs a miss, never a wrong hit)."""
+        if self.catalog is None:
+            return self.renderer
+        folder = self.catalog.folder(choice.model, choice.version)
+        if folder is not None and folder.resolve() == self.settings.model_dir.resolve() and self.renderer is not None:
+            return self.renderer
+        key = str(folder)
+        if key not in self._renderers:
+            self._renderers[key] = await asyncio.to_thread(PromptRenderer, folder or "/nonexistent")
+        return self._renderers[key]
+
+    async def _refuse_if_overloaded(self, cmd: Generate, lane: str, choice: Choice) -> None:
         retry = self.settings.retry_after_s
-        if self.load.observed and self.load.workers == 0 and not await self.load.any_worker_alive():
-            metrics.OVERLOAD_REFUSALS.labels(cmd.model, "no_workers").inc()
-            raise ProtocolError("no_workers", "no worker is serving this model now; try again shortly", cmd.id,
+        if self.load.observed and not await self._served_now(choice):
+            metrics.OVERLOAD_REFUSALS.labels(cmd.model, choice.version, "no_workers").inc()
+            raise ProtocolError("no_workers", f"no worker is serving {choice.served} now; try again shortly", cmd.id,
                                 retry_after_s=retry)
         if lane == "batch":
             return
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for name in keys.interactive_lists(cmd.model):  # queued batch lines wait behind, they do not count
+            # queued batch lines wait behind, they do not count
+            for name in keys.interactive_lists(choice.model, choice.version):
                 pipe.llen(name)
             depth = sum(await pipe.execute())
         except aioredis.RedisError:
             return  # the enqueue just after says `unavailable`
         limit = self.settings.max_queue_depth
         if depth >= limit:
-            metrics.OVERLOAD_REFUSALS.labels(cmd.model, "overloaded").inc()
+            metrics.OVERLOAD_REFUSALS.labels(cmd.model, choice.version, "overloaded").inc()
             raise ProtocolError("overloaded", f"{depth} requests are waiting (the limit is {limit}); try again shortly",
                                 cmd.id, retry_after_s=retry)
         if cmd.deadline_ms is not None:
             wait = self.load.estimated_wait_s(depth)
             if wait is not None and wait * 1000 > cmd.deadline_ms:
-                metrics.OVERLOAD_REFUSALS.labels(cmd.model, "overloaded").inc()
+                metrics.OVERLOAD_REFUSALS.labels(cmd.model, choice.version, "overloaded").inc()
                 raise ProtocolError(
                     "overloaded", f"the estimated wait ({wait:.1f} s) is longer than the deadline "
                     f"({cmd.deadline_ms} ms); try again shortly or allow more time", cmd.id, retry_after_s=retry)
 
-    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> None:
+    async def _served_now(self, choice: Choice) -> bool:
+        """A live worker serves this version: the once-a-second view, asked again before refusing."""
+        if self.catalog is None:
+            return self.load.workers > 0 or await self.load.any_worker_alive()
+        if self.catalog.serving(choice.model, choice.version):
+            return True
+        try:
+            statuses = await fleet.live_workers_async(self.redis)
+        except aioredis.RedisError:
+            return True  # unknown: let the enqueue decide
+        return any(s.get("model") == choice.model and (s.get("version") or "") == choice.version
+                   and not s.get("draining") for s in statuses)
+
+    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> QueuedRequest:
         params = cmd.params
         if params.temperature > 0 and params.seed is None:
             # Drawn here, once: a worker that continues this request after a crash samples the
@@ -257,16 +368,21 @@ class Admission:
             params = params.model_copy(update={"seed": secrets.randbits(63)})
         now = time.time()
         key = context.caller.key
+        choice = context.choice
         queued = QueuedRequest(
-            request_id=rid, client_id=cmd.id, reply_channel=self.reply_channel, enqueued_at=now, model=cmd.model,
-            prompt=cmd.prompt, messages=cmd.messages, params=params,
+            request_id=rid, client_id=cmd.id, reply_channel=self.reply_channel, enqueued_at=now, model=choice.model,
+            version=choice.version, prompt=cmd.prompt, messages=cmd.messages, params=params,
             deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
             api_key=key.id if key else None, lane=lane,
         )
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
-        keep_text = context.cache_query is not None or bool(self.guards)
-        route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[])
+        if self.catalog is not None and not cmd.version:
+            context.shadows = [v for v in self.catalog.shadows(choice.model) if v != choice.version]
+        # The answer is kept for the cache, the output guards, and to compare shadows' with.
+        keep_text = context.cache_query is not None or bool(self.guards) or bool(context.shadows)
+        route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[], model=choice.model,
+                      version=choice.version)
         self.router.add(route)
         try:
             pipe = self.redis.pipeline(transaction=False)
@@ -286,6 +402,82 @@ class Admission:
         held, route.held = route.held, None
         for delivery in held:
             self._deliver(delivery)
+        return queued
+
+    # ---- shadows ----------------------------------------------------------------------------------
+    # A shadow copy runs the served request on another version, in the batch lane (behind all
+    # interactive work, preempted for it), under its own id and no key: it is never delivered,
+    # never cached, never charged. Its latency, error and whether its text equals the served
+    # answer go into its version's outcomes and the shadow counter.
+
+    async def _shadow(self, served: QueuedRequest, choice: Choice) -> None:
+        rid = uuid.uuid4().hex
+        self._shadow_pairs.setdefault(served.request_id, ShadowPair())
+        queued = served.model_copy(update={"request_id": rid, "client_id": rid, "version": choice.version,
+                                           "enqueued_at": time.time(), "lane": "batch", "api_key": None,
+                                           "deadline_at": None, "shadow_of": served.request_id})
+        self.router.add(Route(rid, rid, ShadowSink(), keep_text=True, context=ShadowContext(served.request_id, choice),
+                              model=choice.model, version=choice.version))
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
+            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            await pipe.execute()
+            await asyncio.to_thread(enqueue, queued, True)
+        except Exception as exc:
+            self.router.remove(rid)
+            log.warning("event=shadow_not_queued request_id=%s version=%s error=%r", served.request_id,
+                        choice.version, exc)
+            metrics.SHADOW_REQUESTS.labels(choice.model, choice.version, "not_queued").inc()
+            return
+        log.info("event=shadow_queued request_id=%s shadow=%s version=%s", served.request_id, rid, choice.version)
+
+    def _shadow_ended(self, route: Route, reply: ReplyEvent | None) -> None:
+        context: ShadowContext = route.context
+        if reply is None:
+            return
+        error = reply.type != "done"
+        outcome = outcomes.from_timing(reply.timing, reply.usage, error=error, shadow=True)
+        pair = self._shadow_pairs.get(context.primary)
+        if pair is not None and not pair.served_ended:
+            pair.waiting.append((context.choice, outcome, None if error else route.text))
+            return
+        self._shadow_measured(context.choice, outcome, None if error else route.text,
+                              pair.served_text if pair is not None else None)
+
+    def _served_ended(self, rid: str, text: str | None) -> None:
+        """The served answer ended (text None: it failed or stopped): its shadows can be compared."""
+        pair = self._shadow_pairs.get(rid)
+        if pair is None:
+            return
+        pair.served_ended, pair.served_text = True, text
+        for choice, outcome, shadow_text in pair.waiting:
+            self._shadow_measured(choice, outcome, shadow_text, text)
+        pair.waiting.clear()
+        self._forget_old_pairs()
+
+    def _shadow_measured(self, choice: Choice, outcome: outcomes.Outcome, shadow_text: str | None,
+                         served_text: str | None) -> None:
+        same = None if shadow_text is None or served_text is None else shadow_text == served_text
+        outcome = dataclasses.replace(outcome, same_text=same)
+        result = "error" if outcome.error else "unknown" if same is None else "same" if same else "different"
+        metrics.SHADOW_REQUESTS.labels(choice.model, choice.version, result).inc()
+        log.info("event=shadow_measured model=%s version=%s result=%s e2e_s=%s", choice.model, choice.version,
+                 result, outcome.e2e_s)
+        self._spawn(self._record(choice, outcome))
+
+    def _forget_old_pairs(self) -> None:
+        """A pair whose shadows never ended (their worker died for good) goes after the replay log's life."""
+        horizon = time.time() - keys.stream_ttl_s(self.settings)
+        for rid in [rid for rid, pair in self._shadow_pairs.items() if pair.at < horizon]:
+            del self._shadow_pairs[rid]
+
+    async def _record(self, choice: Choice, outcome: outcomes.Outcome) -> None:
+        """One outcome in its version's stream, which canaries compare (ops/core/outcomes.py)."""
+        try:
+            await outcomes.record(self.redis, self.settings, choice.model, choice.version, outcome)
+        except aioredis.RedisError as exc:
+            log.debug("event=outcome_not_recorded model=%s error=%r", choice.served, exc)
 
     # ---- ending early -----------------------------------------------------------------------------
     # One sequence for every door: the route goes, the request stops everywhere (queued, it never
@@ -365,9 +557,11 @@ class Admission:
         # output guards read the whole answer (the route keeps what came before `after_index`).
         guard_input = (GuardInput(rid, queued.model, queued.prompt, queued.messages) if queued is not None
                        else GuardInput(rid, self.settings.model_name, None, None))
-        context = RequestContext(caller, guard_input, key_id=queued.api_key if queued else None)
+        choice = Choice(queued.model, queued.version, "resumed") if queued is not None else None
+        context = RequestContext(caller, guard_input, key_id=queued.api_key if queued else None, choice=choice)
         self.intake.follow(Route(rid, rid, sink, next_index=after_index + 1, context=context,
-                                 keep_text=bool(self.guards)))
+                                 keep_text=bool(self.guards), model=choice.model if choice else "",
+                                 version=choice.version if choice else ""))
         log.info("event=resumed request_id=%s after_index=%d", rid, after_index)
         return True
 
@@ -393,9 +587,17 @@ class Admission:
     def settle(self, route: Route, reply: ReplyEvent | None) -> None:
         """A route ended (`reply` is its done or error event; None when cancelled or abandoned)."""
         context = route.context
+        if isinstance(context, ShadowContext):
+            self._shadow_ended(route, reply)
+            return
         if not isinstance(context, RequestContext) or context.settled:
             return
         context.settled = True
+        if context.shadows:
+            self._served_ended(route.request_id, route.text if reply is not None and reply.type == "done" else None)
+        if reply is not None and context.choice is not None:
+            self._spawn(self._record(context.choice, outcomes.from_timing(reply.timing, reply.usage,
+                                                                          error=reply.type != "done")))
         usage = (reply.usage if reply is not None else None) or {}
         if reply is None or reply.type != "done":
             # Stopped early (cancel, client gone, refused): what it generated still counts,

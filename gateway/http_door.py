@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway import openai_schema as oa
 from gateway.admission import Admission, Caller
 from gateway.auth import Authenticator
+from gateway.catalog import Catalog
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.served_model import ServedModel
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -80,12 +80,12 @@ async def _disconnected(request: Request) -> None:
 
 class HttpDoor:
     def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
-                 model: ServedModel):
+                 catalog: Catalog):
         self.settings = settings
         self.protocol = protocol
         self.auth = auth
         self.admission = admission
-        self.model = model
+        self.catalog = catalog
 
     async def caller(self, request: Request) -> Caller:
         header = request.headers.get("authorization")
@@ -96,7 +96,7 @@ class HttpDoor:
             await self.caller(request)
         except ProtocolError as err:
             return error_response(err)
-        return JSONResponse({"object": "list", "data": [self.model.card()]})
+        return JSONResponse({"object": "list", "data": self.catalog.cards()})
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._complete(request, chat=True)
@@ -141,6 +141,8 @@ class HttpDoor:
         if event["type"] == "error":
             return error_response(_event_error(event), self.settings.retry_after_s)
         headers = {"x-request-id": rid}
+        if admitted.version:
+            headers["x-brigade-model-version"] = admitted.version
         if opts.stream:
             return StreamingResponse(self._stream(answer, opts, rid, event, admitted.request_id),
                                      media_type="text/event-stream",

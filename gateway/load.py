@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 import redis.asyncio as aioredis
 
@@ -24,8 +25,10 @@ SMOOTHING = 0.3  # weight of the newest second in the rate
 
 
 class LoadMonitor:
-    def __init__(self, client: aioredis.Redis, settings: Settings, interval_s: float = 1.0):
+    def __init__(self, client: aioredis.Redis, settings: Settings, interval_s: float = 1.0,
+                 on_statuses: Callable[[list[dict]], None] | None = None):
         self.redis = client
+        self.on_statuses = on_statuses  # told each second's heartbeats (the catalog's live versions)
         self.settings = settings
         self.interval_s = interval_s
         self.rate: float | None = None  # requests finished per second, all workers
@@ -57,6 +60,8 @@ class LoadMonitor:
         self.workers = len(statuses)
         self.statuses = statuses
         self.observed = True
+        if self.on_statuses is not None:
+            self.on_statuses(statuses)
 
     async def any_worker_alive(self) -> bool:
         """Asked before refusing for want of workers: the once-a-second view may be a second old."""
@@ -74,25 +79,39 @@ class LoadMonitor:
                 log.debug("event=load_monitor_error error=%r", exc)
             await asyncio.sleep(self.interval_s)
 
+    def served_versions(self) -> list[tuple[str, str]]:
+        """The model versions live workers serve (and the settings' model, so its gauges exist from the start)."""
+        found = {(self.settings.model_name, self.settings.model_version)}
+        found |= {(s["model"], s.get("version") or "") for s in self.statuses if s.get("model")}
+        return sorted(found)
+
     async def _gauge_the_fleet(self) -> None:
         """The gateway's /metrics view of what every gateway shares: workers, queue, dead letters, cache."""
-        model = self.settings.model_name
+        served = self.served_versions()
+        lanes = len(keys.PRIORITY_STEPS)
         pipe = self.redis.pipeline(transaction=False)
-        for name in keys.queue_lists(model):
-            pipe.llen(name)
+        for model, version in served:
+            for name in keys.queue_lists(model, version):
+                pipe.llen(name)
         pipe.llen(keys.DEAD_LETTERS)
         same_redis = self.settings.cache_redis == self.settings.redis_url
         if same_redis:
             pipe.zcard(keys.CACHE_LRU)
         replies = await pipe.execute()
-        lanes = len(keys.queue_lists(model))
-        batch = replies[keys.PRIORITY_STEPS.index(keys.BATCH_STEP)]
-        queued = sum(replies[:lanes]) - batch
         metrics.WORKERS_ALIVE.set(self.workers)
-        metrics.QUEUE_DEPTH.labels(model, "interactive").set(queued)
-        metrics.QUEUE_DEPTH.labels(model, "batch").set(batch)
-        signal = scale_signal(self.statuses, queued, self.settings.per_worker_target)
-        metrics.WORKERS_DESIRED.labels(model).set(signal.desired)
-        metrics.DEAD_LETTERS.set(replies[lanes])
+        queued_by_model: dict[str, int] = {}
+        for i, (model, version) in enumerate(served):
+            depths = replies[i * lanes:(i + 1) * lanes]
+            batch = depths[keys.PRIORITY_STEPS.index(keys.BATCH_STEP)]
+            queued = sum(depths) - batch
+            metrics.QUEUE_DEPTH.labels(model, version, "interactive").set(queued)
+            metrics.QUEUE_DEPTH.labels(model, version, "batch").set(batch)
+            queued_by_model[model] = queued_by_model.get(model, 0) + queued
+        for model, queued in queued_by_model.items():
+            statuses = [s for s in self.statuses if s.get("model", model) == model]
+            signal = scale_signal(statuses, queued, self.settings.per_worker_target)
+            metrics.WORKERS_DESIRED.labels(model).set(signal.desired)
+        rest = replies[len(served) * lanes:]
+        metrics.DEAD_LETTERS.set(rest[0])
         if same_redis:
-            metrics.CACHE_ENTRIES.labels(model).set(replies[lanes + 1])
+            metrics.CACHE_ENTRIES.labels(self.settings.model_name).set(rest[1])

@@ -4,7 +4,7 @@ What only a gateway sees: requests by door and outcome, cache lookups and hits b
 refusals (overload, no worker, rate limits, content guards), and, read from Redis once a second
 by the load monitor, the fleet's state: workers alive, queue depth per lane, dead letters and
 cache entries. Latency histograms, tokens and KV use come from each worker's own /metrics.
-One registry of its own (not prometheus_client's global one), with the model name as a label.
+One registry of its own (not prometheus_client's global one), with the model and version as labels.
 """
 from __future__ import annotations
 
@@ -14,20 +14,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 REQUESTS = Counter("brigade_gateway_requests_total", "Requests admitted or refused, by door and outcome "
-                   "(queued, cached, refused)", ["model", "door", "outcome"], registry=REGISTRY)
-CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model"], registry=REGISTRY)
-CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)", ["model", "layer"],
-                     registry=REGISTRY)
+                   "(queued, cached, refused)", ["model", "version", "door", "outcome"], registry=REGISTRY)
+CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model", "version"], registry=REGISTRY)
+CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)",
+                     ["model", "version", "layer"], registry=REGISTRY)
 CACHE_ENTRIES = Gauge("brigade_cache_entries", "Entries in the answer cache", ["model"], registry=REGISTRY)
 OVERLOAD_REFUSALS = Counter("brigade_overload_refusals_total", "Requests refused for load, by code "
-                            "(overloaded, no_workers)", ["model", "code"], registry=REGISTRY)
+                            "(overloaded, no_workers)", ["model", "version", "code"], registry=REGISTRY)
 RATE_LIMIT_REFUSALS = Counter("brigade_rate_limit_refusals_total", "Requests refused by a key's limit, by limit "
                               "(rpm, tpm, max_concurrent)", ["model", "limit"], registry=REGISTRY)
 CONTENT_BLOCKED = Counter("brigade_content_blocked_total", "Requests ended by a content guard, by stage "
                           "(prompt, output)", ["model", "stage"], registry=REGISTRY)
 WORKERS_ALIVE = Gauge("brigade_workers_alive", "Workers whose heartbeat is current", registry=REGISTRY)
-QUEUE_DEPTH = Gauge("brigade_queue_depth", "Requests waiting on the queue for a worker, by lane", ["model", "lane"],
-                    registry=REGISTRY)
+QUEUE_DEPTH = Gauge("brigade_queue_depth", "Requests waiting on the queue for a worker, by lane",
+                    ["model", "version", "lane"], registry=REGISTRY)
+SHADOW_REQUESTS = Counter("brigade_shadow_requests_total", "Shadow copies measured, by outcome (same: its text "
+                          "equals the served answer, different, error, unknown: the served answer did not finish, "
+                          "not_queued)", ["model", "version", "outcome"], registry=REGISTRY)
+CANARY_DECISIONS = Counter("brigade_canary_decisions_total", "Canary decisions taken by this gateway's controller "
+                           "(stepped, promoted, rolled_back)", ["model", "version", "decision"], registry=REGISTRY)
 BATCH_LINES = Counter("brigade_batch_lines_total", "Batch job lines written to their output, by outcome "
                       "(completed, failed: the request's answer was an error, invalid: a skipped bad line)", ["model", "outcome"], registry=REGISTRY)
 WORKERS_DESIRED = Gauge("brigade_workers_desired", "Workers that the requests now queued and running call for "

@@ -27,7 +27,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 STATUS = {
     "invalid_json": 400, "invalid_message": 400, "missing_field": 400, "invalid_field": 400, "unknown_field": 400,
     "unsupported_field": 400, "content_blocked": 400, "prompt_too_long": 413, "context_overflow": 413,
-    "unauthorized": 401, "unknown_model": 404, "not_found": 404, "rate_limited": 429, "overloaded": 503, "no_workers": 503,
+    "unauthorized": 401, "model_not_found": 404, "not_found": 404, "rate_limited": 429, "overloaded": 503, "no_workers": 503,
     "unavailable": 503, "deadline_exceeded": 504,
 }
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -74,6 +74,8 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
             fields[name] = body[name]
     if "model" in body:
         fields["model"] = body["model"]
+    if body.get("user") is not None:
+        fields["user"] = body["user"]  # a route may stick to it (gateway/catalog.py)
     limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if body.get(limit_field) is not None:
         fields["max_tokens"] = body[limit_field]
@@ -188,7 +190,7 @@ def brigade_extra(done: dict, request_id: str | None) -> dict:
     """Brigade's own account of the answer: timing (as the WebSocket `done` event), cache layer, ids."""
     # A cached answer's events carry the id it was answered under (it has no queued request).
     out = {"request_id": done.get("request_id") or request_id, "timing": done.get("timing") or {},
-           "cached": done.get("cached"),
+           "cached": done.get("cached"), "model_version": done.get("version"),
            "finish_reason": done.get("finish_reason")}
     if done.get("cached"):
         out["similarity"] = done.get("similarity")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -51,6 +51,11 @@ class Generate:
     # Milliseconds from arrival after which the answer is no longer wanted: the gateway refuses
     # the request when the estimated wait is longer, and a worker drops it if it is still queued.
     deadline_ms: int | None = None
+    version: str = ""  # a version the request pins (`model: "name@v2"`); "": the route chooses
+    user: str | None = None  # the OpenAI `user` (an end user's id): what a route may stick to
+    # The sampling fields the client left unset (filled with the model's defaults): filled again
+    # from the chosen version's defaults when admission routes the request to another version.
+    unset: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,8 @@ class Feedback:
 Command = Generate | Cancel | Resume | Feedback
 FEEDBACK_VERDICTS = ("wrong",)
 
-_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "cache", "cache_threshold", "deadline_ms"} | set(
+_GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "user", "cache", "cache_threshold",
+                    "deadline_ms"} | set(
     GenerateParams.model_fields
 )
 _RESUME_FIELDS = {"type", "id", "after_index"}
@@ -110,14 +116,23 @@ def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: 
     return events
 
 
+class ModelBook(Protocol):
+    """What the protocol asks of the models this gateway knows (gateway/catalog.py's Catalog)."""
+
+    def resolve(self, ref: str | None, client_id: str | None = None) -> tuple[str, str]: ...
+
+    def defaults_for(self, model: str, version: str = "") -> SamplingDefaults: ...
+
+
 class ClientProtocol:
     """Turns client frames into commands, with the limits from settings. A command's sampling
     fields are complete: what the client left unset is filled from the model's defaults here, the
-    one place every door passes."""
+    one place every door passes. Without a `models` book, the one model of the settings."""
 
-    def __init__(self, settings: Settings, defaults: SamplingDefaults | None = None):
+    def __init__(self, settings: Settings, defaults: SamplingDefaults | None = None, models: ModelBook | None = None):
         self.settings = settings
         self.defaults = defaults if defaults is not None else load_sampling_defaults(settings)
+        self.models = models
 
     def parse(self, frame: str | bytes) -> Command:
         if isinstance(frame, bytes):
@@ -179,9 +194,11 @@ class ClientProtocol:
         parsed_messages = None
         if messages is not None:
             parsed_messages = self._messages(messages, rid)
-        model = data.get("model", s.model_name)
-        if model != s.model_name:
-            raise ProtocolError("unknown_model", f"model {str(model)[:64]!r} is not served here; use {s.model_name!r}", rid, "model")
+        model, version, defaults = self._model(data.get("model"), rid)
+        user = data.get("user")
+        if user is not None and (not isinstance(user, str) or len(user) > s.max_id_chars):
+            raise ProtocolError("invalid_field", f"`user` must be a string of at most {s.max_id_chars} characters",
+                                rid, "user")
         cache = data.get("cache", "auto")
         if cache not in CACHE_MODES:
             raise ProtocolError("invalid_field", f"`cache` must be one of {', '.join(CACHE_MODES)}", rid, "cache")
@@ -194,8 +211,19 @@ class ClientProtocol:
                                      or not 1 <= deadline <= MAX_DEADLINE_MS):
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
                                 rid, "deadline_ms")
-        params = self._params(data, rid)
-        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline)
+        params, unset = self._params(data, rid, defaults)
+        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline, version, user or None,
+                        unset)
+
+    def _model(self, ref, rid: str) -> tuple[str, str, SamplingDefaults]:
+        if self.models is not None:
+            model, version = self.models.resolve(ref, rid)
+            return model, version, self.models.defaults_for(model, version)
+        model = self.settings.model_name if ref is None else ref
+        if model != self.settings.model_name:
+            raise ProtocolError("model_not_found", f"the model {str(model)[:64]!r} does not exist; use "
+                                f"{self.settings.model_name!r}", rid, "model")
+        return model, "", self.defaults
 
     def _feedback(self, data: dict, rid: str) -> Feedback:
         _refuse_unknown(data, _FEEDBACK_FIELDS, rid)
@@ -241,7 +269,7 @@ class ClientProtocol:
                 rid, field,
             )
 
-    def _params(self, data: dict, rid: str) -> GenerateParams:
+    def _params(self, data: dict, rid: str, defaults: SamplingDefaults) -> tuple[GenerateParams, tuple[str, ...]]:
         s = self.settings
         fields = {k: data[k] for k in GenerateParams.model_fields if k in data}
         for name, value in fields.items():
@@ -255,7 +283,8 @@ class ClientProtocol:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else None
             raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
-        params = params.with_defaults(self.defaults)
+        unset = params.unset
+        params = params.with_defaults(defaults)
         if params.max_tokens > s.max_tokens_limit:
             raise ProtocolError(
                 "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"
@@ -266,7 +295,7 @@ class ClientProtocol:
                 f"`stop` takes at most {s.max_stop_strings} non-empty strings of at most {s.max_stop_chars} characters",
                 rid, "stop",
             )
-        return params
+        return params, unset
 
 
 def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:

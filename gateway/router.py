@@ -46,6 +46,8 @@ class Route:
     held: list | None = None
     # What admission knows of the request (cache query, caller, guard input): settled at the end.
     context: Any = None
+    model: str = ""  # the model and version it runs on, named in its `done` event
+    version: str = ""
 
     @property
     def text(self) -> str:
@@ -119,6 +121,8 @@ class ReplyRouter:
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":
             client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing)
+            if route.model:
+                client_event.update(model=route.model, version=route.version)
         else:
             client_event = {"type": "error", "id": route.client_id, "code": event.code or "error",
                             "message": event.message or ""}

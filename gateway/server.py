@@ -42,6 +42,7 @@ from gateway.auth import Authenticator
 from gateway.background import BackgroundTasks
 from gateway.batch_http import BatchDoor
 from gateway.batch_runner import BatchRunner
+from gateway.catalog import Catalog
 from gateway.content_guards import GuardConfigError, configured
 from gateway.http_door import HttpDoor
 from gateway.limits import KeyLimiter
@@ -49,7 +50,6 @@ from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
-from gateway.served_model import ServedModel
 from gateway.ws_door import WebSocketDoor
 from ops.core import fleet, keys
 from ops.core.ports import bind_error
@@ -81,20 +81,21 @@ class Gateway:
         # that will run, so the gateway fills unset fields itself (ops/core/sampling_defaults.py).
         defaults = load_sampling_defaults(settings)
         log.info("event=sampling_defaults %s", describe(defaults))
-        self.protocol = ClientProtocol(settings, defaults)
+        # The models and versions requests may ask for, and the routes between versions.
+        self.catalog = Catalog(self.redis, settings, defaults, self.started_at)
+        self.protocol = ClientProtocol(settings, defaults, models=self.catalog)
         self.background = BackgroundTasks()
         spawn = self.background.spawn
         self.router = ReplyRouter()
-        self.load = LoadMonitor(self.redis, settings)
+        self.load = LoadMonitor(self.redis, settings, on_statuses=self.catalog.observe_workers)
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)
         self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn)
         self.admission = Admission(settings, self.redis, self.router, self.intake, self.load, self.key_store,
                                    KeyLimiter(self.redis), configured(settings), reply_channel, spawn,
-                                   self.deliver)
-        served = ServedModel(settings.model_name, settings.model_dir, defaults, self.started_at)
+                                   self.deliver, self.catalog)
         self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, lambda: self.stopping)
-        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, served)
+        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.catalog)
         self.batches = BatchRunner(settings, self.protocol, self.admission, self.router, self.load, self.key_store,
                                    self.id)
         self.batch_door = BatchDoor(settings, self.auth, self.batches.store)
@@ -137,7 +138,8 @@ class Gateway:
         except aioredis.RedisError as exc:
             return {"ready": False, "redis": False, "workers": 0, "reason": f"redis unreachable: {exc}"}
         ready = bool(workers)
-        report = {"ready": ready, "redis": True, "workers": len(workers)}
+        # The registry revision this gateway routes by: an operator (or a test) sees a route change arrive.
+        report = {"ready": ready, "redis": True, "workers": len(workers), "registry_revision": self.catalog.snapshot.revision}
         if not ready:
             report["reason"] = "no worker is alive"
         return report
@@ -166,7 +168,12 @@ class Gateway:
         if self.settings.cache_enabled:
             cache = await asyncio.to_thread(self._load_cache)
             self.background.adopt(await cache.start())
+        try:
+            await self.catalog.refresh()
+        except aioredis.RedisError as exc:  # the poll below loads it once Redis answers
+            log.warning("event=registry_not_loaded error=%r", exc)
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
+                 asyncio.create_task(self.catalog.run(), name="registry"),
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
                  asyncio.create_task(self.batches.run(), name="batch-runner")]

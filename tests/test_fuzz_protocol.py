@@ -34,7 +34,7 @@ from tests.services import Stack
 SETTINGS = Settings()
 PROTOCOL = ClientProtocol(SETTINGS)
 PARSER_CODES = {"binary_frame", "invalid_json", "invalid_message", "missing_field", "unknown_type",
-                "invalid_field", "unknown_field", "unknown_model", "prompt_too_long"}
+                "invalid_field", "unknown_field", "model_not_found", "prompt_too_long"}
 GOOD = {"type": "generate", "id": "good", "prompt": "Count from one to twenty.", "max_tokens": 48}
 END = "fuzz-end"  # cancel of this unknown id follows the hostile frames: its error marks the end
 HOSTILE = 150

@@ -198,7 +198,7 @@ def test_an_empty_message_is_a_400(doors):
 def test_an_unknown_model_is_a_404(doors):
     with pytest.raises(openai.NotFoundError) as err:
         doors.client(doors.open).chat.completions.create(**{**_chat(), "model": "gpt-17"})
-    assert err.value.body["code"] == "unknown_model" and err.value.body["param"] == "model"
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
 
 
 def test_a_prompt_past_the_limit_is_a_413(doors):

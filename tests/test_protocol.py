@@ -42,7 +42,7 @@ def good(**fields) -> str:
         (good(cache="sometimes"), "invalid_field", "cache"),
         (good(cache_threshold=1.5), "invalid_field", "cache_threshold"),
         (good(cache_threshold="high"), "invalid_field", "cache_threshold"),
-        (good(model="gpt-9"), "unknown_model", "model"),
+        (good(model="gpt-9"), "model_not_found", "model"),
         (good(colour="blue"), "unknown_field", "colour"),
         (good(prompt="x" * 10_000_000), "prompt_too_long", "prompt"),
         (good(prompt="   "), "invalid_field", "prompt"),

@@ -134,9 +134,9 @@ def test_what_brigade_cannot_honour_is_refused_naming_the_field(body, field):
 
 
 def test_codes_map_to_the_openai_statuses():
-    assert {c: oa.status_of(c) for c in ("unauthorized", "unknown_model", "prompt_too_long", "context_overflow",
+    assert {c: oa.status_of(c) for c in ("unauthorized", "model_not_found", "prompt_too_long", "context_overflow",
                                          "rate_limited", "overloaded", "no_workers", "internal_error")} == {
-        "unauthorized": 401, "unknown_model": 404, "prompt_too_long": 413, "context_overflow": 413,
+        "unauthorized": 401, "model_not_found": 404, "prompt_too_long": 413, "context_overflow": 413,
         "rate_limited": 429, "overloaded": 503, "no_workers": 503, "internal_error": 500}
     assert oa.error_body("rate_limited", "slow down")["error"] == {
         "message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limited"}

@@ -57,7 +57,9 @@ def from_timing(timing: dict | None, usage: dict | None, error: bool = False, ca
     timing, usage = timing or {}, usage or {}
     ttft, e2e = timing.get("ttft_s"), timing.get("e2e_s")
     tokens = int(usage.get("completion_tokens") or 0)
-    tpot = (e2e - ttft) / (tokens - 1) if ttft is not None and e2e is not None and tokens > 1 else None
+    tpot = timing.get("tpot_s")  # the worker's own (its first token to its last, per token)
+    if tpot is None and ttft is not None and e2e is not None and tokens > 1:
+        tpot = (e2e - ttft) / (tokens - 1)
     return Outcome(at=time.time() if at is None else at, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, error=error,
                    cached=cached, shadow=shadow, same_text=same_text)
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 
+from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
 from ops.core.settings import get_settings
@@ -46,7 +47,7 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=interactive_queue(settings.model_name),
+        task_default_queue=interactive_queue(settings.model_name, settings.model_version),
         task_send_sent_event=True,
         worker_send_task_events=True,
         worker_hijack_root_logger=False,
@@ -80,14 +81,14 @@ def enqueue(queued: QueuedRequest, first: bool = False) -> None:
     shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
     batch = queued.lane == "batch"
     sender().send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
-                       queue=interactive_queue(queued.model), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                       queue=interactive_queue(queued.model, queued.version), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
                        priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
 
 
 def task_summary(queued: QueuedRequest) -> str:
     """What task events (and so Flower) show of a request instead of its arguments: its shape,
     never its text. Prompts are the users' words; whoever watches the workers need not read them."""
-    shape = {"request_id": queued.request_id, "model": queued.model, "lane": queued.lane,
+    shape = {"request_id": queued.request_id, "model": keys.served(queued.model, queued.version), "lane": queued.lane,
              "max_tokens": queued.params.max_tokens}
     if queued.prompt is not None:
         shape["prompt_chars"] = len(queued.prompt)

@@ -77,8 +77,15 @@ def model_generation_config(settings: Settings) -> tuple[dict, str]:
 
 
 def load_sampling_defaults(settings: Settings) -> SamplingDefaults:
-    values, sources = dict(NEUTRAL), dict.fromkeys(NEUTRAL, "brigade")
+    """This process's defaults: the configured model folder's generation config."""
     from_model, where = model_generation_config(settings)
+    return sampling_defaults(settings, from_model, where)
+
+
+def sampling_defaults(settings: Settings, from_model: dict, where: str) -> SamplingDefaults:
+    """Neutral values, under what the model names (`from_model`, in request names: a registry
+    entry's generation fields), under the BRIGADE_DEFAULT_* overrides."""
+    values, sources = dict(NEUTRAL), dict.fromkeys(NEUTRAL, "brigade")
     for name, value in from_model.items():
         values[name], sources[name] = value, where
     for name in SAMPLING_FIELDS:

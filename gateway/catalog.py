@@ -1,0 +1,200 @@
+"""The models this gateway can route to, and which version each request gets.
+
+A snapshot of the registry (ops/core/registry.py) kept in memory: reloaded whenever its revision
+number moves (polled every registry_poll_s, one GET), so a route change reaches this gateway
+within a fraction of a second and is applied whole. Beside it, the versions live workers say
+they serve (their heartbeats, read by the load monitor each second): a model is known when it is
+registered or when a live worker serves it unregistered (a worker started on a folder with an
+empty registry, whose version is "").
+
+Choosing a version, in order: a version the request pins (`model: "name@v2"`); the model's route
+(its shares, walked with a sticky hash of the API key, the OpenAI `user` or the conversation, so
+one user stays on one version); without a route, the model's stable version.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from gateway.protocol import ProtocolError
+from ops.core import keys, registry
+from ops.core.messages import SamplingDefaults
+from ops.core.registry import Snapshot
+from ops.core.sampling_defaults import GenerationConfigError, sampling_defaults
+from ops.core.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The version a request runs on, and why (route, stable, pinned, unregistered)."""
+
+    model: str
+    version: str
+    why: str
+
+    @property
+    def served(self) -> str:
+        return keys.served(self.model, self.version)
+
+
+class Catalog:
+    def __init__(self, client: aioredis.Redis, settings: Settings, fallback_defaults: SamplingDefaults,
+                 created: int):
+        self.redis = client
+        self.settings = settings
+        self.fallback_defaults = fallback_defaults  # an unregistered model's: this gateway's settings
+        self.created = created
+        self.snapshot = Snapshot()
+        self.live: dict[str, set[str]] = {}  # model -> versions with a live worker (from heartbeats)
+        self._defaults: dict[str, SamplingDefaults] = {}
+        self._random = random.Random()
+
+    # ---- keeping up -------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        self.snapshot = await registry.read_snapshot_async(self.redis)
+        self._defaults.clear()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if await registry.revision_async(self.redis) != self.snapshot.revision:
+                    await self.refresh()
+                    log.info("event=registry_loaded revision=%d versions=%d routes=%d", self.snapshot.revision,
+                             len(self.snapshot.entries), len(self.snapshot.routes))
+            except (aioredis.RedisError, OSError) as exc:
+                log.debug("event=registry_poll_failed error=%r", exc)
+            await asyncio.sleep(self.settings.registry_poll_s)
+
+    def observe_workers(self, statuses: list[dict]) -> None:
+        live: dict[str, set[str]] = {}
+        for status in statuses:
+            if status.get("draining") or not status.get("model"):
+                continue
+            live.setdefault(status["model"], set()).add(status.get("version") or "")
+        self.live = live
+
+    # ---- questions --------------------------------------------------------------------------------
+
+    @property
+    def default_model(self) -> str:
+        if self.snapshot.default:
+            return self.snapshot.default
+        if self.settings.model_name in self.live or len(self.live) != 1:
+            return self.settings.model_name
+        return next(iter(self.live))  # the one model live workers serve, unregistered
+
+    def known(self, model: str) -> bool:
+        return model in self.snapshot.models or model in self.live
+
+    def names(self) -> list[str]:
+        return sorted(self.snapshot.models | set(self.live))
+
+    def resolve(self, ref: str | None, client_id: str | None = None) -> tuple[str, str]:
+        """A request's `model` -> (model, pinned version or ""); model_not_found when neither the
+        registry nor a live worker knows it."""
+        if ref is None:
+            return self.default_model, ""
+        if not isinstance(ref, str) or not ref:
+            raise ProtocolError("invalid_field", "`model` must be a non-empty string", client_id, "model")
+        model, _, version = ref.partition("@")
+        if not self.known(model):
+            raise ProtocolError("model_not_found", f"the model {ref[:64]!r} does not exist; models: "
+                                f"{', '.join(self.names()) or 'none'}", client_id, "model")
+        if version and self.snapshot.entry(model, version) is None and version not in self.live.get(model, ()):
+            versions = sorted({e.version for e in self.snapshot.versions(model)} | self.live.get(model, set()))
+            raise ProtocolError("model_not_found", f"{model} has no version {version[:32]!r}; versions: "
+                                f"{', '.join(v for v in versions if v) or 'none'}", client_id, "model")
+        return model, version
+
+    def defaults_for(self, model: str, version: str = "") -> SamplingDefaults:
+        """What fills a request's unset sampling fields: the version's generation defaults (its
+        registry entry) under the BRIGADE_DEFAULT_* overrides; the stable version's when none is
+        chosen yet; this gateway's own for a model that is not registered."""
+        version = version or self.snapshot.stable.get(model, "")
+        entry = self.snapshot.entry(model, version)
+        if entry is None:
+            return self.fallback_defaults
+        ref = entry.ref
+        if ref not in self._defaults:
+            try:
+                self._defaults[ref] = sampling_defaults(self.settings, entry.generation, f"the registry's {ref}")
+            except GenerationConfigError as exc:
+                log.warning("event=registry_defaults_invalid model=%s error=%s", ref, exc)
+                self._defaults[ref] = self.fallback_defaults
+        return self._defaults[ref]
+
+    def choose(self, model: str, pinned: str, key_id: str | None, user: str | None,
+               conversation: str | None) -> Choice:
+        if pinned:
+            return Choice(model, pinned, "pinned")
+        route = self.snapshot.routes.get(model)
+        if route is not None and any(s.percent > 0 for s in route.shares):
+            value = registry.sticky_value(route.sticky, key_id, user, conversation)
+            at = registry.bucket(model, value) if value is not None else self._random.randrange(registry.BUCKETS)
+            return Choice(model, registry.pick(route.shares, at), "route")
+        stable = self.snapshot.stable.get(model)
+        if stable is not None:
+            return Choice(model, stable, "stable")
+        live = sorted(self.live.get(model, {""}))
+        return Choice(model, live[0], "unregistered")
+
+    def shadows(self, model: str) -> list[str]:
+        """The versions that get a shadow copy of this request (each with its share's chance)."""
+        route = self.snapshot.routes.get(model)
+        if route is None:
+            return []
+        return [s.version for s in route.shadows if s.percent > 0 and self._random.random() * 100 < s.percent]
+
+    def serving(self, model: str, version: str) -> bool:
+        return version in self.live.get(model, ())
+
+    def folder(self, model: str, version: str) -> Path | None:
+        """The version's folder on this machine (for its chat template), when it is here."""
+        entry = self.snapshot.entry(model, version)
+        if entry is None:
+            return self.settings.model_dir if model == self.settings.model_name else None
+        return registry.local_folder(entry, self.settings.store_dir)
+
+    def cards(self) -> list[dict]:
+        """`GET /v1/models`: every model with a live worker, with its versions (OpenAI's shape, plus
+        Brigade's fields: versions, stable, route, sampling defaults, context length)."""
+        out = []
+        for model in sorted(self.live):
+            entries = {e.version: e for e in self.snapshot.versions(model)}
+            versions = []
+            for version in sorted(set(entries) | self.live[model], key=lambda v: (entries[v].added_at if v in entries else 0, v)):
+                entry = entries.get(version)
+                versions.append({"version": version, "live": version in self.live[model],
+                                 "checksum": entry.checksum if entry else None,
+                                 "parameters": entry.parameters if entry else None,
+                                 "max_model_len": entry.context_length if entry else None,
+                                 "added_at": int(entry.added_at) if entry else None})
+            stable = self.snapshot.stable.get(model)
+            route = self.snapshot.routes.get(model)
+            context = next((v["max_model_len"] for v in versions if v["version"] == stable and v["max_model_len"]), None)
+            if context is None:
+                context = next((v["max_model_len"] for v in versions if v["max_model_len"]), None)
+            created = min((int(e.added_at) for e in entries.values()), default=self.created)
+            out.append({"id": model, "object": "model", "created": created, "owned_by": "brigade",
+                        "max_model_len": context if context is not None else self._context_of_folder(model),
+                        "stable": stable, "versions": versions,
+                        "route": route.model_dump(exclude={"model"}) if route else None,
+                        "sampling_defaults": self.defaults_for(model).model_dump(exclude={"sources"})})
+        return out
+
+    def _context_of_folder(self, model: str) -> int | None:
+        import json
+
+        folder = self.folder(model, "")
+        try:
+            return json.loads((folder / "config.json").read_text()).get("max_position_embeddings") if folder else None
+        except (OSError, ValueError):
+            return None
