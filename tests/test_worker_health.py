@@ -38,18 +38,18 @@ def broker(settings):
     return app
 
 
-def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 200) -> QueuedRequest:
+def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 200, version: str = "") -> QueuedRequest:
     rid = uuid.uuid4().hex
     queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
-                           enqueued_at=time.time(), model=settings.model_name, prompt="hello there",
+                           enqueued_at=time.time(), model=settings.model_name, version=version, prompt="hello there",
                            params=GenerateParams(max_tokens=max_tokens, temperature=0.0))
     client.set(keys.request(rid), queued.model_dump_json(), ex=600)
     client.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
     return queued
 
 
-def on_queue(client: redis.Redis, model: str, rid: str) -> bool:
-    return any(rid in m for name in keys.queue_lists(model) for m in client.lrange(name, 0, -1))
+def on_queue(client: redis.Redis, model: str, rid: str, version: str = "") -> bool:
+    return any(rid in m for name in keys.queue_lists(model, version) for m in client.lrange(name, 0, -1))
 
 
 def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
@@ -189,3 +189,36 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     # A claim clears the receiver's mark.
     claims.claim(prefetched.request_id, "alive#1")
     assert client.get(keys.taken(prefetched.request_id)) is None
+
+
+def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server, broker):
+    from workers.reaper import Reaper
+
+    settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
+    client = redis_server.client
+    model = settings.model_name
+    claims = ClaimStore.from_settings(redis_clients.client(settings.redis_url), settings)
+    # Another version's backlog (and the unversioned one's) says nothing about a v2 request's message.
+    client.lpush(keys.queue_lists(model)[2], json.dumps({"body": "an unversioned request"}))
+    client.lpush(keys.queue_lists(model, "v3")[2], json.dumps({"body": "a v3 request"}))
+    lost_v2 = queued_request(settings, client, version="v2")  # popped by a worker killed before its receipt
+    waiting_v3 = queued_request(settings, client, version="v3")  # still behind v3's backlog
+    for q in (lost_v2, waiting_v3):
+        client.zadd(keys.UNCLAIMED, {q.request_id: 0})
+
+    reaper = Reaper(settings, redis_clients.client(settings.redis_url))
+    wait_until(lambda: reaper._heartbeats_trustworthy(), 5, what="the reaper to trust heartbeats")
+    assert reaper.sweep() == {lost_v2.request_id: "unclaimed"}  # v2's queue was empty
+    assert on_queue(client, model, lost_v2.request_id, "v2")
+    assert not on_queue(client, model, lost_v2.request_id) and not on_queue(client, model, lost_v2.request_id, "v3")
+    assert not any(on_queue(client, model, waiting_v3.request_id, v) for v in ("", "v2", "v3"))
+    # A v2 request whose claim's owner died goes back to v2's queue too.
+    running_v2 = queued_request(settings, client, version="v2")
+    assert claims.claim(running_v2.request_id, "dead#2").outcome == "claimed"
+    assert reaper.sweep() == {running_v2.request_id: "requeue"}
+    assert on_queue(client, model, running_v2.request_id, "v2") and not on_queue(client, model, running_v2.request_id)
+    # v3's queue emptied (its backlog taken, the request's message lost with it): now it is resent, to v3.
+    client.delete(*keys.queue_lists(model, "v3"))
+    client.zadd(keys.UNCLAIMED, {waiting_v3.request_id: 0})
+    assert reaper.sweep() == {waiting_v3.request_id: "unclaimed"}
+    assert on_queue(client, model, waiting_v3.request_id, "v3")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import time
 import urllib.parse
@@ -53,8 +54,9 @@ def scrape(url: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels besides the model's (0 when absent)."""
-    want = tuple(sorted({"model": MODEL, **labels}.items()))
+    """The sample `name` with exactly these labels besides the model's and its version's (the fleet's
+    workers serve the model unversioned: version ""), 0 when absent."""
+    want = tuple(sorted({"model": MODEL, "version": "", **labels}.items()))
     return samples.get((name, want), 0.0)
 
 
@@ -131,7 +133,9 @@ def test_two_workers_on_one_host_serve_metrics_on_their_own_ports_named_in_their
         # Only the worker's own registry: nothing from prometheus_client's default (process, GC).
         assert not [n for n in families if not n.startswith("brigade_")], sorted(families)
         samples = [s for f in families.values() for s in f.samples]
-        assert samples and all(s.labels.get("model") == MODEL for s in samples)
+        # Unversioned (no BRIGADE_MODEL_VERSION): the version label is there, empty.
+        assert samples and all((s.labels.get("model"), s.labels.get("version")) == (MODEL, "") for s in samples)
+        assert (statuses[name]["model"], statuses[name]["version"]) == (MODEL, "")
 
 
 # ---- counts after a known set of requests -------------------------------------------------------------
@@ -354,3 +358,26 @@ def test_a_worker_whose_metrics_port_is_taken_logs_it_once_and_serves_without_me
     answer = asyncio.run(ask(fleet.url, "after", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
                              cache="off"))
     assert answer.end["type"] == "done", answer.end
+
+
+def test_a_worker_serving_a_version_names_it_in_every_series_and_in_its_heartbeat(fleet):
+    proc = fleet.start_worker("v7@metrics", BRIGADE_MODEL_VERSION="v7")
+    try:
+        status = fleet.wait_ready(["v7@metrics"])["v7@metrics"]
+        assert (status["model"], status["version"]) == (MODEL, "v7"), status
+        with urllib.request.urlopen(status["metrics_url"], timeout=5) as resp:
+            text = resp.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+        assert {n for n in families if n.startswith("brigade_")} == HISTOGRAMS | GAUGES | COUNTERS
+        samples = [s for f in families.values() for s in f.samples]
+        assert samples and all((s.labels["model"], s.labels["version"]) == (MODEL, "v7") for s in samples)
+        # The series a dashboard rates are there from the start, under the version's labels.
+        reasons = {s.labels["finished_reason"] for s in families["brigade_request_success"].samples}
+        assert reasons == {"stop", "length", "cancelled", "error"}
+        assert any(s.name == "brigade_time_to_first_token_seconds_count" for s in families[
+            "brigade_time_to_first_token_seconds"].samples)
+        # The other workers keep their own (unversioned) labels.
+        others = fleet.scrape()
+        assert others and all(dict(labels)["version"] == "" for snap in others.values() for _, labels in snap)
+    finally:
+        fleet.kill(proc, signal.SIGTERM, timeout=30)

@@ -139,7 +139,7 @@ class EngineHost:
         self.publisher = TokenPublisher(self.claims)
         self.inflight: dict[str, InFlight] = {}
         self.requests_served = 0
-        self.metrics = WorkerMetrics(settings.model_name)
+        self.metrics = WorkerMetrics(settings.model_name, settings.model_version)
         self.metrics.watch_engine(engine.stats)
         engine.on_step = self.metrics.on_step
         self.metrics_endpoint: MetricsEndpoint | None = None
@@ -162,8 +162,8 @@ class EngineHost:
                                               settings.worker_metrics_advertise_host)
         for t in host._threads:
             t.start()
-        log.info("event=worker_ready worker=%s instance=%s model=%s", worker_name, host.instance,
-                 host.engine.config.model)
+        log.info("event=worker_ready worker=%s instance=%s served=%s model=%s", worker_name, host.instance,
+                 keys.served(settings.model_name, settings.model_version), host.engine.config.model)
         return host
 
     def close(self) -> None:
@@ -469,6 +469,7 @@ class EngineHost:
             "instance": self.instance,
             "pid": os.getpid(),
             "model": self.settings.model_name,
+            "version": self.settings.model_version,  # "" when unversioned
             **stats,
             "tokens_per_s": round(tokens_per_s, 2),
             "requests": requests,

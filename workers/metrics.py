@@ -1,7 +1,8 @@
 """A worker's Prometheus metrics: what its engine did, served on the worker's own /metrics.
 
 Names and meanings follow vLLM's (`vllm:time_to_first_token_seconds` -> `brigade_time_to_first_token_seconds`),
-every series labelled with the served model name; docs/metrics.md lists them. They live in
+every series labelled with the served model's name and registered version (`model`, `version`; the
+version is "" for a worker serving an unversioned folder); docs/metrics.md lists them. They live in
 this module's REGISTRY, not in prometheus_client's global one, so the worker exposes exactly
 these and a gateway in the same process (tests, tools) never mixes its own in.
 
@@ -35,11 +36,11 @@ LATENCY_BUCKETS = (
 )
 # Sequences in one decode step: powers of two up to the largest max_batch worth configuring.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MODEL = ["model"]
+SERVED = ["model", "version"]  # every series: the served model and its version ("" when unversioned)
 
 
 def _latency(name: str, doc: str) -> Histogram:
-    return Histogram(name, doc, MODEL, buckets=LATENCY_BUCKETS, registry=REGISTRY)
+    return Histogram(name, doc, SERVED, buckets=LATENCY_BUCKETS, registry=REGISTRY)
 
 
 TIME_TO_FIRST_TOKEN = _latency(
@@ -62,31 +63,31 @@ REQUEST_PREFILL_TIME = _latency(
     "brigade_request_prefill_time_seconds",
     "Time from the engine's admission to the first token on this worker, for requests ended by stop or length.")
 BATCH_SIZE = Histogram(
-    "brigade_batch_size", "Decode rows in one engine step.", MODEL, buckets=BATCH_SIZE_BUCKETS,
+    "brigade_batch_size", "Decode rows in one engine step.", SERVED, buckets=BATCH_SIZE_BUCKETS,
     registry=REGISTRY)
 
 PROMPT_TOKENS = Counter(
     "brigade_prompt_tokens", "Prompt tokens prefilled by this worker (counted at a request's first token here).",
-    MODEL, registry=REGISTRY)
+    SERVED, registry=REGISTRY)
 GENERATION_TOKENS = Counter(
-    "brigade_generation_tokens", "Tokens this worker generated for the requests it held.", MODEL, registry=REGISTRY)
+    "brigade_generation_tokens", "Tokens this worker generated for the requests it held.", SERVED, registry=REGISTRY)
 REQUEST_SUCCESS = Counter(
     "brigade_request_success", "Requests this worker ended with a done event, by finish reason.",
-    [*MODEL, "finished_reason"], registry=REGISTRY)
+    [*SERVED, "finished_reason"], registry=REGISTRY)
 REQUEST_ERRORS = Counter(
     "brigade_request_errors", "Requests this worker ended with an error event, by error code.",
-    [*MODEL, "code"], registry=REGISTRY)
+    [*SERVED, "code"], registry=REGISTRY)
 LANE_REQUESTS = Counter(
     "brigade_lane_requests", "Requests this worker ended, by lane (interactive, batch). The latency histograms "
-    "describe the interactive lane only.", [*MODEL, "lane"], registry=REGISTRY)
+    "describe the interactive lane only.", [*SERVED, "lane"], registry=REGISTRY)
 LANE_TOKENS = Counter(
     "brigade_lane_generation_tokens", "Tokens this worker generated, by lane (interactive, batch).",
-    [*MODEL, "lane"], registry=REGISTRY)
+    [*SERVED, "lane"], registry=REGISTRY)
 FAILOVERS = Counter(
     "brigade_failovers", "Requests this worker continued after another worker died or handed them back.",
-    MODEL, registry=REGISTRY)
+    SERVED, registry=REGISTRY)
 DEAD_LETTERS = Counter(
-    "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", MODEL, registry=REGISTRY)
+    "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", SERVED, registry=REGISTRY)
 
 
 # Counters read from the engine at scrape time: name, help, its Engine.stats key.
@@ -109,8 +110,8 @@ ENGINE_GAUGES = (
 class EngineGauges(Collector):
     """The engine's queue and memory, read at scrape time from `stats` (Engine.stats)."""
 
-    def __init__(self, model: str, stats: Callable[[], dict]):
-        self.model = model
+    def __init__(self, model: str, version: str, stats: Callable[[], dict]):
+        self.served = [model, version]
         self.stats = stats
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -118,12 +119,12 @@ class EngineGauges(Collector):
         budget = s.get("kv_budget_tokens") or 0
         values = (s["running"], s["waiting"], s["kv_used_tokens"] / budget if budget else 0.0)
         for (name, doc), value in zip(ENGINE_GAUGES, values):
-            family = GaugeMetricFamily(name, doc, labels=MODEL)
-            family.add_metric([self.model], value)
+            family = GaugeMetricFamily(name, doc, labels=SERVED)
+            family.add_metric(self.served, value)
             yield family
         for name, doc, key in ENGINE_COUNTERS:
-            counter = CounterMetricFamily(name, doc, labels=MODEL)
-            counter.add_metric([self.model], s.get(key, 0))
+            counter = CounterMetricFamily(name, doc, labels=SERVED)
+            counter.add_metric(self.served, s.get(key, 0))
             yield counter
 
 
@@ -132,27 +133,29 @@ _gauges_lock = threading.Lock()
 
 
 class WorkerMetrics:
-    """One worker's handles on the metrics above, bound to its model label."""
+    """One worker's handles on the metrics above, bound to its model and version labels."""
 
     FULL_RUN = frozenset({"stop", "length"})  # the ends whose latencies describe a whole answer
+    REASONS = ("stop", "length", "cancelled", "error")
 
-    def __init__(self, model: str):
-        self.model = model
-        self.ttft = TIME_TO_FIRST_TOKEN.labels(model)
-        self.tpot = TIME_PER_OUTPUT_TOKEN.labels(model)
-        self.itl = INTER_TOKEN_LATENCY.labels(model)
-        self.e2e = E2E_REQUEST_LATENCY.labels(model)
-        self.queue_time = REQUEST_QUEUE_TIME.labels(model)
-        self.prefill_time = REQUEST_PREFILL_TIME.labels(model)
-        self.batch_size = BATCH_SIZE.labels(model)
-        self.prompt_tokens = PROMPT_TOKENS.labels(model)
-        self.generation_tokens = GENERATION_TOKENS.labels(model)
-        self.failovers = FAILOVERS.labels(model)
-        self.dead_letters = DEAD_LETTERS.labels(model)
-        for reason in ("stop", "length", "cancelled", "error"):  # present at 0 from the start, for rate()
-            REQUEST_SUCCESS.labels(model, reason)
-        self.lane_requests = {lane: LANE_REQUESTS.labels(model, lane) for lane in ("interactive", "batch")}
-        self.lane_tokens = {lane: LANE_TOKENS.labels(model, lane) for lane in ("interactive", "batch")}
+    def __init__(self, model: str, version: str = ""):
+        self.model, self.version = model, version
+        served = (model, version)
+        self.ttft = TIME_TO_FIRST_TOKEN.labels(*served)
+        self.tpot = TIME_PER_OUTPUT_TOKEN.labels(*served)
+        self.itl = INTER_TOKEN_LATENCY.labels(*served)
+        self.e2e = E2E_REQUEST_LATENCY.labels(*served)
+        self.queue_time = REQUEST_QUEUE_TIME.labels(*served)
+        self.prefill_time = REQUEST_PREFILL_TIME.labels(*served)
+        self.batch_size = BATCH_SIZE.labels(*served)
+        self.prompt_tokens = PROMPT_TOKENS.labels(*served)
+        self.generation_tokens = GENERATION_TOKENS.labels(*served)
+        self.failovers = FAILOVERS.labels(*served)
+        self.dead_letters = DEAD_LETTERS.labels(*served)
+        # Present at 0 from the start, for rate(); resolved once, so an end is one inc.
+        self.successes = {reason: REQUEST_SUCCESS.labels(*served, reason) for reason in self.REASONS}
+        self.lane_requests = {lane: LANE_REQUESTS.labels(*served, lane) for lane in ("interactive", "batch")}
+        self.lane_tokens = {lane: LANE_TOKENS.labels(*served, lane) for lane in ("interactive", "batch")}
         self._gauges: EngineGauges | None = None
 
     def watch_engine(self, stats: Callable[[], dict]) -> None:
@@ -161,7 +164,7 @@ class WorkerMetrics:
         with _gauges_lock:
             if _engine_gauges is not None:
                 REGISTRY.unregister(_engine_gauges)
-            _engine_gauges = self._gauges = EngineGauges(self.model, stats)
+            _engine_gauges = self._gauges = EngineGauges(self.model, self.version, stats)
             REGISTRY.register(_engine_gauges)
 
     def unwatch_engine(self) -> None:
@@ -178,7 +181,8 @@ class WorkerMetrics:
     def finished(self, reason: str, timing: dict, queue_s: float | None, latencies: bool = True) -> None:
         """A done event: counted by reason; latencies only for answers that ran to their end (and
         not for batch lines: `latencies` False)."""
-        REQUEST_SUCCESS.labels(self.model, reason).inc()
+        # A reason beyond the four resolved at start (none today) is looked up, not refused.
+        (self.successes.get(reason) or REQUEST_SUCCESS.labels(self.model, self.version, reason)).inc()
         if reason not in self.FULL_RUN or not latencies:
             return
         for histogram, value in ((self.e2e, timing.get("e2e_s")), (self.tpot, timing.get("tpot_s")),
@@ -187,7 +191,7 @@ class WorkerMetrics:
                 histogram.observe(value)
 
     def failed(self, code: str) -> None:
-        REQUEST_ERRORS.labels(self.model, code).inc()
+        REQUEST_ERRORS.labels(self.model, self.version, code).inc()
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,11 @@ class Reaper:
                 if queued is None:
                     log.warning("event=reaped_without_request request_id=%s", rid)
                     continue
-                enqueue(queued)
-            log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
+                enqueue(queued)  # to its own version's queue (QueuedRequest.version)
+                log.info("event=reaped request_id=%s dead_owner=%s outcome=%s served=%s", rid, owner, outcome,
+                         keys.served(queued.model, queued.version))
+            else:
+                log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome
         return done
 
@@ -71,7 +74,8 @@ class Reaper:
         (`taken`, kept in its prefetch) waits while that worker lives and is sent again once it
         died. One that no worker received is still on the queue, unless the queue is empty: then
         its message was lost between a worker's pop and its receipt (a SIGKILL in that instant),
-        and it is sent again too. The queue itself is never read, only its length."""
+        and it is sent again too. The queue is the request's own version's (from its record), and
+        it is never read, only its length; enqueue sends it back to that version's queue."""
         cutoff = time.time() - self.settings.unclaimed_after_s
         stale = self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)
         if not stale:
@@ -95,22 +99,27 @@ class Reaper:
             if taker is not None:
                 waiting = taker in alive  # in a live worker's prefetch
             else:
-                if queued.model not in queue_empty:
-                    queue_empty[queued.model] = self._queue_depth(queued.model) == 0
-                waiting = not queue_empty[queued.model]
+                # Its own version's queue (the record says which): another version's backlog says
+                # nothing about whether this message is still waiting.
+                served = (queued.model, queued.version)
+                if served not in queue_empty:
+                    queue_empty[served] = self._queue_depth(*served) == 0
+                waiting = not queue_empty[served]
             if waiting:
                 self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # look again later
                 continue
             if self.claims.take_unclaimed(rid, cutoff):
                 enqueue(queued)
                 done[rid] = "unclaimed"
-                log.info("event=unclaimed_requeued request_id=%s receiver=%s", rid,
+                log.info("event=unclaimed_requeued request_id=%s served=%s receiver=%s", rid,
+                         keys.served(queued.model, queued.version),
                          taker or "none")
         return done
 
-    def _queue_depth(self, model: str) -> int:
+    def _queue_depth(self, model: str, version: str) -> int:
+        """Messages on one model version's queue, every priority step."""
         pipe = self.redis.pipeline(transaction=False)
-        for name in keys.queue_lists(model):
+        for name in keys.queue_lists(model, version):
             pipe.llen(name)
         return sum(pipe.execute())
 

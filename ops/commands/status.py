@@ -1,8 +1,14 @@
 """`brigade status`: one screen for an operator, read straight from Redis.
 
-Workers (alive, draining, running and waiting requests, KV use, tokens/s, metrics address), the
-queue depth per lane and priority, the answer cache's size and hit rate, the autoscaling signal
-(the workers that what is in the system calls for) and the dead letters.
+A section per served model version (model@version, or the model alone when unversioned): its
+workers (alive, draining, running and waiting requests, KV use, tokens/s, metrics address), their
+totals, its queue's depth per priority and the workers its load calls for. A version's workers
+take only its own queue, so each is read and scaled on its own. Then the answer cache's size and
+hit rate, the autoscaling signal of the whole fleet and the dead letters.
+
+The versions shown are those with a live worker, those registered (`brigade models`), and the
+configured model (BRIGADE_MODEL_NAME / BRIGADE_MODEL_VERSION) when it has a worker or a queue, or
+when nothing else is there to show.
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from dataclasses import asdict
 
 import redis
 
-from ops.core import fleet, keys, redis_clients
+from ops.core import fleet, keys, redis_clients, registry
 from ops.core.fleet import scale_signal
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
@@ -23,29 +29,70 @@ from ops.core.settings import Settings
 STEP_NAMES = {0: "continued", 3: "priority 3", 6: "new", 9: "batch"}
 
 
+def _worker_row(w: dict, now: float) -> dict:
+    return {
+        "worker": w.get("worker"), "pid": w.get("pid"), "model": w.get("model"), "version": w.get("version") or "",
+        "state": "draining" if w.get("draining") else "alive",
+        "running": w.get("running", 0), "waiting": w.get("waiting", 0),
+        "kv_use": round(w["kv_used_tokens"] / w["kv_budget_tokens"], 4) if w.get("kv_budget_tokens") else None,
+        "tokens_per_s": w.get("tokens_per_s"), "requests_served": w.get("requests_served"),
+        "metrics_url": w.get("metrics_url"), "beat_age_s": round(now - w.get("updated_at", now), 2),
+    }
+
+
+def _queue(depths: list[int]) -> dict:
+    return {"lane": "interactive", "total": sum(depths),
+            "by_priority": {STEP_NAMES[step]: d for step, d in zip(keys.PRIORITY_STEPS, depths)}}
+
+
+def _served_versions(r: redis.Redis, settings: Settings, statuses: list[dict]) -> tuple[list[tuple[str, str]], set]:
+    """Every (model, version) to show, in order, and the registered ones among them."""
+    registered = {(e.name, e.version) for e in registry.read_snapshot(r).entries.values()}
+    with_workers = {(str(w.get("model")), w.get("version") or "") for w in statuses}
+    configured = (settings.model_name, settings.model_version)
+    return sorted(with_workers | registered | {configured}), registered
+
+
 def collect(settings: Settings) -> dict:
     r = redis_clients.client(settings.redis_url)
-    workers = fleet.live_workers(r)
-    lists = keys.queue_lists(settings.model_name)
-    depths = [r.llen(name) for name in lists]
+    statuses = fleet.live_workers(r)
+    served, registered = _served_versions(r, settings, statuses)
+    pipe = r.pipeline(transaction=False)
+    for model, version in served:
+        for name in keys.queue_lists(model, version):
+            pipe.llen(name)
+    replies = pipe.execute()
+    steps = len(keys.PRIORITY_STEPS)
+    now = time.time()
+    models = []
+    for i, (model, version) in enumerate(served):
+        depths = replies[i * steps:(i + 1) * steps]
+        mine = [w for w in statuses if (str(w.get("model")), w.get("version") or "") == (model, version)]
+        signal = scale_signal(mine, sum(depths), settings.per_worker_target)
+        models.append({
+            "served": keys.served(model, version), "model": model, "version": version,
+            "registered": (model, version) in registered,
+            # alive: live heartbeats, the draining ones among them (as the fleet's line counts them)
+            "alive": len(mine), "draining": sum(bool(w.get("draining")) for w in mine),
+            "running": signal.running, "waiting": signal.waiting,
+            "queue": _queue(depths), "desired": signal.desired,
+            "workers": [_worker_row(w, now) for w in sorted(mine, key=lambda w: str(w.get("worker")))],
+        })
+    configured = keys.served(settings.model_name, settings.model_version)
+    shown = [m for m in models if m["workers"] or m["queue"]["total"] or m["registered"]]
+    models = shown or [m for m in models if m["served"] == configured]
+    depths = [sum(m["queue"]["by_priority"][STEP_NAMES[step]] for m in models) for step in keys.PRIORITY_STEPS]
     dead = r.llen(keys.DEAD_LETTERS)
-    signal = scale_signal(workers, sum(depths), settings.per_worker_target)
+    signal = scale_signal(statuses, sum(depths), settings.per_worker_target)
     c = r if settings.cache_redis == settings.redis_url else redis_clients.client(settings.cache_redis)
     counters = {k: int(v) for k, v in c.hgetall(keys.CACHE_STATS).items()}
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)
     lookups = hits + counters.get("misses", 0)
-    now = time.time()
     return {
-        "workers": [{
-            "worker": w.get("worker"), "pid": w.get("pid"), "model": w.get("model"),
-            "state": "draining" if w.get("draining") else "alive",
-            "running": w.get("running", 0), "waiting": w.get("waiting", 0),
-            "kv_use": round(w["kv_used_tokens"] / w["kv_budget_tokens"], 4) if w.get("kv_budget_tokens") else None,
-            "tokens_per_s": w.get("tokens_per_s"), "requests_served": w.get("requests_served"),
-            "metrics_url": w.get("metrics_url"), "beat_age_s": round(now - w.get("updated_at", now), 2),
-        } for w in sorted(workers, key=lambda w: str(w.get("worker")))],
-        "queue": {"lane": "interactive", "model": settings.model_name, "total": sum(depths),
-                  "by_priority": {STEP_NAMES[step]: d for step, d in zip(keys.PRIORITY_STEPS, depths)}},
+        "models": models,
+        # Every worker, of every version, and every version's queue added up: the fleet at a glance.
+        "workers": sorted((_worker_row(w, now) for w in statuses), key=lambda w: str(w["worker"])),
+        "queue": _queue(depths),
         "cache": {"entries": c.zcard(keys.CACHE_LRU), "hit_rate": round(hits / lookups, 4) if lookups else None,
                   "hits": hits, "lookups": lookups},
         "dead_letters": dead,
@@ -53,22 +100,36 @@ def collect(settings: Settings) -> dict:
     }
 
 
+def _table(workers: list[dict]) -> list[str]:
+    rows = [["worker", "state", "running", "waiting", "kv use", "tok/s", "served", "metrics"]]
+    for w in workers:
+        kv = "-" if w["kv_use"] is None else f"{w['kv_use']:.0%}"
+        rows.append([str(w["worker"]), w["state"], str(w["running"]), str(w["waiting"]), kv,
+                     str(w["tokens_per_s"]), str(w["requests_served"]), w["metrics_url"] or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["    " + "  ".join(cell.ljust(n) for cell, n in zip(row, widths)).rstrip() for row in rows]
+
+
+def _section(m: dict) -> list[str]:
+    name = m["served"] + ("" if m["version"] else " (unversioned)")
+    if m["workers"]:
+        head = f"{m['alive']} worker(s)" + (f", {m['draining']} draining" if m["draining"] else "")
+        head += f", {m['running']} running, {m['waiting']} waiting in engines, {m['desired']} worker(s) wanted"
+    else:
+        head = "no live worker" + (f", {m['desired']} worker(s) wanted" if m["desired"] else "")
+    q = m["queue"]
+    parts = ", ".join(f"{step} {n}" for step, n in q["by_priority"].items() if n)
+    return [f"{name}: {head}", *(_table(m["workers"]) if m["workers"] else []),
+            f"  queue {q['lane']}: {q['total']} waiting" + (f" ({parts})" if parts else "")]
+
+
 def render(report: dict) -> str:
-    lines = []
     workers = report["workers"]
-    lines.append(f"workers: {len(workers)} alive" + (f", {sum(w['state'] == 'draining' for w in workers)} draining"
-                                                      if any(w["state"] == "draining" for w in workers) else ""))
-    if workers:
-        rows = [["worker", "state", "running", "waiting", "kv use", "tok/s", "served", "metrics"]]
-        for w in workers:
-            kv = "-" if w["kv_use"] is None else f"{w['kv_use']:.0%}"
-            rows.append([str(w["worker"]), w["state"], str(w["running"]), str(w["waiting"]), kv,
-                         str(w["tokens_per_s"]), str(w["requests_served"]), w["metrics_url"] or "-"])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines += ["  " + "  ".join(cell.ljust(n) for cell, n in zip(row, widths)).rstrip() for row in rows]
-    q = report["queue"]
-    parts = ", ".join(f"{name} {n}" for name, n in q["by_priority"].items() if n)
-    lines.append(f"queue {q['lane']} ({q['model']}): {q['total']} waiting" + (f" ({parts})" if parts else ""))
+    draining = sum(w["state"] == "draining" for w in workers)
+    lines = [f"workers: {len(workers)} alive" + (f", {draining} draining" if draining else "")
+             + f" over {len(report['models'])} model version(s)"]
+    for m in report["models"]:
+        lines += _section(m)
     cache = report["cache"]
     rate = "-" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%} of {cache['lookups']} lookups"
     lines.append(f"cache: {cache['entries']} entries, hit rate {rate}")
