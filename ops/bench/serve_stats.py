@@ -7,14 +7,14 @@ Pure: request results in, numbers and verdicts out.
 """
 from __future__ import annotations
 
-import math
-import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-LATENCIES = ("ttft", "tpot", "itl", "e2e")
+from ops.core import slo
+from ops.core.slo import LATENCIES, InvalidObjective, Objective  # noqa: F401 (callers import them from here)
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -148,60 +148,10 @@ def run_metrics(results: list[RequestResult], duration_s: float) -> dict:
 # ---- objectives -----------------------------------------------------------------------------------
 
 
-class InvalidObjective(ValueError):
-    """An --slo objective that does not parse; the message says which and why."""
-
-
-@dataclass(frozen=True)
-class Objective:
-    text: str  # as written, e.g. "ttft_p95<=2s"
-    metric: str  # ttft | tpot | itl | e2e | error_rate
-    stat: str  # mean | pNN; "" for error_rate
-    op: str  # <= | <
-    threshold: float  # seconds; a fraction for error_rate
-
-    @property
-    def is_latency(self) -> bool:
-        return self.metric in LATENCIES
-
-    def holds(self, value: float | None) -> bool:
-        if value is None or math.isnan(value):
-            return False
-        return value <= self.threshold if self.op == "<=" else value < self.threshold
-
-
-_NUMBER = r"(?P<value>\d+(?:\.\d*)?|\.\d+)"
-_LATENCY = re.compile(rf"^(?P<metric>ttft|tpot|itl|e2e)_(?P<stat>mean|p\d+(?:\.\d+)?)(?P<op><=|<){_NUMBER}(?P<unit>ms|s)$")
-_ERROR_RATE = re.compile(rf"^error_rate(?P<op><=|<){_NUMBER}(?P<unit>%?)$")
-
-
 def parse_slo(text: str) -> list[Objective]:
-    """`ttft_p95<=2s,tpot_p50<=200ms,error_rate<=0.01`: latencies ttft, tpot, itl, e2e with mean or
-    pNN, <= or <, a number with s or ms; error_rate a fraction (0.01) or a percentage (1%)."""
-    objectives = []
-    for part in text.split(","):
-        written = part.strip()
-        compact = re.sub(r"\s+", "", written)
-        if not compact:
-            raise InvalidObjective(f"an empty objective in {text!r}")
-        if m := _LATENCY.match(compact):
-            stat = m["stat"]
-            if stat != "mean" and not 0 < float(stat[1:]) <= 100:
-                raise InvalidObjective(f"{written!r}: a percentile is p1..p100")
-            threshold = float(m["value"]) / (1000 if m["unit"] == "ms" else 1)
-            objectives.append(Objective(written, m["metric"], stat, m["op"], threshold))
-        elif m := _ERROR_RATE.match(compact):
-            threshold = float(m["value"]) / (100 if m["unit"] == "%" else 1)
-            if threshold > 1:
-                raise InvalidObjective(f"{written!r}: error_rate is a fraction (0.01) or a percentage (1%)")
-            objectives.append(Objective(written, "error_rate", "", m["op"], threshold))
-        elif re.match(r"^(ttft|tpot|itl|e2e)_(mean|p[\d.]+)(<=|<)[\d.]+$", compact):
-            raise InvalidObjective(f"{written!r}: give the unit, s or ms (e.g. ttft_p95<=2s)")
-        else:
-            raise InvalidObjective(
-                f"{written!r} is not an objective: write METRIC_STAT<=VALUE with METRIC ttft, tpot, itl or e2e, "
-                "STAT mean or pNN and VALUE in s or ms (ttft_p95<=2s), or error_rate<=FRACTION")
-    return objectives
+    """A load test's objectives (ops/core/slo.py has the syntax): absolute only, since a run has
+    no stable version to be a ratio of; a ratio (`ttft_p95<=1.2x`) is refused with InvalidObjective."""
+    return slo.parse_slo(text, allow_ratios=False)
 
 
 def measured(objective: Objective, results: list[RequestResult]) -> float | None:

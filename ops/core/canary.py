@@ -1,0 +1,498 @@
+"""Canary releases: a new version's share raised step by step while it keeps its objectives, and
+set to 0 the moment it breaks one.
+
+A canary's record (keys.canary(model), JSON) names the canary and the stable version it is
+compared with, the steps (percents, ending at 100), how long each step lasts, the objectives
+(ops/core/slo.py, ratios against the stable version in the same window) and the fewest requests a
+verdict needs. One controller at a time steps every running canary: whoever holds
+keys.CANARY_LEASE (any gateway, or the reaper) calls `Controller.tick` every canary_tick_s. A tick
+reads both versions' outcomes (ops/core/outcomes.py) over the sliding window and decides:
+- a breach, with enough requests: rolled back (route stable=100, canary=0), the reason and the
+  evidence (both versions' numbers, each objective's value and limit) kept in the record;
+- every objective held, enough requests, and the step has lasted its interval: the next step;
+  the step to 100 is the promotion (route canary=100 and the registry's stable version, in one
+  transaction);
+- otherwise nothing (waiting for requests, or for the interval).
+Every decision is also pushed to keys.canary_log(model), capped at CANARY_LOG_MAX.
+
+The window starts no earlier than the canary did: outcomes of the canary version from before
+(an earlier canary, a shadow) are not its evidence. Every function takes `now` so that tests and
+tools can drive time; outcome streams are read by their ids, which are the write time.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+from ops.core import keys, outcomes, registry
+from ops.core.outcomes import Outcome
+from ops.core.registry import RegistryError, RouteSpec, Share
+from ops.core.settings import Settings
+from ops.core.slo import InvalidObjective, Objective, parse_slo
+
+log = logging.getLogger("brigade.canary")
+
+STANDARD_STATS = ("ttft_p50", "ttft_p95", "tpot_p50", "e2e_p95")  # what `canary status` always shows
+OUTCOME_METRICS = ("ttft", "tpot", "e2e")  # the latencies an outcome has (no inter-token gaps)
+
+
+class CanaryError(RegistryError):
+    """A canary operation that cannot be done; the message says what to do instead."""
+
+
+class CanaryRecord(BaseModel):
+    """One model's canary, running or ended."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    model: str
+    version: str  # the canary
+    stable: str  # the version it is compared with (and gives traffic back to on a rollback)
+    steps: list[float]  # percents of the model's traffic, increasing, the last 100
+    step_index: int = 0
+    interval_s: float
+    window_s: float
+    slo: str
+    min_requests: int
+    state: Literal["running", "promoted", "rolled_back", "aborted"] = "running"
+    reason: str = ""
+    started_at: float
+    step_started_at: float
+    ended_at: float | None = None
+    evidence: dict = Field(default_factory=dict)  # at the last decision: both versions' stats, each verdict
+    history: list[dict] = Field(default_factory=list)  # every decision, oldest first
+
+    @property
+    def share(self) -> float:
+        return self.steps[self.step_index]
+
+    @property
+    def objectives(self) -> list[Objective]:
+        return parse_slo(self.slo)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a tick (or an operator) did to one canary."""
+
+    model: str
+    version: str
+    kind: Literal["stepped", "promoted", "rolled_back", "aborted"]
+    reason: str
+    share: float  # the canary's share after the decision
+
+
+# ---- numbers ----------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between the closest ranks (numpy's default, as bench serve reports)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def statistic(values: list[float], stat: str) -> float | None:
+    if stat == "mean":
+        return sum(values) / len(values) if values else None
+    return percentile(values, float(stat[1:]))
+
+
+@dataclass
+class VersionStats:
+    """One version's outcomes in a window. Shadow copies are left out entirely (they served no
+    one); latencies leave out cached answers (nothing was decoded) and errors."""
+
+    requests: int = 0
+    errors: int = 0
+    cached: int = 0
+    samples: dict[str, int] = field(default_factory=dict)  # ttft | tpot | e2e -> values measured
+    stats: dict[str, float | None] = field(default_factory=dict)  # "ttft_p95" -> seconds
+
+    @classmethod
+    def of(cls, found: list[Outcome], wanted: tuple[str, ...] = ()) -> VersionStats:
+        served = [o for o in found if not o.shadow]
+        decoded = [o for o in served if not o.cached and not o.error]
+        values = {m: [v for o in decoded if (v := getattr(o, f"{m}_s")) is not None] for m in OUTCOME_METRICS}
+        names = dict.fromkeys([*STANDARD_STATS, *wanted])
+        stats = {}
+        for name in names:
+            metric, _, stat = name.partition("_")
+            if metric in values:
+                stats[name] = statistic(values[metric], stat)
+        return cls(requests=len(served), errors=sum(o.error for o in served), cached=sum(o.cached for o in served),
+                   samples={m: len(v) for m, v in values.items()}, stats=stats)
+
+    @property
+    def fresh(self) -> int:
+        """Requests the version itself answered (or failed): what a verdict needs enough of."""
+        return self.requests - self.cached
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return self.cached / self.requests if self.requests else None
+
+    def value(self, objective: Objective) -> float | None:
+        return self.error_rate if objective.metric == "error_rate" else self.stats.get(objective.name)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "fresh": self.fresh, "error_rate": self.error_rate,
+                "cache_hit_rate": self.cache_hit_rate}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One objective judged on the canary: holds, breached, or waiting (and why)."""
+
+    objective: str
+    name: str  # the statistic: ttft_p95, error_rate
+    state: Literal["holds", "breached", "waiting"]
+    value: float | None
+    limit: float | None
+    baseline: float | None  # the stable version's same statistic
+    relative: bool
+    op: str
+    why: str = ""  # for waiting: what is missing
+
+
+def judge(objectives: list[Objective], canary: VersionStats, stable: VersionStats,
+          min_requests: int) -> list[Verdict]:
+    """Every objective on the canary's numbers. No verdict before the canary answered min_requests
+    requests itself; a ratio also waits for at least one sample of the stable version."""
+    verdicts = []
+    for o in objectives:
+        value, baseline = canary.value(o), stable.value(o)
+        common = dict(objective=o.text, name=o.name, value=value, baseline=baseline, relative=o.relative, op=o.op)
+        if canary.fresh < min_requests:
+            why = f"{canary.fresh} of {min_requests} requests"
+            verdicts.append(Verdict(state="waiting", limit=o.limit(baseline), why=why, **common))
+        elif o.relative and not stable.samples.get(o.metric):
+            verdicts.append(Verdict(state="waiting", limit=None, why=f"no {o.metric} sample of the stable version",
+                                    **common))
+        elif value is None:
+            verdicts.append(Verdict(state="waiting", limit=o.limit(baseline), why=f"no {o.metric} sample", **common))
+        else:
+            state = "holds" if o.holds(value, baseline) else "breached"
+            verdicts.append(Verdict(state=state, limit=o.limit(baseline), **common))
+    return verdicts
+
+
+def _ratio(value: float) -> str:
+    """1.9 -> "1.9", 2 -> "2.0", 1.24 -> "1.24": a ratio near its limit keeps its second decimal."""
+    return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
+
+
+def _amount(name: str, value: float) -> str:
+    return f"{value:.3g}" if name == "error_rate" else f"{value:.3g}s"
+
+
+def breach_reason(verdict: Verdict, requests: int) -> str:
+    """`rolled back: ttft_p95 1.9x stable over 63 requests`, or, for an absolute objective,
+    `rolled back: error_rate 0.05 > 0.01 over 63 requests`."""
+    if verdict.relative:
+        ratio = verdict.value / verdict.baseline if verdict.baseline else math.inf
+        said = f"{_ratio(ratio)}x stable" if math.isfinite(ratio) else f"{_amount(verdict.name, verdict.value)} (stable 0)"
+    else:
+        op = ">" if verdict.op == "<=" else ">="
+        said = f"{_amount(verdict.name, verdict.value)} {op} {_amount(verdict.name, verdict.limit)}"
+    return f"rolled back: {verdict.name} {said} over {requests} requests"
+
+
+# ---- the record in Redis ----------------------------------------------------------------------------
+
+
+def read(client: redis.Redis, model: str) -> CanaryRecord | None:
+    raw = client.get(keys.canary(model))
+    return CanaryRecord.model_validate_json(raw) if raw else None
+
+
+def _log(client: redis.Redis, model: str, entry: dict) -> None:
+    pipe = client.pipeline(transaction=True)
+    pipe.lpush(keys.canary_log(model), json.dumps(entry))
+    pipe.ltrim(keys.canary_log(model), 0, keys.CANARY_LOG_MAX - 1)
+    pipe.execute()
+
+
+def log_entries(client: redis.Redis, model: str, count: int = 20) -> list[dict]:
+    """The newest decisions first."""
+    return [json.loads(raw) for raw in client.lrange(keys.canary_log(model), 0, count - 1)]
+
+
+def _save_if_running(client: redis.Redis, record: CanaryRecord, started_at: float) -> bool:
+    """Write the record only while the stored one is the same canary, still running: a hand's
+    abort or promote between a tick's read and its write wins."""
+    name = keys.canary(record.model)
+
+    def save(pipe) -> bool:
+        raw = pipe.get(name)
+        current = CanaryRecord.model_validate_json(raw) if raw else None
+        if current is None or current.state != "running" or current.started_at != started_at:
+            return False
+        pipe.multi()
+        pipe.set(name, record.model_dump_json())
+        return True
+
+    return client.transaction(save, name, value_from_callable=True)
+
+
+def _note(record: CanaryRecord, kind: str, reason: str, now: float) -> dict:
+    entry = {"at": round(now, 3), "kind": kind, "version": record.version, "share": record.share, "reason": reason}
+    record.history.append(entry)
+    return entry
+
+
+def _route(client: redis.Redis, model: str, shares: list[Share], why: str, stable: str | None = None) -> None:
+    current = registry.read_snapshot(client).routes.get(model)
+    sticky = current.sticky if current is not None else "key"
+    shadows = current.shadows if current is not None else []
+    registry.set_route(client, RouteSpec(model=model, shares=shares, sticky=sticky, shadows=shadows, why=why),
+                       stable=stable)
+
+
+def _split(record: CanaryRecord, share: float) -> list[Share]:
+    """Stable first, the canary last: a canary's users stay with it as its share grows."""
+    if share >= 100:
+        return [Share(version=record.version, percent=100.0)]
+    return [Share(version=record.stable, percent=100.0 - share), Share(version=record.version, percent=share)]
+
+
+# ---- operations -------------------------------------------------------------------------------------
+
+
+def start(client: redis.Redis, model: str, version: str, steps: list[float], interval_s: float, slo_text: str,
+          min_requests: int, window_s: float | None = None, now: float | None = None) -> CanaryRecord:
+    """Start a canary of model@version against the model's stable version: its first step's share
+    of the route at once. Raises CanaryError (or InvalidObjective) for anything a user can fix."""
+    now = time.time() if now is None else now
+    objectives = parse_slo(slo_text)
+    for o in objectives:
+        if o.metric == "itl":
+            raise InvalidObjective(f"{o.text!r}: a canary's outcomes keep no inter-token gaps: use tpot instead")
+    if not steps or any(not 0 < s <= 100 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:])):
+        raise CanaryError(f"steps {','.join(f'{s:g}' for s in steps)}: give increasing percents above 0, e.g. 5,25,50,100")
+    if steps[-1] != 100:
+        raise CanaryError(f"steps {','.join(f'{s:g}' for s in steps)} end at {steps[-1]:g}: the last step is 100")
+    if interval_s <= 0 or (window_s is not None and window_s <= 0):
+        raise CanaryError("the interval and the window are positive durations (10m, 30s)")
+    if min_requests < 1:
+        raise CanaryError("--min-requests is at least 1")
+    snap = registry.read_snapshot(client)
+    if snap.entry(model, version) is None:
+        raise CanaryError(f"{keys.served(model, version)} is not registered (brigade models list)")
+    stable = snap.stable.get(model)
+    if not stable or snap.entry(model, stable) is None:
+        raise CanaryError(f"model {model!r} has no stable version to compare with (brigade models list)")
+    if stable == version:
+        raise CanaryError(f"{keys.served(model, version)} is already the stable version of {model}: "
+                          "register the new version and give it (--version)")
+    current = read(client, model)
+    if current is not None and current.state == "running":
+        raise CanaryError(f"{model} already has a running canary ({current.version}): "
+                          f"promote or abort it first (brigade canary abort {model})")
+    record = CanaryRecord(model=model, version=version, stable=stable, steps=steps, interval_s=interval_s,
+                          window_s=window_s or interval_s, slo=slo_text, min_requests=min_requests,
+                          started_at=now, step_started_at=now)
+    reason = f"canary step 1 of {len(steps)}"
+    entry = _note(record, "started", reason, now)
+    client.set(keys.canary(model), record.model_dump_json())
+    _route(client, model, _split(record, record.share), reason)
+    _log(client, model, {"model": model, **entry})
+    log.info("event=canary_started model=%s version=%s stable=%s share=%g slo=%r", model, version, stable,
+             record.share, slo_text)
+    return record
+
+
+def measure(client: redis.Redis, record: CanaryRecord, now: float) -> tuple[VersionStats, VersionStats, list[Verdict]]:
+    """Both versions over the record's window ending now, and every objective's verdict."""
+    since = max(now - record.window_s, record.started_at)
+    objectives = record.objectives
+    wanted = tuple(o.name for o in objectives if o.is_latency)
+    canary = VersionStats.of(outcomes.window(client, record.model, record.version, since, now), wanted)
+    stable = VersionStats.of(outcomes.window(client, record.model, record.stable, since, now), wanted)
+    return canary, stable, judge(objectives, canary, stable, record.min_requests)
+
+
+def _evidence(canary: VersionStats, stable: VersionStats, verdicts: list[Verdict], now: float) -> dict:
+    return {"at": round(now, 3), "canary": canary.to_json(), "stable": stable.to_json(),
+            "verdicts": [asdict(v) for v in verdicts]}
+
+
+def decide(client: redis.Redis, record: CanaryRecord, now: float) -> Decision | None:
+    """One running canary's tick: roll back, step, promote, or nothing (None)."""
+    canary, stable, verdicts = measure(client, record, now)
+    started_at = record.started_at
+    breached = [v for v in verdicts if v.state == "breached"]
+    if breached:
+        reason = breach_reason(breached[0], canary.fresh)
+        record.evidence = _evidence(canary, stable, verdicts, now)
+        _route(client, record.model, _split(record, 0), f"canary {reason}")
+        return _end(client, record, "rolled_back", reason, now, started_at, share=0.0)
+    if any(v.state == "waiting" for v in verdicts) or canary.fresh < record.min_requests:
+        return None
+    if now - record.step_started_at < record.interval_s:
+        return None
+    record.evidence = _evidence(canary, stable, verdicts, now)
+    nxt = min(record.step_index + 1, len(record.steps) - 1)
+    if record.step_index == len(record.steps) - 1 or record.steps[nxt] >= 100:
+        reason = f"promoted: every objective held over {canary.fresh} requests"
+        return _promote(client, record, reason, now, started_at)
+    record.step_index, record.step_started_at = nxt, now
+    reason = f"canary step {nxt + 1} of {len(record.steps)}"
+    entry = _note(record, "stepped", f"{reason}: every objective held over {canary.fresh} requests", now)
+    if not _save_if_running(client, record, started_at):
+        return None
+    _route(client, record.model, _split(record, record.share), reason)
+    _log(client, record.model, {"model": record.model, **entry})
+    log.info("event=canary_stepped model=%s version=%s share=%g requests=%d", record.model, record.version,
+             record.share, canary.fresh)
+    return Decision(record.model, record.version, "stepped", entry["reason"], record.share)
+
+
+def _promote(client: redis.Redis, record: CanaryRecord, reason: str, now: float, started_at: float) -> Decision | None:
+    record.step_index = len(record.steps) - 1
+    decision = _end(client, record, "promoted", reason, now, started_at, share=100.0)
+    if decision is not None:  # recorded first: an abort meanwhile must not be overridden by this route
+        _route(client, record.model, _split(record, 100), "canary promoted", stable=record.version)
+    return decision
+
+
+def _end(client: redis.Redis, record: CanaryRecord, state: str, reason: str, now: float, started_at: float,
+         share: float) -> Decision | None:
+    record.state, record.reason, record.ended_at = state, reason, now
+    entry = _note(record, state, reason, now)
+    entry["share"] = share
+    if not _save_if_running(client, record, started_at):
+        return None
+    _log(client, record.model, {"model": record.model, **entry})
+    log.info("event=canary_%s model=%s version=%s reason=%r", state, record.model, record.version, reason)
+    return Decision(record.model, record.version, state, reason, share)
+
+
+def _running(client: redis.Redis, model: str) -> CanaryRecord:
+    record = read(client, model)
+    if record is None or record.state != "running":
+        said = "no canary" if record is None else f"its canary {record.state.replace('_', ' ')}"
+        raise CanaryError(f"{model} has no running canary ({said}): brigade canary status {model}")
+    return record
+
+
+def promote(client: redis.Redis, model: str, now: float | None = None) -> Decision:
+    """By hand: the canary takes all of the traffic and becomes the stable version, now."""
+    now = time.time() if now is None else now
+    record = _running(client, model)
+    canary, stable, verdicts = measure(client, record, now)
+    record.evidence = _evidence(canary, stable, verdicts, now)
+    decision = _promote(client, record, "promoted by hand", now, record.started_at)
+    if decision is None:
+        raise CanaryError(f"{model}'s canary ended meanwhile: brigade canary status {model}")
+    return decision
+
+
+def abort(client: redis.Redis, model: str, reason: str = "aborted by hand", now: float | None = None) -> Decision:
+    """By hand: all of the traffic back to the stable version; the canary stays registered."""
+    now = time.time() if now is None else now
+    record = _running(client, model)
+    canary, stable, verdicts = measure(client, record, now)
+    record.evidence = _evidence(canary, stable, verdicts, now)
+    _route(client, model, _split(record, 0), f"canary {reason}")
+    decision = _end(client, record, "aborted", reason, now, record.started_at, share=0.0)
+    if decision is None:
+        raise CanaryError(f"{model}'s canary ended meanwhile: brigade canary status {model}")
+    return decision
+
+
+def status(client: redis.Redis, model: str, now: float | None = None) -> dict:
+    """The record, both versions' numbers over the current window (for an ended canary, the window
+    that ended at its decision), every objective's verdict, the newest log entries."""
+    now = time.time() if now is None else now
+    record = read(client, model)
+    if record is None:
+        raise CanaryError(f"{model} has had no canary (brigade canary start {model} --version V ...)")
+    if record.ended_at is not None:  # an ended canary is shown as it was decided, not as traffic goes on
+        now = min(now, record.ended_at)
+    route = registry.read_snapshot(client).routes.get(model)
+    canary, stable, verdicts = measure(client, record, now)
+    return {"record": record.model_dump(), "share": route.share_of(record.version) if route else None,
+            "window": {"since": round(max(now - record.window_s, record.started_at), 3), "until": round(now, 3)},
+            "canary": canary.to_json(), "stable": stable.to_json(), "verdicts": [asdict(v) for v in verdicts],
+            "log": log_entries(client, model)}
+
+
+# ---- the controller ---------------------------------------------------------------------------------
+
+
+class Controller:
+    """Steps every running canary while it holds keys.CANARY_LEASE; any number may run (in each
+    gateway, in the reaper), one acts. Call `tick()` every settings.canary_tick_s."""
+
+    def __init__(self, client: redis.Redis, owner_id: str, settings: Settings):
+        self.client, self.owner_id = client, owner_id
+        self.lease_ms = max(1, int(settings.canary_lease_s * 1000))
+
+    def hold_lease(self) -> bool:
+        """Take the lease if free, renew it if ours; False when another controller holds it."""
+        if self.client.set(keys.CANARY_LEASE, self.owner_id, nx=True, px=self.lease_ms):
+            return True
+
+        def renew(pipe) -> bool:
+            if pipe.get(keys.CANARY_LEASE) != self.owner_id:
+                return False
+            pipe.multi()
+            pipe.pexpire(keys.CANARY_LEASE, self.lease_ms)
+            return True
+
+        return self.client.transaction(renew, keys.CANARY_LEASE, value_from_callable=True)
+
+    def release(self) -> None:
+        """Give the lease up (on shutdown), only if ours, so another controller takes over at once."""
+
+        def drop(pipe) -> None:
+            if pipe.get(keys.CANARY_LEASE) == self.owner_id:
+                pipe.multi()
+                pipe.delete(keys.CANARY_LEASE)
+
+        self.client.transaction(drop, keys.CANARY_LEASE)
+
+    def running(self) -> list[CanaryRecord]:
+        """Every model's running canary: one record per registered model, read in one round trip."""
+        models = sorted(registry.read_snapshot(self.client).models)
+        if not models:
+            return []
+        found = []
+        for raw in self.client.mget([keys.canary(m) for m in models]):
+            if raw:
+                record = CanaryRecord.model_validate_json(raw)
+                if record.state == "running":
+                    found.append(record)
+        return found
+
+    def tick(self, now: float | None = None) -> list[Decision]:
+        """One round over every running canary; [] when another controller holds the lease."""
+        if not self.hold_lease():
+            return []
+        now = time.time() if now is None else now
+        decisions = []
+        for record in self.running():
+            try:
+                decision = decide(self.client, record, now)
+            except (RegistryError, ValueError) as exc:  # a version removed meanwhile: said, and the others go on
+                log.warning("event=canary_tick_failed model=%s version=%s error=%r", record.model, record.version,
+                            str(exc))
+                continue
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
