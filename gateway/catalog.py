@@ -10,6 +10,9 @@ empty registry, whose version is "").
 Choosing a version, in order: a version the request pins (`model: "name@v2"`); the model's route
 (its shares, walked with a sticky hash of the API key, the OpenAI `user` or the conversation, so
 one user stays on one version); without a route, the model's stable version.
+
+The canary controller runs here too (`run_canaries`): every gateway tries for its lease each
+tick, and the one that holds it steps every running canary (ops/core/canary.py).
 """
 from __future__ import annotations
 
@@ -92,10 +95,11 @@ class Catalog:
         return next(iter(self.live))  # the one model live workers serve, unregistered
 
     def known(self, model: str) -> bool:
-        return model in self.snapshot.models or model in self.live
+        # The settings' model is known without a worker: its requests are no_workers, not not-found.
+        return model in self.snapshot.models or model in self.live or model == self.settings.model_name
 
     def names(self) -> list[str]:
-        return sorted(self.snapshot.models | set(self.live))
+        return sorted(self.snapshot.models | set(self.live) | {self.settings.model_name})
 
     def resolve(self, ref: str | None, client_id: str | None = None) -> tuple[str, str]:
         """A request's `model` -> (model, pinned version or ""); model_not_found when neither the

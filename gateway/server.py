@@ -51,7 +51,8 @@ from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import Delivery, ReplyRouter
 from gateway.ws_door import WebSocketDoor
-from ops.core import fleet, keys
+from ops.core import fleet, keys, redis_clients
+from ops.core.canary import Controller
 from ops.core.ports import bind_error
 from ops.core.redis_clients import async_client
 from ops.core.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
@@ -174,6 +175,7 @@ class Gateway:
             log.warning("event=registry_not_loaded error=%r", exc)
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.catalog.run(), name="registry"),
+                 asyncio.create_task(self.step_canaries(), name="canaries"),
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
                  asyncio.create_task(self.batches.run(), name="batch-runner")]
@@ -196,6 +198,23 @@ class Gateway:
             # A job this gateway ran is left where its record says; its lease lapses and another
             # gateway (or this one, restarted) continues it.
             await self.batches.close()
+
+    async def step_canaries(self) -> None:
+        """Try for the canary lease each tick; while this gateway holds it, step every canary."""
+        controller = Controller(redis_clients.client(self.settings.redis_url), f"gateway:{self.id}", self.settings)
+        try:
+            while True:
+                try:
+                    for decision in await asyncio.to_thread(controller.tick):
+                        metrics.CANARY_DECISIONS.labels(decision.model, decision.version, decision.kind).inc()
+                except aioredis.RedisError as exc:  # redis-py's sync and async errors are one class
+                    log.debug("event=canary_tick_failed error=%r", exc)
+                except Exception:  # a bad record: said once per tick, and the next tick tries again
+                    log.exception("event=canary_tick_failed")
+                await asyncio.sleep(self.settings.canary_tick_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(controller.release)
 
     def _load_cache(self) -> "AnswerCache":
         # Imported here: the cache brings the embedding model (and torch) into the gateway.

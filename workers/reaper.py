@@ -17,10 +17,12 @@ import logging
 import signal
 import threading
 import time
+import uuid
 
 import redis
 
 from ops.core import keys, redis_clients
+from ops.core.canary import Controller
 from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
 from ops.core.queue import enqueue
@@ -35,6 +37,10 @@ class Reaper:
         self.redis = client or redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
+        # Canaries are stepped by whichever controller holds their lease: a gateway's, or this one,
+        # so canaries keep their objectives when no gateway runs (ops/core/canary.py).
+        self.canaries = Controller(self.redis, f"reaper:{uuid.uuid4().hex[:12]}", settings)
+        self._canary_at = 0.0
 
     def sweep(self) -> dict[str, str]:
         """One pass; returns what was done: request id -> requeue | buried | unclaimed."""
@@ -146,11 +152,23 @@ class Reaper:
         while not stop.is_set():
             try:
                 redis_clients.outage_retry(first_s=0.5).call_with_retry(self.sweep, redis_lost, with_failure_count=True)
+                self._step_canaries()
             except redis.RedisError:
                 return  # stopping
             except Exception:  # a bad record must not end the reaper
                 log.exception("event=reaper_error")
             stop.wait(self.settings.reaper_interval_s)
+        try:
+            self.canaries.release()
+        except redis.RedisError:
+            pass
+
+    def _step_canaries(self) -> None:
+        now = time.monotonic()
+        if now - self._canary_at < self.settings.canary_tick_s:
+            return
+        self._canary_at = now
+        self.canaries.tick()
 
 
 def run_reaper(settings: Settings) -> None:
