@@ -8,6 +8,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: up test install redis browser model bench bench-peers clean
 
+# `install` prepares the default model; `brigade up` registers it (smollm2-135m-instruct@v1, in place)
+# once its Redis answers, when the registry is empty and BRIGADE_MODEL unset: the registry lives in
+# the Redis that `up` starts, so no step before it could write there (docs/models.md).
 up: install
 	$(BIN)/brigade up
 

@@ -49,10 +49,14 @@ def prepare_default_model(dest: Path) -> Path:
     """Convert the packaged GGUF into a safetensors folder at `dest` (once; later calls return)."""
     if is_prepared(dest):
         return dest
+    return convert_gguf(default_gguf_path(), dest)
+
+
+def convert_gguf(gguf: Path, dest: Path) -> Path:
+    """Convert a GGUF file into a safetensors folder at `dest` (replacing what is there)."""
     offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = default_gguf_path()
     log.info("event=model_convert source=%s dest=%s", gguf, dest)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)

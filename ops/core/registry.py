@@ -47,6 +47,8 @@ def split_ref(ref: str) -> tuple[str, str]:
     for part, what in ((name, "name"), (version, "version")):
         if part and not all(c.isalnum() or c in "-_." for c in part):
             raise RegistryError(f"model {what} {part!r} may hold letters, digits, '-', '_' and '.' only")
+        if part.startswith("."):  # "..", "." or a hidden name: a folder of the store (store/NAME/VERSION) it must not be
+            raise RegistryError(f"model {what} {part!r} may not start with '.'")
     return name, version
 
 
@@ -209,6 +211,8 @@ def describe_folder(folder: Path, name: str, version: str, source: str, generati
     tokenizer_config = folder / "tokenizer_config.json"
     if tokenizer_config.is_file():
         template = json.loads(tokenizer_config.read_text()).get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():  # where transformers saves it now
+        template = (folder / "chat_template.jinja").read_text()
     return ModelEntry(name=name, version=version, source=source, path=str(folder), checksum=weights_checksum(folder),
                       parameters=parameter_count(folder), context_length=config.get("max_position_embeddings"),
                       chat_template=template if isinstance(template, str) else None, generation=generation,
