@@ -28,7 +28,38 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def _serve_registered(model: str | None) -> str | None:
+    """Point this process's settings at the registered version `brigade worker` serves (--model,
+    else the registry's default model); None when it serves BRIGADE_MODEL unversioned, as before the
+    registry (an empty registry, or BRIGADE_MODEL set). Returns an error line instead when it cannot."""
+    import redis
+
+    from ops.commands.models import ModelNotHere, RegistryError, resolve_served
+
+    settings = get_settings()
+    try:
+        served = resolve_served(model, settings)
+    except (RegistryError, ModelNotHere) as exc:
+        return str(exc)
+    except redis.RedisError as exc:
+        return f"the registry's Redis at {redact_url(settings.redis_url)} did not answer ({exc}); cannot serve {model}"
+    if served is None:
+        return None
+    # The default model's own folder keeps BRIGADE_MODEL unset, so that it keeps its recommended
+    # sampling defaults (ops/core/sampling_defaults.py), as it does unregistered.
+    if settings.model or served.folder.resolve() != settings.model_dir.resolve():
+        os.environ["BRIGADE_MODEL"] = str(served.folder)
+    os.environ["BRIGADE_MODEL_NAME"] = served.name
+    os.environ["BRIGADE_MODEL_VERSION"] = served.version
+    get_settings.cache_clear()  # before the worker's modules read the settings
+    return None
+
+
 def cmd_worker(args) -> int:
+    problem = _serve_registered(args.model)
+    if problem is not None:
+        print(f"brigade worker: {problem}", file=sys.stderr)
+        return 1
     from ops.core.keys import interactive_queue
     from workers.app import app
     import workers.tasks  # registers the task and the engine's start/stop hooks
@@ -51,7 +82,7 @@ def cmd_worker(args) -> int:
     argv = [
         "--quiet",  # no 20-line banner: event=worker_ready says what matters, in one line
         "worker", "--pool", "threads", "--concurrency", str(settings.task_threads),
-        "--queues", interactive_queue(settings.model_name), "--hostname", name,
+        "--queues", interactive_queue(settings.model_name, settings.model_version), "--hostname", name,
         "--task-events", "--without-gossip", "--without-mingle", "--loglevel", args.loglevel,
     ]
     app.worker_main(argv)
@@ -118,6 +149,27 @@ def _redis_answers(url: str) -> bool:
         return bool(redis_clients.client(url, connect_timeout_s=1).ping())
     except redis.RedisError:
         return False
+
+
+def _up_models_step(model: str | None) -> str | None:
+    """`brigade up`'s model step, once its Redis answers: on a first start (an empty registry,
+    BRIGADE_MODEL unset) the default model is registered, in place, as NAME@v1; then what the
+    workers will serve is resolved once here, so that a model that is unknown or not on this machine
+    stops `up` with its reason before any part starts. Returns that reason, or None."""
+    from engine.model_files import ModelNotFound
+    from ops.commands.models import ModelNotHere, RegistryError, register_default_model, resolve_served
+    from ops.core import redis_clients
+    from ops.supervision import say
+
+    settings = get_settings()
+    try:
+        registered = register_default_model(redis_clients.client(settings.redis_url), settings)
+        if registered:
+            say(registered, sys.stdout)
+        resolve_served(model, settings)
+    except (RegistryError, ModelNotHere, ModelNotFound) as exc:
+        return str(exc)
+    return None
 
 
 def cmd_up(args) -> int:
@@ -190,15 +242,21 @@ def cmd_up(args) -> int:
             supervisor.stop()
             print(f"redis-server did not come up at {redact_url(settings.redis_url)} (its log: {redis_log})", file=sys.stderr)
             return 1
+    problem = _up_models_step(args.model)
+    if problem is not None:
+        supervisor.stop()
+        print(f"brigade up: {problem}", file=sys.stderr)
+        return 1
     # Should `up` die without stopping its parts (SIGKILL), the kernel kills them outright: a drain
     # needs the order and a Redis, which is going at the same moment; what they held is recovered
     # from Redis at the next start (the reaper moves the dead workers' requests).
     me = [sys.executable, "-m", "ops.cli"]
     parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     host = socket.gethostname()
+    model = ["--model", args.model] if args.model else []
     for i in range(1, args.workers + 1):
         parts["worker" if args.workers == 1 else f"worker-{i}"] = me + (
-            ["worker"] if args.workers == 1 else ["worker", "--name", f"brigade-{os.getpid()}-{i}@{host}"])
+            ["worker", *model] if args.workers == 1 else ["worker", *model, "--name", f"brigade-{os.getpid()}-{i}@{host}"])
     if args.flower:
         parts["flower"] = me + ["flower"]
     for name, argv in parts.items():
@@ -278,6 +336,18 @@ def cmd_status(args) -> int:
     return run(get_settings(), args.json)
 
 
+def cmd_models(args) -> int:
+    from ops.commands.models import run
+
+    return run(args, get_settings())
+
+
+def cmd_route(args) -> int:
+    from ops.commands.route import run
+
+    return run(args, get_settings())
+
+
 def cmd_capacity(args) -> int:
     from ops.commands.capacity import run
 
@@ -292,6 +362,8 @@ def build_parser() -> BrigadeParser:
     p = sub.add_parser("worker", help="start one Celery worker holding one model")
     p.add_argument("--name", help="worker name (default brigade-PID@HOST)")
     p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--model", metavar="NAME[@VERSION]", help="serve this registered version (NAME alone: its "
+                   "stable one); default: the registry's default model, or BRIGADE_MODEL when none is registered")
     p.set_defaults(fn=cmd_worker)
     sub.add_parser("gateway", help="start the WebSocket gateway").set_defaults(fn=cmd_gateway)
     p = sub.add_parser("up", help="start Redis (if needed), the workers, the gateway and a reaper")
@@ -300,6 +372,8 @@ def build_parser() -> BrigadeParser:
                    "batch jobs and dead letters end with it (default: kept in BRIGADE_DATA_DIR)")
     p.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1; on one machine, "
                    "give each BRIGADE_TORCH_THREADS so that together they use the cores once)")
+    p.add_argument("--model", metavar="NAME[@VERSION]", help="the registered version the workers serve (brigade "
+                   "worker --model); default: the registry's default model")
     p.set_defaults(fn=cmd_up)
     sub.add_parser("reaper", help="hand the requests of workers whose heartbeat expired to other workers "
                    "(several may run)").set_defaults(fn=cmd_reaper)
@@ -342,7 +416,17 @@ def build_parser() -> BrigadeParser:
     add_connection_options(p, redis="redis_url")
     p.set_defaults(fn=cmd_status)
     # models and routes: `brigade models ...`, `brigade route ...` (ops/commands/models.py, route.py)
+    from ops.commands.models import add_parser as add_models_parser
+    from ops.commands.route import add_parser as add_route_parser
+
+    add_models_parser(sub)
+    sub.choices["models"].set_defaults(fn=cmd_models)
+    add_route_parser(sub)
+    sub.choices["route"].set_defaults(fn=cmd_route)
     # canaries: `brigade canary ...` (ops/commands/canary.py)
+    from ops.commands.canary import add_parser as add_canary_parser
+
+    add_canary_parser(sub)
     from ops.commands.load_flags import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
