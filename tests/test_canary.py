@@ -211,13 +211,16 @@ def test_no_verdict_before_the_canary_answered_min_requests_itself(redis_client_
     assert [d.kind for d in controller.tick(now=time.time())] == ["rolled_back"]
 
 
-def test_a_ratio_waits_for_a_sample_of_the_stable_version(redis_client_, settings):
+def test_a_ratio_waits_for_min_requests_samples_of_the_stable_version(redis_client_, settings):
     client = redis_client_
     start(client, slo="tpot_p50<=1.2x", min_requests=10)
     write(client, settings, "v2", 10, tpot=0.5)
     controller = Controller(client, "gw-1", settings)
     assert controller.tick(now=time.time()) == []
-    assert canary.status(client, "m")["verdicts"][0]["why"] == "no tpot sample of the stable version"
+    assert canary.status(client, "m")["verdicts"][0]["why"] == "0 of 10 tpot samples of the stable version"
+    write(client, settings, "v1", 9, tpot=0.1)  # one fast stable answer is no baseline; nine are not enough
+    assert controller.tick(now=time.time()) == []
+    assert canary.status(client, "m")["verdicts"][0]["why"] == "9 of 10 tpot samples of the stable version"
     write(client, settings, "v1", 1, tpot=0.1)
     assert [d.reason for d in controller.tick(now=time.time())] == [
         "rolled back: tpot_p50 5.0x stable over 10 requests"]

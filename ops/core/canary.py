@@ -172,7 +172,9 @@ class Verdict:
 def judge(objectives: list[Objective], canary: VersionStats, stable: VersionStats,
           min_requests: int) -> list[Verdict]:
     """Every objective on the canary's numbers. No verdict before the canary answered min_requests
-    requests itself; a ratio also waits for at least one sample of the stable version."""
+    requests itself; a ratio also waits for min_requests samples of the stable version, since a
+    ratio is only as sure as its weaker side (one stable answer that happened to be fast must not
+    roll a healthy canary back)."""
     verdicts = []
     for o in objectives:
         value, baseline = canary.value(o), stable.value(o)
@@ -180,8 +182,9 @@ def judge(objectives: list[Objective], canary: VersionStats, stable: VersionStat
         if canary.fresh < min_requests:
             why = f"{canary.fresh} of {min_requests} requests"
             verdicts.append(Verdict(state="waiting", limit=o.limit(baseline), why=why, **common))
-        elif o.relative and not stable.samples.get(o.metric):
-            verdicts.append(Verdict(state="waiting", limit=None, why=f"no {o.metric} sample of the stable version",
+        elif o.relative and stable.samples.get(o.metric, 0) < min_requests:
+            why = f"{stable.samples.get(o.metric, 0)} of {min_requests} {o.metric} samples of the stable version"
+            verdicts.append(Verdict(state="waiting", limit=o.limit(baseline) if baseline is not None else None, why=why,
                                     **common))
         elif value is None:
             verdicts.append(Verdict(state="waiting", limit=o.limit(baseline), why=f"no {o.metric} sample", **common))
