@@ -100,6 +100,7 @@ class ShadowSink:
 class ShadowPair:
     """A served answer and its shadows' outcomes, until both sides have ended."""
 
+    shadows: int = 0  # shadow copies not yet measured
     served_text: str | None = None
     served_ended: bool = False
     waiting: list = field(default_factory=list)  # (shadow choice, its outcome, its text) before the served one ended
@@ -221,6 +222,9 @@ class Admission:
             self._release(caller, rid)
             raise
         queued = await self._enqueue(cmd, rid, context, sink, lane)
+        if context.shadows:
+            # Before the shadows are sent: a served answer that ends first must find its pair.
+            self._shadow_pairs[rid] = ShadowPair(shadows=len(context.shadows))
         for version in context.shadows:
             self._spawn(self._shadow(queued, Choice(choice.model, version, "shadow")))
         return Admitted(request_id=rid, model=choice.model, version=choice.version)
@@ -412,7 +416,6 @@ class Admission:
 
     async def _shadow(self, served: QueuedRequest, choice: Choice) -> None:
         rid = uuid.uuid4().hex
-        self._shadow_pairs.setdefault(served.request_id, ShadowPair())
         queued = served.model_copy(update={"request_id": rid, "client_id": rid, "version": choice.version,
                                            "enqueued_at": time.time(), "lane": "batch", "api_key": None,
                                            "deadline_at": None, "shadow_of": served.request_id})
@@ -429,12 +432,14 @@ class Admission:
             log.warning("event=shadow_not_queued request_id=%s version=%s error=%r", served.request_id,
                         choice.version, exc)
             metrics.SHADOW_REQUESTS.labels(choice.model, choice.version, "not_queued").inc()
+            self._one_less(served.request_id)
             return
         log.info("event=shadow_queued request_id=%s shadow=%s version=%s", served.request_id, rid, choice.version)
 
     def _shadow_ended(self, route: Route, reply: ReplyEvent | None) -> None:
         context: ShadowContext = route.context
-        if reply is None:
+        if reply is None:  # stopped without an answer: nothing to measure
+            self._one_less(context.primary)
             return
         error = reply.type != "done"
         outcome = outcomes.from_timing(reply.timing, reply.usage, error=error, shadow=True)
@@ -444,6 +449,7 @@ class Admission:
             return
         self._shadow_measured(context.choice, outcome, None if error else route.text,
                               pair.served_text if pair is not None else None)
+        self._one_less(context.primary)
 
     def _served_ended(self, rid: str, text: str | None) -> None:
         """The served answer ended (text None: it failed or stopped): its shadows can be compared."""
@@ -451,10 +457,21 @@ class Admission:
         if pair is None:
             return
         pair.served_ended, pair.served_text = True, text
-        for choice, outcome, shadow_text in pair.waiting:
+        waiting, pair.waiting = pair.waiting, []
+        for choice, outcome, shadow_text in waiting:
             self._shadow_measured(choice, outcome, shadow_text, text)
-        pair.waiting.clear()
+        self._one_less(rid, len(waiting))
         self._forget_old_pairs()
+
+    def _one_less(self, rid: str, measured: int = 1) -> None:
+        """`measured` more of a pair's shadows are done with: the pair goes once all are and its
+        served answer ended."""
+        pair = self._shadow_pairs.get(rid)
+        if pair is None:
+            return
+        pair.shadows -= measured
+        if pair.shadows <= 0 and pair.served_ended:
+            del self._shadow_pairs[rid]
 
     def _shadow_measured(self, choice: Choice, outcome: outcomes.Outcome, shadow_text: str | None,
                          served_text: str | None) -> None:

@@ -193,3 +193,49 @@ def test_a_batch_line_is_followed_again_only_while_its_request_has_a_replay_log(
             assert not await admission.follow_again(gone, "line-2", Sink())
             assert gone not in admission.router.followed
     run(main())
+
+
+# ---- shadows ------------------------------------------------------------------------------------
+
+
+def _shadow_routes(admission: Admission, served_text: list[str], shadow_text: list[str]):
+    from gateway.admission import ShadowContext, ShadowPair, ShadowSink
+    from gateway.catalog import Choice
+
+    served = routed(admission, Sink())
+    served.keep_text, served.chunks = True, list(served_text)
+    served.context.choice, served.context.shadows = Choice("m", "v1", "stable"), ["v3"]
+    admission._shadow_pairs[served.request_id] = ShadowPair(shadows=1)
+    shadow = Route(uuid.uuid4().hex, "s", ShadowSink(), keep_text=True, chunks=list(shadow_text),
+                   context=ShadowContext(served.request_id, Choice("m", "v3", "shadow")))
+    return served, shadow
+
+
+def _done(rid: str):
+    from ops.core.messages import ReplyEvent
+
+    return ReplyEvent(type="done", request_id=rid, finish_reason="stop", usage={"completion_tokens": 3},
+                      timing={"ttft_s": 0.1, "e2e_s": 0.3, "tpot_s": 0.1})
+
+
+@pytest.mark.parametrize("shadow_first", [False, True])
+@pytest.mark.parametrize("same", [True, False])
+def test_a_shadow_is_compared_with_the_served_answer_whichever_ends_first(redis_server, shadow_first, same):
+    from ops.core import outcomes
+
+    async def scenario():
+        async with admission_on(redis_server.url) as (admission, background):
+            served, shadow = _shadow_routes(admission, ["Paris", "."], ["Paris", "." if same else "!"])
+            ends = [(shadow, _done(shadow.request_id)), (served, _done(served.request_id))]
+            for route, reply in ends if shadow_first else ends[::-1]:
+                admission.settle(route, reply)
+            await background.drain(timeout_s=5)
+            return admission._shadow_pairs
+
+    client = redis_server.client
+    client.delete(keys.outcomes("m", "v3"), keys.outcomes("m", "v1"))
+    pairs = run(scenario())
+    recorded = outcomes.window(client, "m", "v3", 0)
+    assert [(o.shadow, o.same_text) for o in recorded] == [(True, same)]
+    assert [o.shadow for o in outcomes.window(client, "m", "v1", 0)] == [False]  # the served answer's own
+    assert pairs == {}  # both ended: nothing kept
