@@ -389,11 +389,7 @@ class Admission:
                       version=choice.version)
         self.router.add(route)
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
-            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
-            await pipe.execute()
-            await asyncio.to_thread(enqueue, queued, True)
+            await self._put_on_queue(queued)
         except Exception as exc:  # Redis or broker down: this request fails, the door lives
             self.router.remove(rid)
             self._release(context.caller, rid)
@@ -407,6 +403,16 @@ class Admission:
         for delivery in held:
             self._deliver(delivery)
         return queued
+
+    async def _put_on_queue(self, queued: QueuedRequest) -> None:
+        """The request's record (for a resume, a reaper, a continuing worker), its unclaimed mark
+        (the reaper's way to find a message lost before its claim), then the message itself."""
+        rid = queued.request_id
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
+        pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+        await pipe.execute()
+        await asyncio.to_thread(enqueue, queued, True)
 
     # ---- shadows ----------------------------------------------------------------------------------
     # A shadow copy runs the served request on another version, in the batch lane (behind all
@@ -422,11 +428,7 @@ class Admission:
         self.router.add(Route(rid, rid, ShadowSink(), keep_text=True, context=ShadowContext(served.request_id, choice),
                               model=choice.model, version=choice.version))
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
-            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
-            await pipe.execute()
-            await asyncio.to_thread(enqueue, queued, True)
+            await self._put_on_queue(queued)
         except Exception as exc:
             self.router.remove(rid)
             log.warning("event=shadow_not_queued request_id=%s version=%s error=%r", served.request_id,

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from datetime import datetime, timezone
-from urllib.parse import urlparse
 
 from ops.cli_options import add_connection_options
-from ops.core.redaction import redact
 from ops.core.settings import get_settings
 
 _DURATION = re.compile(r"^(?P<value>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s|m|h)?$")
@@ -40,11 +37,6 @@ def _count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
-
-
-def _where(url: str) -> str:
-    parsed = urlparse(url)
-    return f"{parsed.hostname}:{parsed.port or 6379}{parsed.path or ''}"
 
 
 def _when(at: float | None) -> str:
@@ -159,30 +151,15 @@ _COMMANDS = {"start": _start, "status": _status, "promote": _promote, "abort": _
 
 
 def run(args) -> int:
-    import redis
-
-    from ops.core.redis_clients import client as redis_client
+    from ops.commands.models import run_registry_command
     from ops.core.slo import InvalidObjective
-    from ops.core.registry import RegistryError
 
-    settings = get_settings()
-    name = f"canary {args.canary_command}"
-    client = redis_client(settings.redis_url)
-    try:
+    def command(client, settings, args) -> int:
         return _COMMANDS[args.canary_command](client, args)
-    except (RegistryError, InvalidObjective) as exc:  # what the user typed, or a state they can change
-        print(f"brigade {name}: {redact(str(exc))}", file=sys.stderr)
-        return 2
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        print(f"brigade {name}: Redis at {_where(settings.redis_url)} did not answer "
-              f"({redact(' '.join(str(exc).split()))}); start it (`brigade up`), or give --redis-url or set "
-              "BRIGADE_REDIS_URL", file=sys.stderr)
-        return 1
-    except redis.RedisError as exc:
-        print(f"brigade {name}: Redis at {_where(settings.redis_url)} refused: {redact(str(exc))}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
+
+    # An objective that does not parse is the user's to fix, as a registry refusal is (exit 2).
+    return run_registry_command(f"canary {args.canary_command}", command, args, get_settings(),
+                                user_errors=(InvalidObjective,))
 
 
 def add_parser(sub) -> None:

@@ -371,15 +371,15 @@ def validation_message(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-def run_registry_command(command: str, fn, args, settings: Settings) -> int:
-    """One `brigade models|route ...` command: a user's mistake in one line (exit 2), Redis that
-    does not answer in one line (exit 1)."""
+def run_registry_command(command: str, fn, args, settings: Settings, user_errors: tuple = ()) -> int:
+    """One `brigade models|route|canary ...` command: a user's mistake in one line (exit 2), Redis
+    that does not answer in one line (exit 1). `user_errors`: more exceptions that are the user's to fix."""
     client = redis_clients.client(settings.redis_url)
     try:
         return fn(client, settings, args)
-    except (RegistryError, ValidationError) as exc:
+    except (RegistryError, ValidationError, *user_errors) as exc:
         text = validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
-        print(f"brigade {command}: {text}", file=sys.stderr)
+        print(f"brigade {command}: {redact(text)}", file=sys.stderr)
         return 2
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"brigade {command}: Redis at {redact_url(settings.redis_url)} did not answer "
