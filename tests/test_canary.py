@@ -326,3 +326,23 @@ def test_status_of_an_ended_canary_shows_the_window_of_its_decision(redis_client
     report = canary.status(client, "m")
     assert report["canary"]["requests"] == 30
     assert report["canary"]["stats"]["tpot_p50"] == pytest.approx(0.5)
+
+
+def test_the_incremental_window_reads_what_a_whole_read_does(redis_client_, settings):
+    """The controller's reader (only new entries each tick) against outcomes.window (all of them)."""
+    client = redis_client_
+    client.delete(keys.outcomes("m", "v1"))
+    reader = outcomes.WindowReader()
+    start = time.time() - 1
+    for rounds in range(3):
+        write(client, settings, "v1", 1500 if rounds == 0 else 7)  # past one XRANGE page the first time
+        now = time.time()
+        assert reader.window(client, "m", "v1", start, now) == outcomes.window(client, "m", "v1", start, now)
+    last_ms = int(client.xrevrange(keys.outcomes("m", "v1"), count=1)[0][0].split("-")[0])
+    while int(time.time() * 1000) <= last_ms:  # the next entries fall in a later millisecond
+        time.sleep(0.001)
+    later = time.time()
+    write(client, settings, "v1", 3)
+    # A window that slid past the first entries drops them, as a whole read does.
+    assert reader.window(client, "m", "v1", later) == outcomes.window(client, "m", "v1", later)
+    assert len(reader.window(client, "m", "v1", later)) == 3

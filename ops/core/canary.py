@@ -319,13 +319,16 @@ def start(client: redis.Redis, model: str, version: str, steps: list[float], int
     return record
 
 
-def measure(client: redis.Redis, record: CanaryRecord, now: float) -> tuple[VersionStats, VersionStats, list[Verdict]]:
-    """Both versions over the record's window ending now, and every objective's verdict."""
+def measure(client: redis.Redis, record: CanaryRecord, now: float,
+            reader: outcomes.WindowReader | None = None) -> tuple[VersionStats, VersionStats, list[Verdict]]:
+    """Both versions over the record's window ending now, and every objective's verdict (read
+    through `reader` when given: a controller's, which reads only what is new since its last tick)."""
     since = max(now - record.window_s, record.started_at)
     objectives = record.objectives
     wanted = tuple(o.name for o in objectives if o.is_latency)
-    canary = VersionStats.of(outcomes.window(client, record.model, record.version, since, now), wanted)
-    stable = VersionStats.of(outcomes.window(client, record.model, record.stable, since, now), wanted)
+    window = reader.window if reader is not None else outcomes.window
+    canary = VersionStats.of(window(client, record.model, record.version, since, now), wanted)
+    stable = VersionStats.of(window(client, record.model, record.stable, since, now), wanted)
     return canary, stable, judge(objectives, canary, stable, record.min_requests)
 
 
@@ -334,9 +337,10 @@ def _evidence(canary: VersionStats, stable: VersionStats, verdicts: list[Verdict
             "verdicts": [asdict(v) for v in verdicts]}
 
 
-def decide(client: redis.Redis, record: CanaryRecord, now: float) -> Decision | None:
+def decide(client: redis.Redis, record: CanaryRecord, now: float,
+           reader: outcomes.WindowReader | None = None) -> Decision | None:
     """One running canary's tick: roll back, step, promote, or nothing (None)."""
-    canary, stable, verdicts = measure(client, record, now)
+    canary, stable, verdicts = measure(client, record, now, reader)
     started_at = record.started_at
     breached = [v for v in verdicts if v.state == "breached"]
     if breached:
@@ -445,6 +449,7 @@ class Controller:
     def __init__(self, client: redis.Redis, owner_id: str, settings: Settings):
         self.client, self.owner_id = client, owner_id
         self.lease_ms = max(1, int(settings.canary_lease_s * 1000))
+        self.reader = outcomes.WindowReader()  # both versions' windows, read incrementally tick by tick
 
     def hold_lease(self) -> bool:
         """Take the lease if free, renew it if ours; False when another controller holds it."""
@@ -491,7 +496,7 @@ class Controller:
         decisions = []
         for record in self.running():
             try:
-                decision = decide(self.client, record, now)
+                decision = decide(self.client, record, now, self.reader)
             except (RegistryError, ValueError) as exc:  # a version removed meanwhile: said, and the others go on
                 log.warning("event=canary_tick_failed model=%s version=%s error=%r", record.model, record.version,
                             str(exc))

@@ -9,6 +9,7 @@ gateway served them; Prometheus's histograms are per process and cannot be windo
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from ops.core import keys
@@ -86,3 +87,35 @@ def window(client, model: str, version: str, since: float, until: float | None =
     start = f"{int(since * 1000)}-0"
     end = f"{int(until * 1000)}-99999999" if until is not None else "+"
     return [Outcome.from_fields(fields) for _id, fields in client.xrange(keys.outcomes(model, version), start, end)]
+
+
+class WindowReader:
+    """Sliding windows of several versions' outcomes, read incrementally: each call reads only the
+    entries added since the last one (XRANGE from the last id seen), so a controller that looks
+    every second at a 10-minute window costs the new outcomes, not the whole window (reading 2,000
+    entries whole took 90 ms here; a busy version's window holds tens of thousands)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, deque]] = {}  # stream -> (last id read, [(ms, outcome)] in order)
+
+    def window(self, client, model: str, version: str, since: float, until: float | None = None) -> list[Outcome]:
+        name = keys.outcomes(model, version)
+        since_ms = int(since * 1000)
+        last, kept = self._seen.get(name, (None, deque()))
+        if last is None:
+            start = f"{since_ms}-0"
+        else:
+            start = "(" + last
+        while True:
+            entries = client.xrange(name, start, "+", count=1000)
+            for entry_id, fields in entries:
+                kept.append((int(entry_id.split("-")[0]), Outcome.from_fields(fields)))
+                last = entry_id
+            if len(entries) < 1000:
+                break
+            start = "(" + last
+        while kept and kept[0][0] < since_ms:
+            kept.popleft()
+        self._seen[name] = (last, kept)
+        until_ms = None if until is None else int(until * 1000)
+        return [o for ms, o in kept if until_ms is None or ms <= until_ms]
