@@ -168,7 +168,10 @@ class Reaper:
         if now - self._canary_at < self.settings.canary_tick_s:
             return
         self._canary_at = now
-        self.canaries.tick()
+        try:
+            self.canaries.tick()
+        except redis.RedisError as exc:  # Redis away: the sweep's retry waits for it; canaries wait too
+            log.debug("event=canary_tick_failed error=%r", exc)
 
 
 def run_reaper(settings: Settings) -> None:
