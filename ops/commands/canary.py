@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 from datetime import datetime, timezone
 
@@ -156,6 +157,10 @@ def run(args) -> int:
 
     def command(client, settings, args) -> int:
         return _COMMANDS[args.canary_command](client, args)
+
+    # The controller's own log lines (event=canary_started, ...) are for the services' logs; here
+    # the command prints what it did.
+    logging.getLogger("brigade.canary").setLevel(logging.WARNING)
 
     # An objective that does not parse is the user's to fix, as a registry refusal is (exit 2).
     return run_registry_command(f"canary {args.canary_command}", command, args, get_settings(),
