@@ -25,7 +25,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from gateway.protocol import ProtocolError
-from ops.core import keys, registry
+from ops.core import fleet, keys, registry
 from ops.core.messages import SamplingDefaults
 from ops.core.registry import Snapshot
 from ops.core.sampling_defaults import GenerationConfigError, sampling_defaults
@@ -76,6 +76,10 @@ class Catalog:
                 log.debug("event=registry_poll_failed error=%r", exc)
             await asyncio.sleep(self.settings.registry_poll_s)
 
+    async def observe_now(self) -> None:
+        """The live versions read now, not at the load monitor's last second (for `GET /v1/models`)."""
+        self.observe_workers(await fleet.live_workers_async(self.redis))
+
     def observe_workers(self, statuses: list[dict]) -> None:
         live: dict[str, set[str]] = {}
         for status in statuses:
@@ -88,11 +92,8 @@ class Catalog:
 
     @property
     def default_model(self) -> str:
-        if self.snapshot.default:
-            return self.snapshot.default
-        if self.settings.model_name in self.live or len(self.live) != 1:
-            return self.settings.model_name
-        return next(iter(self.live))  # the one model live workers serve, unregistered
+        """The registry's default model; without one, this gateway's BRIGADE_MODEL_NAME."""
+        return self.snapshot.default or self.settings.model_name
 
     def known(self, model: str) -> bool:
         # The settings' model is known without a worker: its requests are no_workers, not not-found.

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 
+import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -96,6 +97,10 @@ class HttpDoor:
             await self.caller(request)
         except ProtocolError as err:
             return error_response(err)
+        try:
+            await self.catalog.observe_now()
+        except aioredis.RedisError:
+            pass  # the load monitor's view of a second ago
         return JSONResponse({"object": "list", "data": self.catalog.cards()})
 
     async def chat_completions(self, request: Request) -> Response:
