@@ -50,7 +50,7 @@ def fleet(model_dir, tmp_path_factory):
         # Two reapers, as an operator may run: each dead worker's requests must still be continued once.
         f.start("reaper")
         f.start("reaper")
-        # A second gateway, for another model name: its queue has no worker, so it is never ready.
+        # A second gateway, for another model name, whose only worker (`frozen_worker`) takes nothing.
         f.start_gateway("other", BRIGADE_MODEL_NAME="no-worker-model", BRIGADE_MAX_QUEUE_DEPTH="2")
         f.start_worker("w1@fleet")
         f.start_worker("w2@fleet")
@@ -310,10 +310,41 @@ async def resume(url: str, rid: str, after_index: int) -> Answer:
         return answers[rid]
 
 
+@pytest.fixture
+def frozen_worker(fleet, tiny_model_dir):
+    """A real worker of the second gateway's model, stopped (SIGSTOP) once it beats: its heartbeat
+    stays live for ten minutes while it takes nothing, as a wedged worker's does until it expires,
+    so that model's queue only grows. (A model with no live worker at all is refused no_workers.)"""
+    import psutil
+
+    from ops.core import fleet as registry_of_workers
+
+    worker = fleet.start("worker", "frozen", ["--name", "frozen@fleet"], BRIGADE_MODEL_NAME="no-worker-model",
+                         BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_HEARTBEAT_TTL_S="600")
+    client = fleet.redis.client
+    status = wait_until(lambda: next((s for s in worker_statuses(client) if s["worker"] == "frozen@fleet"), None),
+                        120, what="the frozen worker's first heartbeat")
+    worker.proc.send_signal(signal.SIGSTOP)
+    # A BRPOP it sent before it stopped would still take the next message (Redis hands it to the
+    # blocked connection): wait until none of its connections is blocked (its BRPOP timed out).
+    ports = {c.laddr.port for c in psutil.Process(worker.proc.pid).net_connections(kind="tcp") if c.raddr}
+
+    def none_blocked() -> bool:
+        return not any(int(c["addr"].rsplit(":", 1)[1]) in ports and "b" in c["flags"] for c in client.client_list())
+
+    wait_until(none_blocked, 30, what="the frozen worker's last BRPOP to time out")
+    try:
+        yield
+    finally:
+        worker.proc.kill()
+        worker.proc.wait(10)
+        registry_of_workers.forget(client, status["instance"])
+
+
 # ---- a message taken off the queue by a worker that died before claiming it ------------------------
 
-def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet):
-    """The second gateway's model has no worker, so its message stays on the queue until the test
+def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet, frozen_worker):
+    """The second gateway's model's worker takes nothing, so its message stays on the queue until the test
     takes it off, as a worker SIGKILLed right after its BRPOP would (its copy then sits in Celery's
     unacked set for the visibility timeout, or is gone). The reaper must queue it again."""
     lists = keys.queue_lists("no-worker-model")
@@ -342,8 +373,8 @@ def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet):
 
 # ---- overload and deadlines ------------------------------------------------------------------------
 
-def test_gateway_refuses_work_past_the_queue_limit_with_overloaded(fleet):
-    """The second gateway's model has no worker, so its queue only grows; its limit is 2."""
+def test_gateway_refuses_work_past_the_queue_limit_with_overloaded(fleet, frozen_worker):
+    """The second gateway's model's worker takes nothing, so its queue only grows; its limit is 2."""
     async def main():
         async with connect(fleet.gateways["other"].ws_url) as ws:
             events = []
