@@ -21,11 +21,13 @@ import contextlib
 import logging
 import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import redis
 import redis.asyncio as aioredis
 import uvicorn
 from starlette.applications import Starlette
@@ -175,10 +177,14 @@ class Gateway:
             log.warning("event=registry_not_loaded error=%r", exc)
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.catalog.run(), name="registry"),
-                 asyncio.create_task(self.step_canaries(), name="canaries"),
+
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
                  asyncio.create_task(self.batches.run(), name="batch-runner")]
+        canaries_stop = threading.Event()
+        canaries = threading.Thread(target=self.step_canaries, args=(canaries_stop,), name="brigade-canaries",
+                                    daemon=True)
+        canaries.start()
         await self.intake.subscribed.wait()
         log.info("event=gateway_listening url=%s http=%s gateway=%s auth=%s", self.settings.ws_url,
                  self.settings.http_url, self.id, "required" if self.settings.auth_required else "off")
@@ -195,26 +201,27 @@ class Gateway:
             await self.background.drain(timeout_s=2)
             for task in tasks:
                 task.cancel()
+            canaries_stop.set()
+            await asyncio.to_thread(canaries.join, 2)
             # A job this gateway ran is left where its record says; its lease lapses and another
             # gateway (or this one, restarted) continues it.
             await self.batches.close()
 
-    async def step_canaries(self) -> None:
-        """Try for the canary lease each tick; while this gateway holds it, step every canary."""
+    def step_canaries(self, stop: threading.Event) -> None:
+        """Try for the canary lease each tick; while this gateway holds it, step every canary. On a
+        thread of its own with its own client: a tick that waits out a Redis outage (the client's
+        retries) must hold neither the event loop nor a thread of the pool the doors' sends use."""
         controller = Controller(redis_clients.client(self.settings.redis_url), f"gateway:{self.id}", self.settings)
-        try:
-            while True:
-                try:
-                    for decision in await asyncio.to_thread(controller.tick):
-                        metrics.CANARY_DECISIONS.labels(decision.model, decision.version, decision.kind).inc()
-                except aioredis.RedisError as exc:  # redis-py's sync and async errors are one class
-                    log.debug("event=canary_tick_failed error=%r", exc)
-                except Exception:  # a bad record: said once per tick, and the next tick tries again
-                    log.exception("event=canary_tick_failed")
-                await asyncio.sleep(self.settings.canary_tick_s)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(controller.release)
+        while not stop.wait(self.settings.canary_tick_s):
+            try:
+                for decision in controller.tick():
+                    metrics.CANARY_DECISIONS.labels(decision.model, decision.version, decision.kind).inc()
+            except redis.RedisError as exc:  # Redis away: the next tick tries again
+                log.debug("event=canary_tick_failed error=%r", exc)
+            except Exception:  # a bad record: said once per tick, and the next tick tries again
+                log.exception("event=canary_tick_failed")
+        with contextlib.suppress(Exception):
+            controller.release()
 
     def _load_cache(self) -> "AnswerCache":
         # Imported here: the cache brings the embedding model (and torch) into the gateway.
