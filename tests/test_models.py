@@ -242,6 +242,29 @@ def test_shadow_copies_are_measured_and_never_delivered(models):
         brigade(models, "route", "clear", MODEL, "--redis-url", models.redis.url)
 
 
+def test_batch_lines_route_like_interactive_requests(models):
+    client = openai.OpenAI(base_url=f"{models.http}/v1", api_key="unused", max_retries=0)
+    wanted = [("tiny", "tiny", "v1"), (f"{MODEL}@v3", MODEL, "v3"), (MODEL, MODEL, "v1")]  # v1: the stable
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": ref, "max_tokens": 4, "temperature": 0,
+                       "messages": [{"role": "user", "content": f"Say a word ({i})."}]}}
+             for i, (ref, _, _) in enumerate(wanted)]
+    source = models.logs / "routed-batch.jsonl"
+    source.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    batch = client.batches.create(input_file_id=client.files.create(file=source.open("rb"), purpose="batch").id,
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    wait_until(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed", "cancelled"), 120,
+               interval=0.5, what="the batch job to end")
+    batch = client.batches.retrieve(batch.id)
+    out = {x["custom_id"]: x["response"] for x in
+           map(json.loads, client.files.content(batch.output_file_id).text.splitlines())}
+    assert batch.status == "completed" and set(out) == {x["custom_id"] for x in lines}
+    for i, (_, model, version) in enumerate(wanted):
+        body = out[f"line-{i}"]["body"]
+        assert out[f"line-{i}"]["status_code"] == 200 and (body["model"], body["brigade"]["model_version"]) == (
+            model, version), body
+
+
 # ---- canaries -----------------------------------------------------------------------------------
 
 
