@@ -102,7 +102,7 @@ class ReplyIntake:
             if route is None:
                 continue
             try:
-                entries = await self._unread(route)
+                entries = await self._unread_retrying(route)
             finally:
                 # Live events that arrived meanwhile each started their own catch-up.
                 route.catching_up = False
@@ -115,6 +115,22 @@ class ReplyIntake:
             if (self.router.live.get(rid) is route and not entries
                     and not await self.redis.exists(keys.stream(rid), keys.request(rid))):
                 self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+
+    async def _unread_retrying(self, route: Route) -> list:
+        """_unread, tried again while Redis is coming back (a catch-up right after a restart meets
+        refused connections): a catch-up that gave up would leave its route waiting for an event
+        that only the replay log still holds. Past the outage grace the error stands."""
+        deadline = time.monotonic() + self.settings.redis_outage_grace_s
+        delay = 0.25
+        while True:
+            try:
+                return await self._unread(route)
+            except aioredis.RedisError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.debug("event=catch_up_retry request_id=%s error=%r", route.request_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _unread(self, route: Route) -> list:
         """The replay-log entries a live route has not been given, oldest first, without reading
