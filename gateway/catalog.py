@@ -17,6 +17,7 @@ tick, and the one that holds it steps every running canary (ops/core/canary.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -196,8 +197,6 @@ class Catalog:
         return out
 
     def _context_of_folder(self, model: str) -> int | None:
-        import json
-
         folder = self.folder(model, "")
         try:
             return json.loads((folder / "config.json").read_text()).get("max_position_embeddings") if folder else None

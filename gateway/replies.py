@@ -121,16 +121,16 @@ class ReplyIntake:
         refused connections): a catch-up that gave up would leave its route waiting for an event
         that only the replay log still holds. Past the outage grace the error stands."""
         deadline = time.monotonic() + self.settings.redis_outage_grace_s
-        delay = 0.25
+        failures = 0
         while True:
             try:
                 return await self._unread(route)
             except aioredis.RedisError as exc:
+                failures += 1
                 if time.monotonic() > deadline:
                     raise
                 log.debug("event=catch_up_retry request_id=%s error=%r", route.request_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(outage_pause_s(failures))  # the outage retries' own backoff
 
     async def _unread(self, route: Route) -> list:
         """The replay-log entries a live route has not been given, oldest first, without reading

@@ -65,21 +65,21 @@ def from_timing(timing: dict | None, usage: dict | None, error: bool = False, ca
                    cached=cached, shadow=shadow, same_text=same_text)
 
 
-async def record(client, settings: Settings, model: str, version: str, outcome: Outcome) -> None:
-    """Append one outcome to its version's stream (capped, and its TTL renewed)."""
+def _append(pipe, settings: Settings, model: str, version: str, outcome: Outcome):
+    """Queue one outcome on a pipeline: the entry (capped) and the stream's TTL renewed."""
     name = keys.outcomes(model, version)
-    pipe = client.pipeline(transaction=False)
     pipe.xadd(name, outcome.fields(), maxlen=keys.outcomes_maxlen(settings), approximate=True)
     pipe.expire(name, keys.outcomes_ttl_s(settings))
-    await pipe.execute()
+    return pipe
+
+
+async def record(client, settings: Settings, model: str, version: str, outcome: Outcome) -> None:
+    """Append one outcome to its version's stream (capped, and its TTL renewed)."""
+    await _append(client.pipeline(transaction=False), settings, model, version, outcome).execute()
 
 
 def record_sync(client, settings: Settings, model: str, version: str, outcome: Outcome) -> None:
-    name = keys.outcomes(model, version)
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(name, outcome.fields(), maxlen=keys.outcomes_maxlen(settings), approximate=True)
-    pipe.expire(name, keys.outcomes_ttl_s(settings))
-    pipe.execute()
+    _append(client.pipeline(transaction=False), settings, model, version, outcome).execute()
 
 
 def window(client, model: str, version: str, since: float, until: float | None = None) -> list[Outcome]:
