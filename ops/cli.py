@@ -427,6 +427,10 @@ def build_parser() -> BrigadeParser:
     from ops.commands.canary import add_parser as add_canary_parser
 
     add_canary_parser(sub)
+    # distillation: `brigade distill ...` (ops/commands/distill.py)
+    from ops.commands.distill import add_parser as add_distill_parser
+
+    add_distill_parser(sub)
     from ops.commands.load_flags import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
