@@ -223,6 +223,23 @@ def _distill(args: list[str], home: Path, timeout: float = 300) -> subprocess.Co
                           timeout=timeout)
 
 
+def test_the_gap_closed_is_reported_in_perplexity_and_in_nats():
+    from ops.bench.distill import gaps
+
+    def row(nats: float) -> dict:
+        return {"perplexity": {"perplexity": math.exp(nats), "nll_per_token": nats}}
+
+    # the figures of the 9-minute run in docs/distillation.md: 14.54, 2.67 and 6.50 nats per token
+    models = {"teacher": row(2.67), "untrained": row(14.54), "trained": row(6.50), "hard_only": row(7.34)}
+    assert gaps(models, "teacher", "nll_per_token") == {"trained": round(8.04 / 11.87, 4),
+                                                        "hard_only": round(7.20 / 11.87, 4)}
+    in_perplexity = gaps(models, "teacher", "perplexity")
+    assert in_perplexity["trained"] > 0.999  # why the report gives the share in nats too
+    assert gaps({"teacher": row(3.0), "untrained": row(2.0), "trained": row(2.5)}, "teacher", "nll_per_token") == \
+        {"trained": None}  # no gap to close
+    assert gaps({"teacher": row(3.0), "trained": row(2.5)}, "teacher", "nll_per_token") == {}
+
+
 def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_reuses_its_corpus(tiny_model_dir, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     lines = (ROOT / "ops" / "data" / "distill_prompts.jsonl").read_text().splitlines()[:40]
@@ -243,6 +260,12 @@ def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_re
     assert report["models"]["trained"]["layers"] == 1 and report["models"]["teacher"]["layers"] == 2
     assert report["runs"]["hard_only"]["alpha"] == 1.0 and report["runs"]["trained"]["alpha"] == 0.5
     assert report["runs"]["trained"]["summary"]["steps"] == 6
+    nats = {name: row["perplexity"]["nll_per_token"] for name, row in report["models"].items()}
+    for name in ("trained", "hard_only"):  # the share of the gap in nats, computed here from the rows
+        # (a random tiny teacher can predict its own answers worse than its 1-layer student: no gap)
+        gap = nats["untrained"] - nats["teacher"]
+        want = round((nats["untrained"] - nats[name]) / gap, 4) if gap > 0 else None
+        assert report["gap_closed_nats"][name] == want, (report["gap_closed_nats"], nats)
     assert report["corpus"]["train_answers"] + report["corpus"]["held_out_answers"] == 40
     assert (work / "distill-losses.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (work / "student" / "config.json").exists() and (work / "student" / "tokenizer.json").exists()

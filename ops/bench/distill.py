@@ -61,6 +61,19 @@ def decode_speed(candidates: list[Candidate], repeats: int, tokens: int = SPEED_
     return {name: {str(n): round(statistics.median(v), 2) for n, v in rates.items()} for name, rates in seen.items()}
 
 
+def gaps(models: dict[str, dict], teacher: str, measure: str) -> dict[str, float | None]:
+    """Each trained student's share of the untrained student's gap to the teacher that training
+    closed, in perplexity or in nats per token (its logarithm). The untrained student's perplexity
+    is in the millions, so nearly any training closes 99% of the perplexity gap; the share in nats
+    is the stricter figure."""
+    untrained = models.get("untrained", {}).get("perplexity", {}).get(measure)
+    if untrained is None:
+        return {}
+    t = models[teacher]["perplexity"][measure]
+    return {name: gap_closed(untrained, row["perplexity"][measure], t)
+            for name, row in models.items() if name not in (teacher, "untrained")}
+
+
 def evaluate(candidates: list[Candidate], held_out: list[Example], pad_id: int, quality_questions: int | None,
              repeats: int = 3) -> dict:
     """The report's `models` section and its comparisons; candidates[0] is the teacher."""
@@ -86,11 +99,8 @@ def evaluate(candidates: list[Candidate], held_out: list[Example], pad_id: int, 
     for c in candidates:
         models[c.name]["decode_tok_s"] = speed[c.name]
         models[c.name]["speedup_vs_teacher"] = {n: round(speed[c.name][n] / base[n], 2) for n in base}
-    t = models[teacher.name]["perplexity"]["perplexity"]
-    untrained = models.get("untrained", {}).get("perplexity", {}).get("perplexity")
-    closed = {name: gap_closed(untrained, row["perplexity"]["perplexity"], t)
-              for name, row in models.items() if untrained is not None and name not in (teacher.name, "untrained")}
-    return {"models": models, "gap_closed": closed, "held_out_answers": len(held_out),
+    closed, closed_nats = gaps(models, teacher.name, "perplexity"), gaps(models, teacher.name, "nll_per_token")
+    return {"models": models, "gap_closed": closed, "gap_closed_nats": closed_nats, "held_out_answers": len(held_out),
             "quality_questions": len(questions), "speed": {"ns": list(SPEED_NS), "tokens": SPEED_TOKENS,
                                                            "repeats": repeats, "dtype": "float32"},
             "machine": {"cpu_flags": precision_flags(), "threads": torch.get_num_threads(),

@@ -254,7 +254,7 @@ def _run(args, settings: Settings) -> int:
     (work / "distill-report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_losses({label: history for label, (_, _, history) in runs.items() if history}, work / "distill-losses.png")
     print(json.dumps({"report": str(work / "distill-report.json"), "plot": str(work / "distill-losses.png"),
-                      "gap_closed": report["gap_closed"],
+                      "gap_closed": report["gap_closed"], "gap_closed_nats": report["gap_closed_nats"],
                       "perplexity": {k: v["perplexity"]["perplexity"] for k, v in report["models"].items()},
                       "decode_tok_s": {k: v["decode_tok_s"] for k, v in report["models"].items()}}, indent=2))
     return 0
