@@ -84,6 +84,49 @@ class RedisServer:
         self.proc.wait(10)
 
 
+class RedisHAServer:
+    """A real primary, two replicas and three sentinels (ops/redis_ha.py) on free ports, seen by a
+    Stack as its Redis: `url` is the redis+sentinel:// URL every Brigade process gets, `client`
+    follows the primary through failovers. `kill_primary` is the fault: SIGKILL of whichever node
+    the sentinels name primary."""
+
+    def __init__(self, tmp: Path):
+        from ops.core.redis_clients import client
+        from ops.redis_ha import RedisHA
+
+        if shutil.which("redis-server") is None:
+            pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
+        self.ha = RedisHA(tmp)
+        self.procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                      for name, argv in self.ha.parts().items()}
+        self.ha.wait_healthy(60)
+        self.url = self.ha.url
+        self.client = client(self.url)
+
+    def kill_primary(self) -> str:
+        """SIGKILL the primary; returns its part name (to start it again)."""
+        port = self.ha.primary_port()
+        assert port is not None, "no sentinel names a primary"
+        name = self.ha.node_name(port)
+        self.procs[name].kill()
+        self.procs[name].wait(10)
+        return name
+
+    def restart(self, name: str) -> None:
+        """Start a killed node again: the sentinels make it a replica of the new primary."""
+        self.procs[name] = subprocess.Popen(self.ha.parts()[name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 class BrigadeProcess:
     """`python -m ops.cli <part>` with the given environment, its output in a log file."""
 
@@ -161,12 +204,11 @@ def http_status(port: int, path: str) -> int | None:
 
 def create_key(redis_url: str, name: str = "test", **limits) -> str:
     """A real API key in the test's Redis (gateway/api_keys.py), as `brigade keys create` makes one."""
-    import redis.asyncio as aioredis
-
     from gateway.api_keys import KeyStore
+    from ops.core.redis_clients import async_client
 
     async def create() -> str:
-        client = aioredis.Redis.from_url(redis_url)
+        client = async_client(redis_url)  # the one factory: a redis+sentinel:// URL too
         try:
             return (await KeyStore(client).create(f"{name}-{time.monotonic_ns()}", **limits))[0]
         finally:

@@ -76,14 +76,15 @@ class Client:
     times: list[float] = field(default_factory=list)  # arrival time of each token
 
 
-async def stream_clients(url: str, fault, n: int = len(PROMPTS), tokens_first: int = 4, timeout: float = 180):
+async def stream_clients(url: str, fault, n: int = len(PROMPTS), tokens_first: int = 4, timeout: float = 180,
+                         headers: dict | None = None):
     """n clients, one connection each, greedy requests; `fault()` runs (in a thread) once every
     client has its first tokens. Returns the clients after every request has ended."""
     clients = [Client(f"c{i}", Answer(f"c{i}")) for i in range(n)]
     started = asyncio.Event()
 
     async def one(c: Client, prompt: str):
-        async with connect(url) as ws:
+        async with connect(url, additional_headers=headers) as ws:
             await ws.send(json.dumps({"type": "generate", "id": c.id, "max_tokens": MAX_TOKENS,
                                       "messages": [{"role": "user", "content": prompt}]}))
             answers = {c.id: c.answer}

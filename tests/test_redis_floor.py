@@ -109,9 +109,31 @@ def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_
     assert client.ttl(keys.claim("r1")) == keys.claim_ttl_s(settings) == 1234
     client.set(keys.worker("a#1"), "{}", px=keys.worker_ttl_ms(settings))
     assert claims.claim("r1", "b#1").outcome == "busy"  # its owner's heartbeat lives
+    first = int(client.hget(keys.claim("r1"), "epoch"))
     client.delete(keys.worker("a#1"))
     took = claims.claim("r1", "b#1")
-    assert (took.outcome, took.epoch) == ("claimed", 2)  # a dead owner's claim is taken over
+    assert took.outcome == "claimed" and took.epoch > first  # a dead owner's claim is taken over
+    assert took.attempts == 2
+
+
+def test_an_epoch_lost_in_a_failover_is_never_issued_again(client):
+    """Replication is asynchronous: a promoted replica may lack the last raise of a claim's epoch.
+    The next raise must still be above every epoch issued before, or a gateway would take the new
+    owner's tokens for a stale worker's (or the stale worker's for the new owner's)."""
+    settings = Settings()
+    claims = ClaimStore.from_settings(client, settings)
+    client.set(keys.request("lost"), queued("lost").model_dump_json())
+    before = claims.claim("lost", "a#1")
+    # the failover: the new primary has the claim as it was before that raise
+    client.hset(keys.claim("lost"), mapping={"state": "queued", "owner": "", "attempts": 0, "epoch": 0})
+    time.sleep(0.002)  # the clock moves on, as it does during any failover (seconds)
+    after = claims.claim("lost", "b#1")
+    assert after.outcome == "claimed" and after.epoch > before.epoch, (before, after)
+    # and a counter far ahead of the clock still only grows
+    client.hset(keys.claim("lost"), mapping={"state": "queued", "owner": "", "epoch": 10**15})
+    assert claims.claim("lost", "c#1").epoch == 10**15 + 1
+    assert claims.release("lost", "c#1", 10**15 + 1)
+    assert int(client.hget(keys.claim("lost"), "epoch")) == 10**15 + 2
 
 
 def test_the_claim_script_refuses_to_judge_an_owner_it_was_not_given(client):
@@ -154,7 +176,7 @@ def test_two_that_decide_a_burial_bury_the_request_once(client):
     client.hset(keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4})
     reap = scripts.register(client, "reap")
     outcome, epoch = reap(keys=[keys.claim("r3"), keys.CLAIMS, keys.UNCLAIMED], args=["r3", "dead#1", 1, time.time()])
-    assert (outcome, epoch) == ("bury", "5")
+    assert outcome == "bury" and int(epoch) > 4 and epoch == client.hget(keys.claim("r3"), "epoch")
     assert claims.claim("r3", "w#2").outcome == "dead"  # the claim decides and buries first
     assert not claims._buried("r3", epoch)  # the reaper's burial finds it done
     assert [e["request_id"] for e in claims.dead_letters()] == ["r3"]
@@ -164,3 +186,56 @@ def test_two_that_decide_a_burial_bury_the_request_once(client):
     assert claims.retry_dead_letter("r3") is not None
     assert not claims._buried("r3", epoch)
     assert client.hget(keys.claim("r3"), "state") == "queued"
+
+
+def _log(client, rid: str) -> list[tuple[str, int | None]]:
+    import json
+
+    return [(e["type"], e.get("index")) for e in
+            (json.loads(f["event"]) for _, f in client.xrange(keys.stream(rid)))]
+
+
+def test_a_replay_log_tail_lost_in_a_failover_is_sent_again_from_the_workers_memory(client):
+    """A promoted replica may lack the last tokens the old primary logged. The worker's next
+    publish finds the log shorter than its events assume and sends the missing ones again, in
+    order, before the new ones: the log ends whole, each token once."""
+    from ops.core.messages import ReplyEvent
+    from workers.publisher import TokenPublisher
+
+    claims = ClaimStore.from_settings(client, Settings())
+    client.set(keys.request("tail"), queued("tail").model_dump_json())
+    epoch = claims.claim("tail", "w#1").epoch
+    publisher = TokenPublisher(claims)
+    channel = keys.reply_channel("g")
+    token = lambda i: (channel, ReplyEvent(type="token", request_id="tail", epoch=epoch, index=i, token_id=100 + i,
+                                           text=f"t{i}"))
+    assert publisher.publish([token(i) for i in range(5)]) == set()
+    assert _log(client, "tail") == [("token", i) for i in range(5)]
+    # the failover: the new primary has the log and the claim as they were after token 2
+    for entry_id, _ in client.xrange(keys.stream("tail"))[3:]:
+        client.xdel(keys.stream("tail"), entry_id)
+    client.hset(keys.claim("tail"), "logged", 3)
+
+    done = (channel, ReplyEvent(type="done", request_id="tail", epoch=epoch, finish_reason="length"))
+    assert publisher.publish([token(5), token(6), done]) == set()
+    assert _log(client, "tail") == [("token", i) for i in range(7)] + [("done", None)]
+    assert publisher.refilled == 5  # tokens 3 to 6 and the done event
+    assert client.hget(keys.claim("tail"), "state") == "done"
+    assert claims.generated("tail") == [100 + i for i in range(7)]
+    assert publisher.publish([]) == set() and not publisher._sent  # nothing kept once it ended
+
+
+def test_a_token_already_logged_is_not_logged_twice(client):
+    from ops.core.messages import ReplyEvent
+
+    claims = ClaimStore.from_settings(client, Settings())
+    client.set(keys.request("dup"), queued("dup").model_dump_json())
+    epoch = claims.claim("dup", "w#1").epoch
+    channel = keys.reply_channel("g")
+    events = [(channel, ReplyEvent(type="token", request_id="dup", epoch=epoch, index=i, token_id=i, text="x"), i)
+              for i in range(3)]
+    assert claims.publish(events).gaps == {}
+    again = claims.publish(events[1:])  # a resend racing the live events
+    assert again.gaps == {} and again.fenced == set()
+    assert _log(client, "dup") == [("token", 0), ("token", 1), ("token", 2)]
+    assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {"dup": 3}

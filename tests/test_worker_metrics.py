@@ -324,10 +324,10 @@ def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(f
         for a in answers.values():
             assert a.end["type"] == "done", a.end
             assert a.indexes == list(range(len(a.tokens))), a.indexes
-        epochs = {a.id: int(client.hget(keys.claim(a.request_id), "epoch")) for a in answers.values()}
+        attempts = {a.id: int(client.hget(keys.claim(a.request_id), "attempts")) for a in answers.values()}
         by_survivor = [a.id for a in answers.values() if a.end["timing"]["worker"] == survivor]
-        # Continued: claimed again after the kill (epoch > 1), and finished by the survivor.
-        continued = [i for i in by_survivor if epochs[i] > 1]
+        # Continued: claimed again after the kill (a second attempt), and finished by the survivor.
+        continued = [i for i in by_survivor if attempts[i] > 1]
         assert continued, "the killed worker held none of the running requests"
 
         def counted():
@@ -337,7 +337,7 @@ def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(f
         after = wait_until(counted, 30, what="the survivor to count its failovers")
         assert delta({survivor: before[survivor]}, after, "brigade_failovers_total") == len(continued)
         # Their first tokens came from the killed worker: the survivor timed only its own requests'.
-        own = [i for i in by_survivor if epochs[i] == 1]
+        own = [i for i in by_survivor if attempts[i] == 1]
         assert delta({survivor: before[survivor]}, after, "brigade_time_to_first_token_seconds_count") == len(own)
     except BaseException:
         print(fleet.tails())

@@ -21,6 +21,7 @@ that dies in between leaves a running claim of a dead owner, which the reaper bu
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,14 @@ MOVED = "moved"  # claim.lua: the owner changed since the caller read it; read i
 BURY = "bury"  # claim.lua and reap.lua: max_attempts reached; bury.lua buries it
 
 TTL_REFRESH_TOKENS = 32
+
+log = logging.getLogger("brigade.worker")
+
+
+@dataclass(frozen=True)
+class Published:
+    fenced: set[str]  # request ids whose claim another worker holds now: their events went nowhere
+    gaps: dict[str, int]  # request id -> tokens its log holds, when that is fewer than its events assumed
 
 
 @dataclass(frozen=True)
@@ -74,9 +83,9 @@ class ClaimStore:
         # owner first so that the key can be passed in KEYS; the script says 'moved' if it changed.
         while True:
             owner = self.redis.hget(keys.claim(rid), "owner") or ""
-            outcome, epoch, attempts = self._claim(
-                keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.taken(rid),
-                      keys.worker(owner)],
+            outcome, epoch, attempts = self._claim_confirmed(
+                rid, keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.taken(rid),
+                           keys.worker(owner)],
                 args=[rid, me, self.max_attempts, keys.claim_ttl_s(self.settings), owner],
             )
             if outcome == BURY:
@@ -85,19 +94,39 @@ class ClaimStore:
             if outcome != MOVED:
                 return Claim(outcome, int(epoch), int(attempts))
 
-    def publish(self, events: list[tuple[str, ReplyEvent]]) -> set[str]:
-        """Publish and log (channel, event) pairs whose claim still holds the event's epoch, in one
-        round trip. Returns the request ids that were fenced (their events went nowhere)."""
+    def _claim_confirmed(self, rid: str, keys: list[str], args: list) -> list:
+        """claim.lua, then, when `claim_confirmations` asks for it, WAIT until that many replicas
+        have the claim. Sentinel promotes the replica with the most replicated data, so a confirmed
+        claim survives a failover. Both go down one connection (a pipeline): WAIT counts replicas
+        that acknowledged its own connection's last write."""
+        wanted = self.settings.claim_confirmations
+        if wanted <= 0:
+            return self._claim(keys=keys, args=args)
+        pipe = self.redis.pipeline(transaction=False)
+        self._claim(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", wanted, self.settings.claim_confirm_ms)
+        result, acked = pipe.execute()
+        if result[0] == "claimed" and acked < wanted:
+            log.warning("event=claim_unconfirmed request_id=%s replicas=%d wanted=%d", rid, acked, wanted)
+        return result
+
+    def publish(self, events: list[tuple[str, ReplyEvent, int | None]]) -> Published:
+        """Publish and log (channel, event, position) triples whose claim still holds the event's
+        epoch, in one round trip. The position is a token's index, or for a last event the count of
+        tokens before it (None: not known); publish.lua checks it against the log (a gap: the log
+        lost its tail in a failover)."""
         if not events:
-            return set()
+            return Published(set(), {})
         script_keys, args = [keys.CLAIMS], [keys.stream_maxlen(self.settings), keys.stream_ttl_s(self.settings)]
-        for channel, event in events:
+        for channel, event, position in events:
             script_keys += [keys.claim(event.request_id), keys.stream(event.request_id)]
             # The log's TTL is refreshed on the first token, every TTL_REFRESH_TOKENS-th and the last
             # event, not on every token: a command per token saved, and the TTL is hours.
             final = "1" if event.type != "token" else "r" if (event.index or 0) % TTL_REFRESH_TOKENS == 0 else "0"
-            args += [event.request_id, event.epoch, channel, event.model_dump_json(exclude_none=True), final]
-        return set(self._publish(keys=script_keys, args=args))
+            args += [event.request_id, event.epoch, channel, event.model_dump_json(exclude_none=True), final,
+                     "" if position is None else position]
+        fenced, gaps = self._publish(keys=script_keys, args=args)
+        return Published(set(fenced), {gaps[i]: int(gaps[i + 1]) for i in range(0, len(gaps), 2)})
 
     def publish_unfenced(self, channel: str, event: ReplyEvent) -> None:
         """For the final word on a request nobody claimed (skipped because it was cancelled)."""

@@ -44,7 +44,7 @@ class InFlight:
     epoch: int  # this worker's claim on it; every event carries it
     finished: threading.Event = field(default_factory=threading.Event)
     finish_reason: str | None = None
-    continued: bool = False  # another worker ran it before (epoch > 1, or tokens in its replay log)
+    continued: bool = False  # another worker ran it before (a second attempt, or tokens in its replay log)
     last_token_at: float | None = None  # monotonic; engine thread only (inter-token latency)
 
 
@@ -210,12 +210,13 @@ class EngineHost:
             self._drop_fenced(rid)
         while self.engine.holds(rid) and not self._stop.is_set():
             time.sleep(0.01)
-        # The deadline is for work not yet started; a continued request (epoch > 1) is finished.
-        if claim.epoch == 1 and queued.deadline_at is not None and time.time() > queued.deadline_at:
+        resume_ids = self._retrying(lambda: self.claims.generated(rid))
+        # Epochs follow the clock (claim.lua), so a first run is told by its attempts and its log.
+        entry.continued = claim.attempts > 1 or bool(resume_ids)
+        # The deadline is for work not yet started; a continued request is finished.
+        if not entry.continued and queued.deadline_at is not None and time.time() > queued.deadline_at:
             self._refuse(entry, "deadline_exceeded", "the request's deadline passed while it waited in the queue")
             return "deadline_exceeded"
-        resume_ids = self._retrying(lambda: self.claims.generated(rid))
-        entry.continued = claim.epoch > 1 or bool(resume_ids)
         with self._lock:
             draining = self.draining.is_set()
             if not draining:
@@ -247,7 +248,7 @@ class EngineHost:
             return "internal_error"
         # Every request gets one line at its end (event=request_done); its claim is worth a line of
         # its own only when it continues an earlier worker's run.
-        log.log(logging.INFO if claim.epoch > 1 or resume_ids else logging.DEBUG,
+        log.log(logging.INFO if entry.continued else logging.DEBUG,
                 "event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
                 claim.attempts, len(resume_ids))
         if entry.continued:
@@ -315,6 +316,7 @@ class EngineHost:
     def _hand_back(self, entry: InFlight) -> None:
         """Release our claim (fencing ourselves) and queue the request again with its progress."""
         rid = entry.queued.request_id
+        self.publisher.forget(rid)
         try:
             if self.claims.release(rid, self.instance, entry.epoch):
                 enqueue(entry.queued)
@@ -400,6 +402,7 @@ class EngineHost:
         """Our claim was taken over (we stalled, or Redis lost it): stop, publish nothing more."""
         with self._lock:
             entry = self.inflight.pop(rid, None)
+        self.publisher.forget(rid)
         self.engine.cancel(rid)
         log.warning("event=fenced request_id=%s", rid)
         if entry is not None:

@@ -4,6 +4,12 @@ Per event (inside ops/core/lua/publish.lua, see claims.py): PUBLISH to the ownin
 (live delivery) and XADD to the request's capped stream (the replay log, with a TTL), unless the
 worker's claim on the request was taken over. While Redis is unreachable the events wait here, in
 order, and go out with the next step or heartbeat once it answers again.
+
+A Sentinel failover can lose the last writes the old primary acknowledged (replication is
+asynchronous), the tail of a replay log among them. So the publisher keeps every event of each
+request until the request's last event is logged, and when publish.lua reports a gap (the log holds
+fewer tokens than the next event follows) it sends the missing ones again, in order, at once. The
+gateway drops any index it has already forwarded, so a client sees each token once.
 """
 from __future__ import annotations
 
@@ -21,22 +27,48 @@ log = logging.getLogger("brigade.worker")
 MAX_PENDING_EVENTS = 200_000
 
 
+# Rounds of resending a lost tail within one publish: one is enough unless Redis fails over again
+# in between; the rest waits for the next step.
+MAX_REFILL_ROUNDS = 3
+
+Positioned = tuple[str, ReplyEvent, int | None]  # reply channel, event, position (publish.lua)
+
+
 class TokenPublisher:
     """Not thread-safe: the engine host calls it under its publish lock (engine step or heartbeat)."""
 
     def __init__(self, claims: ClaimStore):
         self.claims = claims
-        self._pending: list[tuple[str, ReplyEvent]] = []
+        self._pending: list[Positioned] = []
         self._failing = False
+        self._sent: dict[str, list[Positioned]] = {}  # request id -> its events so far, until it ends
+        self.refilled = 0  # events sent again after a failover lost them (a counter for tests and logs)
+
+    def _positioned(self, channel: str, event: ReplyEvent) -> Positioned:
+        """The event with its position in the request's log, remembered until the request ends."""
+        history = self._sent.setdefault(event.request_id, [])
+        if event.type == "token":
+            position = event.index
+        else:  # a last event follows the tokens this worker sent (unknown if it sent none)
+            position = next((e.index + 1 for _, e, _ in reversed(history) if e.type == "token"), None)
+        item = (channel, event, position)
+        history.append(item)
+        return item
 
     def publish(self, events: list[tuple[str, ReplyEvent]]) -> set[str] | None:
         """Send (reply_channel, event) pairs, after any still waiting. Returns the fenced request
         ids, or None when Redis did not answer (the events are kept for the next call)."""
-        self._pending.extend(events)
+        self._pending.extend(self._positioned(channel, event) for channel, event in events)
         if not self._pending:
             return set()
         try:
-            fenced = self.claims.publish(self._pending)
+            result = self.claims.publish(self._pending)
+            fenced = set(result.fenced)
+            for _ in range(MAX_REFILL_ROUNDS):
+                if not result.gaps:
+                    break
+                result = self.claims.publish(self._refill(result.gaps))
+                fenced |= result.fenced
         except redis.RedisError as exc:
             if not self._failing:
                 log.warning("event=publish_failed pending=%d error=%r", len(self._pending), exc)
@@ -50,8 +82,27 @@ class TokenPublisher:
         if self._failing:
             log.info("event=publish_recovered events=%d", len(self._pending))
             self._failing = False
-        self._pending = []
+        for _, event, _ in self._pending:  # a request that ended, or was fenced, needs no memory
+            if (event.type != "token" and event.request_id not in result.gaps) or event.request_id in fenced:
+                self._sent.pop(event.request_id, None)
+        # Still gapped (Redis failing over again): the missing events wait for the next call.
+        self._pending = self._refill(result.gaps) if result.gaps else []
         return fenced
+
+    def _refill(self, gaps: dict[str, int]) -> list[Positioned]:
+        """Each gapped request's events from the first token its log lacks, in order."""
+        out: list[Positioned] = []
+        for rid, logged in gaps.items():
+            missing = [item for item in self._sent.get(rid, []) if item[2] is None or item[2] >= logged]
+            log.warning("event=log_refill request_id=%s logged=%d resent=%d", rid, logged, len(missing))
+            self.refilled += len(missing)
+            out += missing
+        return out
+
+    def forget(self, rid: str) -> None:
+        """The request left this worker without a last event of its own (handed back, dropped).
+        Called with or without the publish lock: one dict pop, which the interpreter makes atomic."""
+        self._sent.pop(rid, None)
 
     @property
     def waiting(self) -> int:

@@ -50,3 +50,14 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    QoS = QoS
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """The same fixes on kombu's Sentinel transport (a `redis+sentinel://` BRIGADE_REDIS_URL): a
+    failover is a broker connection lost and found again at another address."""
+
+    Channel = SentinelChannel

@@ -18,6 +18,7 @@ from celery import Celery
 from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
+from ops.core.redis_address import is_sentinel, kombu_broker, kombu_ssl, parse_sentinel
 from ops.core.settings import get_settings
 
 log = logging.getLogger("brigade.queue")
@@ -38,6 +39,12 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
     """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time."""
     settings = get_settings()
     broker = redis_url or settings.redis_url
+    transport_options: dict = {}
+    sentinel = parse_sentinel(broker) if is_sentinel(broker) else None
+    if sentinel is not None:
+        # kombu's form of the same primary: a `sentinel://` URL per sentinel, the master's name
+        # and the sentinels' own password as transport options (kombu's SentinelChannel)
+        broker, transport_options = kombu_broker(sentinel)
     app = Celery("brigade", broker=broker, include=include or [], set_as_current=set_as_current)
     app.conf.update(
         task_serializer="json",
@@ -54,8 +61,10 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
         broker_connection_retry_on_startup=True,
         # The reaper continues a dead worker's requests within seconds; Celery's redelivery after
         # the visibility timeout is the second line, and its duplicates are skipped by the claim.
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s, **transport_options},
     )
+    if sentinel is not None and sentinel.tls:
+        app.conf.broker_use_ssl = kombu_ssl(sentinel)
     if transport:
         app.conf.broker_transport = transport
         if urlsplit(broker).scheme == "rediss" and "ssl_" not in urlsplit(broker).query:

@@ -11,6 +11,10 @@
   subscriber that idles between events, a follower whose XREAD blocks).
 - Outages: a caller that cannot do without Redis waits it out with `outage_retry` (for ever,
   0.25 s doubling to a cap), redis-py's Retry again, around its own command or reconnection.
+- Sentinel: a `redis+sentinel://` URL (ops/core/redis_address.py) gives a client of the primary
+  that the sentinels name. redis-py asks them again when a connection breaks, and turns a READONLY
+  reply (a demoted primary still answering) into a ConnectionError, which the retries above send
+  to the new primary: a failover costs callers a retried command, not a restart.
 - Pools: the gateway's async clients use a blocking pool. redis-py's default async pool raises
   MaxConnectionsError once 100 commands are in flight (seen in the soak with 200 clients); a
   blocking pool makes the 101st command wait for a connection instead, bounded by `wait_s`, so
@@ -20,10 +24,14 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
+
+from ops.core.redis_address import SentinelAddress, is_sentinel, parse_sentinel
 
 POOL_SIZE = 100
 COMMAND_TIMEOUT_S = 5.0  # a stuck Redis must not freeze a caller (the engine thread inside a publish)
@@ -59,19 +67,38 @@ def outage_pause_s(failures: int, cap_s: float = 2.0, first_s: float = 0.25) -> 
     return _outage_backoff(cap_s, first_s).compute(failures)
 
 
+def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float) -> dict:
+    # A sentinel that is down must not hold up the search for the primary among the others.
+    return {"socket_timeout": connect_timeout_s, "socket_connect_timeout": connect_timeout_s,
+            **address.sentinel_kwargs()}
+
+
 def client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S,
            connect_timeout_s: float = CONNECT_TIMEOUT_S) -> redis.Redis:
     """A synchronous client (workers, the reaper, commands)."""
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
-                                socket_connect_timeout=connect_timeout_s,
-                                retry=Retry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
+    options = dict(decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
+                   retry=Retry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
+    if is_sentinel(url):
+        address = parse_sentinel(url)
+        watch = redis.sentinel.Sentinel(list(address.sentinels), sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s))
+        return watch.master_for(address.master, redis_class=redis.Redis, **options, **address.node_kwargs())
+    return redis.Redis.from_url(url, **options)
+
+
+class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """Sentinel's pool of primary connections, waiting for a free connection as the blocking pool
+    does (the module's docstring says why) instead of raising at POOL_SIZE."""
 
 
 def async_client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  wait_s: float = 5.0, health_check_interval: int = 0) -> aioredis.Redis:
     """A pooled asyncio client (the gateway, the answer cache, async commands)."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=POOL_SIZE, timeout=wait_s, decode_responses=True, socket_timeout=timeout_s,
-        socket_connect_timeout=connect_timeout_s, health_check_interval=health_check_interval,
-        retry=AsyncRetry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
-    return aioredis.Redis(connection_pool=pool)
+    options = dict(max_connections=POOL_SIZE, timeout=wait_s, decode_responses=True, socket_timeout=timeout_s,
+                   socket_connect_timeout=connect_timeout_s, health_check_interval=health_check_interval,
+                   retry=AsyncRetry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
+    if is_sentinel(url):
+        address = parse_sentinel(url)
+        watch = aiosentinel.Sentinel(list(address.sentinels), sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s))
+        return watch.master_for(address.master, redis_class=aioredis.Redis, connection_pool_class=_BlockingSentinelPool,
+                                **options, **address.node_kwargs())
+    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **options))

@@ -175,6 +175,14 @@ class Settings(BaseSettings):
     # empty (its message was lost between a pop and the receipt).
     unclaimed_after_s: float = 30.0
     dlq_max: int = 10_000
+    # A claim is confirmed on this many replicas (Redis WAIT) before its worker acts on it, so a
+    # failover cannot promote a replica that lacks it (Sentinel promotes the most up-to-date one).
+    # -1: one with a redis+sentinel:// URL, none otherwise (a lone Redis has no replica to wait for).
+    claim_replicas: int = -1
+    # How long a claim waits for them; past it the worker goes on (a lost claim fences its worker at
+    # the next publish and the request is continued, where refusing would stop all work whenever a
+    # replica is away), and logs event=claim_unconfirmed.
+    claim_confirm_ms: int = 500
     # SIGTERM: running requests get this long to finish, then continue on another worker.
     drain_seconds: float = 10.0
     # Celery's own redelivery of an unacked message (the second line behind the reaper). Healthy
@@ -252,6 +260,12 @@ class Settings(BaseSettings):
     @property
     def cache_redis(self) -> str:
         return self.cache_redis_url or self.redis_url
+
+    @property
+    def claim_confirmations(self) -> int:
+        if self.claim_replicas >= 0:
+            return self.claim_replicas
+        return 1 if self.redis_url.split("://", 1)[0].lower().endswith("+sentinel") else 0
 
     @property
     def auth_required(self) -> bool:

@@ -20,8 +20,13 @@ if state == 'running' and owner and owner ~= '' then
   if owner == me or redis.call('EXISTS', KEYS[6]) == 1 then return {'busy', 0, attempts} end
 end
 if attempts >= max_attempts then return {'bury', c[4] or '', attempts} end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+-- The epoch is at least the primary's clock in milliseconds, not only the last epoch + 1: should a
+-- Sentinel failover lose the last raise (replication is asynchronous), the next raise is still
+-- above every epoch handed out before, so no epoch is ever issued twice or goes backwards.
+local t = redis.call('TIME')
+local epoch = math.max(tonumber(c[4] or '0') + 1, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 'epoch', string.format('%d', epoch))
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner', me, 'attempts', attempts + 1)
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('HSET', KEYS[2], rid, me)
-return {'claimed', epoch, attempts + 1}
+return {'claimed', string.format('%d', epoch), attempts + 1}

@@ -1,0 +1,146 @@
+"""A Redis that survives its own failure, on one machine: a primary, two replicas, three sentinels.
+
+For trying Brigade's failover where it runs (`brigade up --redis-ha`), for the chaos tests and for
+`brigade bench soak --kill-redis-primary`. Production runs each node on its own machine; the
+processes and their settings are the same (docker-compose.yml's `redis-ha` profile).
+
+Settings, and why (Redis's own Sentinel and replication documentation is the reference):
+- three sentinels with a quorum of two: one sentinel's mistaken view of the primary is not a failover,
+  and a failover needs a majority to authorise it;
+- `down-after-milliseconds` 1000 (the default is 30 s): on one machine a primary that does not answer
+  for a second is dead, and every second here is a second of every stream stalling;
+- every data node keeps an append-only file, fsynced every second, so a node restarted after a
+  crash comes back with its data and the sentinels make it a replica of the new primary;
+- `replica-serve-stale-data yes` (the default) and no `min-replicas-to-write`: Brigade asks for the
+  writes whose loss matters to be confirmed with WAIT (workers/claims.py), instead of refusing every
+  write while a replica is away.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from ops.core import redis_clients
+from ops.core.ports import free_port
+from ops.core.redis_address import sentinel_url
+
+MASTER_NAME = "brigade"
+QUORUM = 2
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 5000
+INSTALL_HINT = "redis-server (which also runs the sentinels) is not installed: sudo apt-get install -y redis-server"
+
+
+@dataclass
+class RedisHA:
+    """The ports and folders of one local primary + replicas + sentinels, and their command lines."""
+
+    folder: Path
+    host: str = "127.0.0.1"
+    data_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
+    sentinel_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
+    master: str = MASTER_NAME
+    password: str | None = None
+
+    @property
+    def url(self) -> str:
+        return sentinel_url([(self.host, p) for p in self.sentinel_ports], self.master, 0, self.password)
+
+    def node_url(self, port: int) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{port}/0"
+
+    def parts(self, server: str | None = None) -> dict[str, list[str]]:
+        """Name -> argv: `redis-primary`, `redis-replica1`, `redis-replica2`, `redis-sentinel1..3`.
+        The first data node starts as primary; which one is primary later is the sentinels' word."""
+        server = server or shutil.which("redis-server")
+        if server is None:
+            raise FileNotFoundError(INSTALL_HINT)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        primary = self.data_ports[0]
+        out: dict[str, list[str]] = {}
+        for i, port in enumerate(self.data_ports):
+            data = self.folder / f"node-{port}"
+            data.mkdir(exist_ok=True)
+            argv = [server, "--port", str(port), "--bind", self.host, "--save", "", "--appendonly", "yes",
+                    "--appendfsync", "everysec", "--dir", str(data), "--logfile", str(data / "redis.log")]
+            if self.password:
+                # replicas authenticate to whichever node is primary: every node has the same password
+                argv += ["--requirepass", self.password, "--masterauth", self.password]
+            if i:
+                argv += ["--replicaof", self.host, str(primary)]
+            out["redis-primary" if i == 0 else f"redis-replica{i}"] = argv
+        for i, port in enumerate(self.sentinel_ports, 1):
+            conf = self.folder / f"sentinel-{port}.conf"
+            if not conf.exists():  # a sentinel rewrites its file with what it learned; a restart keeps it
+                lines = [f"port {port}", f"bind {self.host}", f"dir {self.folder}",
+                         f"logfile {self.folder / f'sentinel-{port}.log'}",
+                         f"sentinel monitor {self.master} {self.host} {primary} {QUORUM}",
+                         f"sentinel down-after-milliseconds {self.master} {DOWN_AFTER_MS}",
+                         f"sentinel failover-timeout {self.master} {FAILOVER_TIMEOUT_MS}",
+                         f"sentinel parallel-syncs {self.master} 1"]
+                if self.password:
+                    lines.append(f"sentinel auth-pass {self.master} {self.password}")
+                conf.write_text("\n".join(lines) + "\n")
+            out[f"redis-sentinel{i}"] = [server, str(conf), "--sentinel"]
+        return out
+
+    # ---- asking the running set -------------------------------------------------------------------
+
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis_clients.client(f"redis://{self.host}:{port}", timeout_s=1, connect_timeout_s=1)
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the sentinels name it (the first that answers); None if none does."""
+        for port in self.sentinel_ports:
+            try:
+                found = self._sentinel(port).sentinel_get_master_addr_by_name(self.master)
+            except redis.RedisError:
+                continue
+            if found:
+                return int(found[1])
+        return None
+
+    def node_name(self, port: int) -> str:
+        """The part name of the data node on this port (as in `parts`)."""
+        i = self.data_ports.index(port)
+        return "redis-primary" if i == 0 else f"redis-replica{i}"
+
+    def healthy(self) -> bool:
+        """Every sentinel sees the primary, its two replicas linked, and the other two sentinels;
+        the primary answers writes. A set that is not healthy yet cannot fail over cleanly."""
+        port = self.primary_port()
+        if port is None:
+            return False
+        try:
+            for s in self.sentinel_ports:
+                state = self._sentinel(s).sentinel_master(self.master)
+                if (state["ip"] != self.host or int(state["port"]) != port
+                        or int(state["num-slaves"]) < len(self.data_ports) - 1
+                        or int(state["num-other-sentinels"]) < len(self.sentinel_ports) - 1):
+                    return False
+            node = redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
+            info = node.info("replication")
+            linked = sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+            return info.get("role") == "master" and linked >= len(self.data_ports) - 1 and bool(node.set("brigade:ha:probe", "1", ex=10))
+        except (redis.RedisError, KeyError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Redis HA set in {self.folder} was not healthy after {timeout_s:.0f}s "
+                                   f"(logs: {self.folder})")
+            time.sleep(0.2)
+
+
+def start_processes(ha: RedisHA) -> dict[str, subprocess.Popen]:
+    """Start the set as plain child processes (for tests and scripts without a Supervisor)."""
+    return {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            for name, argv in ha.parts().items()}

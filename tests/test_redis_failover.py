@@ -1,0 +1,142 @@
+"""Redis fails over under load: a real primary, two replicas and three sentinels (ops/redis_ha.py),
+every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
+Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
+a real batch job and a real API key. Nothing is mocked."""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+
+from ops.core import keys
+from tests.services import RedisHAServer, create_key, wait_until
+from tests.test_batch import BatchStack, line, text_of, write_lines
+from tests.test_failover import expected  # noqa: F401  (a fixture: the uninterrupted answers)
+from tests.test_failover import stream_clients
+
+HEARTBEAT_TTL_S = 3.0
+
+
+class HAStack(BatchStack):
+    """The stack on a Redis HA set, keys required: `brigade batch` as a user drives it with the key
+    in BRIGADE_API_KEY, and the job's record read with it."""
+
+    def job(self, job_id: str) -> dict:
+        auth = {"Authorization": f"Bearer {self.env['BRIGADE_API_KEY']}"}
+        return httpx.get(f"{self.http}/v1/batches/{job_id}", headers=auth, timeout=10).json()
+
+
+@pytest.fixture(scope="module")
+def ha(model_dir, tmp_path_factory):
+    redis_ha = RedisHAServer(tmp_path_factory.mktemp("redis-ha"))
+    with HAStack(
+        redis_ha, tmp_path_factory.mktemp("ha-logs"), own_redis=True,
+        BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+        BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S), BRIGADE_UNCLAIMED_AFTER_S="3", BRIGADE_AUTH="required",
+        BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3", BRIGADE_BATCH_POLL_S="0.5",
+        BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("ha-batch-files")),
+        # Deterministic mode: a continued answer must equal the uninterrupted one token for token.
+        BRIGADE_BATCH_INVARIANT="true",
+    ) as s:
+        s.start("reaper")
+        s.start_worker("w1@ha")
+        s.start_worker("w2@ha")
+        s.start_gateway()
+        s.wait_ready()
+        yield s
+
+
+def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha: HAStack, caplog):
+    """With a Sentinel URL a claim is confirmed on a replica (WAIT) before its worker acts on it.
+    With both replicas frozen it goes on after claim_confirm_ms and says so in the log. Prints the
+    cost per claim, side by side with and without the confirmation, on the same primary."""
+    import os
+    import signal
+
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.settings import Settings
+    from workers.claims import ClaimStore
+
+    client = ha.redis.client
+    confirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, claim_confirm_ms=300))
+    unconfirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, claim_replicas=0))
+    assert confirmed.settings.claim_confirmations == 1
+
+    def request(rid: str) -> str:
+        client.set(keys.request(rid), QueuedRequest(
+            request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
+            model="m", prompt="hi", params=GenerateParams(max_tokens=4)).model_dump_json(), ex=60)
+        return rid
+
+    costs: dict[str, list[float]] = {"wait": [], "none": []}
+    for i in range(40):
+        for name, store in (("wait", confirmed), ("none", unconfirmed)):  # taking turns: the same load on both
+            rid = request(f"cost-{name}-{i}")
+            started = time.perf_counter()
+            assert store.claim(rid, "w#1").outcome == "claimed"
+            costs[name].append(time.perf_counter() - started)
+    median = {k: statistics.median(v) * 1000 for k, v in costs.items()}
+    print(f"\nclaim cost, median of 40: {median['wait']:.2f} ms with WAIT 1, {median['none']:.2f} ms without "
+          f"(+{median['wait'] - median['none']:.2f} ms)")
+
+    replicas = [ha.redis.procs[ha.redis.ha.node_name(p)] for p in ha.redis.ha.data_ports
+                if p != ha.redis.ha.primary_port()]
+    for proc in replicas:
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        rid = request("frozen-replicas")
+        with caplog.at_level("WARNING", logger="brigade.worker"):
+            started = time.perf_counter()
+            assert confirmed.claim(rid, "w#1").outcome == "claimed"
+            waited = time.perf_counter() - started
+    finally:
+        for proc in replicas:
+            os.kill(proc.pid, signal.SIGCONT)
+    assert waited >= 0.3, waited  # it did wait for them, up to its bound
+    assert any("event=claim_unconfirmed request_id=frozen-replicas replicas=0 wanted=1" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert client.hget(keys.claim(rid), "owner") == "w#1"
+    ha.redis.ha.wait_healthy(30)
+
+
+def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):
+    key = create_key(ha.redis.url, "before-the-kill")
+    ha.env["BRIGADE_API_KEY"] = key  # `brigade batch` sends it
+    requests = [line(i, max_tokens=16) for i in range(30)]
+    job_id = ha.submit(write_lines(tmp_path / "ha.jsonl", requests))
+    killed: dict = {}
+
+    def fault(clients):
+        wait_until(lambda: ha.job(job_id)["brigade"]["written"] >= 1 or None, 120, what="a batch line written")
+        killed["at"] = time.monotonic()
+        killed["node"] = ha.redis.kill_primary()
+
+    clients, _ = asyncio.run(stream_clients(ha.url, fault, headers={"Authorization": f"Bearer {key}"}))
+    for c in clients:
+        a = c.answer
+        assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{ha.tails()}"
+        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
+        assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
+    # The client-visible gap: the longest pause between two tokens of each stream that was
+    # running when the primary died.
+    gaps = [max(b - a for a, b in zip(c.times, c.times[1:])) for c in clients if len(c.times) > 1]
+    print(f"\nprimary {killed['node']} killed; longest pause per stream: p50 {statistics.median(gaps):.2f}s "
+          f"max {max(gaps):.2f}s")
+
+    job = ha.wait_end(job_id, "the batch job to end after the failover", timeout=300)
+    assert job["status"] == "completed" and job["request_counts"] == {"total": 30, "completed": 30, "failed": 0}, job
+    results = ha.results(job_id, tmp_path / "ha.out.jsonl")
+    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]  # each written exactly once
+    assert all(r["response"]["status_code"] == 200 and text_of(r) for r in results), results  # chat: never empty
+
+    # The key made before the kill still authenticates, against the new primary.
+    new_primary = ha.redis.ha.primary_port()
+    assert ha.redis.ha.node_name(new_primary) != killed["node"]
+    resp = httpx.post(ha.http + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                      json={"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
+    assert httpx.post(ha.http + "/v1/completions", headers={"Authorization": "Bearer sk-wrong"}, timeout=60,
+                      json={"prompt": "Hello", "max_tokens": 2}).status_code == 401
