@@ -104,7 +104,7 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
 
 def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):
     key = create_key(ha.redis.url, "before-the-kill")
-    ha.env["BRIGADE_API_KEY"] = key  # `brigade batch` sends it
+    ha.env["BRIGADE_API_KEY"] = key  # `brigade batch` sends it; the test after this one uses it too
     requests = [line(i, max_tokens=16) for i in range(30)]
     job_id = ha.submit(write_lines(tmp_path / "ha.jsonl", requests))
     killed: dict = {}
@@ -140,3 +140,34 @@ def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack
     assert resp.status_code == 200, resp.text
     assert httpx.post(ha.http + "/v1/completions", headers={"Authorization": "Bearer sk-wrong"}, timeout=60,
                       json={"prompt": "Hello", "max_tokens": 2}).status_code == 401
+    ha.redis.restart(killed["node"])  # it comes back, and the sentinels make it a replica of the new primary
+
+
+def test_a_demoted_primary_answering_readonly_sends_every_part_to_the_new_one(ha: HAStack, expected):
+    """A planned failover (SENTINEL FAILOVER) demotes the primary while it runs: clients still
+    connected to it meet READONLY on their next write (celery #7946 shut workers down on it). Every
+    stream completes as uninterrupted, and no part of Brigade exits."""
+    ha.redis.ha.wait_healthy(60)  # the node killed in the test above is back as a replica
+    before = ha.redis.ha.primary_port()
+    demoted: dict = {}
+
+    def fault(clients):
+        sentinel = ha.redis.ha._sentinel(ha.redis.ha.sentinel_ports[0])
+        assert sentinel.execute_command("SENTINEL", "FAILOVER", ha.redis.ha.master)
+        demoted["port"] = before
+        wait_until(lambda: ha.redis.ha.primary_port() not in (None, before), 30, what="a new primary")
+
+    clients, _ = asyncio.run(stream_clients(ha.url, fault, headers={"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}))
+    for c in clients:
+        a = c.answer
+        assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{ha.tails()}"
+        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
+        assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
+    assert ha.redis.ha.primary_port() != before
+    for proc in ha.started:
+        assert proc.proc.poll() is None, f"{proc.log_path.name} exited ({proc.proc.returncode}):\n{proc.tail()}"
+    # and the workers take new work from the new primary's queue
+    fresh, _ = asyncio.run(stream_clients(ha.url, lambda clients: None, n=2,
+                                          headers={"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}))
+    for c in fresh:
+        assert c.answer.end is not None and c.answer.text == expected[c.id], c.answer.end

@@ -149,6 +149,15 @@ class ClaimStore:
             return "buried" if self._buried(rid, epoch) else "skip"
         return outcome
 
+    def orphaned(self, rid: str, me: str) -> bool:
+        """After this worker was fenced on `rid`: does nobody hold it now? True when its claim is
+        neither running under another owner nor ended: a failover lost the claim that fenced us
+        out (or ours), so nobody else will run it unless it is queued again."""
+        state, owner = self.redis.hmget(keys.claim(rid), "state", "owner")
+        if state in ("done", "dead") or not self.redis.exists(keys.request(rid)):
+            return False
+        return not (state == "running" and owner and owner != me)
+
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
         return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.taken(rid)],
                                          args=[rid, cutoff, time.time()]))

@@ -406,8 +406,22 @@ class EngineHost:
         self.engine.cancel(rid)
         log.warning("event=fenced request_id=%s", rid)
         if entry is not None:
+            self._requeue_if_orphaned(entry)
             entry.finish_reason = "fenced"
             entry.finished.set()
+
+    def _requeue_if_orphaned(self, entry: InFlight) -> None:
+        """Fenced, and nobody holds the request: a Sentinel failover lost a claim (ours, or the raise
+        that fenced us). Queue it again, as the reaper would for a dead owner: the next claim has a
+        higher epoch (claim.lua) and continues from the replay log."""
+        rid = entry.queued.request_id
+        try:
+            if self.claims.orphaned(rid, self.instance):
+                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()})
+                enqueue(entry.queued)
+                log.warning("event=orphan_requeued request_id=%s", rid)
+        except redis.RedisError as exc:  # the reaper's unclaimed sweep is the second line
+            log.warning("event=orphan_requeue_failed request_id=%s error=%r", rid, exc)
 
     def _done_event(self, entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
         t = u.timing or {}

@@ -37,6 +37,7 @@ class Reaper:
         self.redis = client or redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
+        self._run_id: str | None = None  # the Redis server that answered the last pass
         # Canaries are stepped by whichever controller holds their lease: a gateway's, or this one,
         # so canaries keep their objectives when no gateway runs (ops/core/canary.py).
         self.canaries = Controller(self.redis, f"reaper:{uuid.uuid4().hex[:12]}", settings)
@@ -134,7 +135,12 @@ class Reaper:
         live workers have not had a beat's time to write again. Reaping then would move every
         running request and charge it an attempt."""
         settle = self.settings.heartbeat_ttl_s + self.settings.heartbeat_interval_s
-        uptime = self.redis.info("server").get("uptime_in_seconds", settle)
+        server = self.redis.info("server")
+        uptime = server.get("uptime_in_seconds", settle)
+        # Another server answering (a Sentinel failover promoted a replica, perhaps without an error
+        # on this connection) is a Redis that lost what was written last: heartbeats among it.
+        if server.get("run_id") != self._run_id:
+            self._run_id, self._up_since = server.get("run_id"), None
         if self._up_since is None:
             self._up_since = time.monotonic()
         return uptime >= settle and time.monotonic() - self._up_since >= settle
