@@ -200,7 +200,12 @@ def cmd_up(args) -> int:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     supervisor = Supervisor(grace_s=stop_graces(settings))
-    if not _redis_answers(settings.redis_url):
+    if args.redis_ha:
+        settings = _start_redis_ha(supervisor, settings, lambda: stopping)
+        if settings is None:
+            supervisor.stop()
+            return 1
+    elif not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
             print(f"Redis at {redact_url(settings.redis_url)} does not answer, and it is not local to start", file=sys.stderr)
@@ -273,6 +278,36 @@ def cmd_up(args) -> int:
     finally:
         supervisor.stop(announce=say)
     return status
+
+
+def _start_redis_ha(supervisor, settings, stopping):
+    """`up --redis-ha`: a primary, two replicas and three sentinels on free ports (ops/redis_ha.py),
+    a trial whose data is not kept between runs; every part started after it gets the
+    redis+sentinel:// URL. Returns the settings on that URL, or None when the set did not come up."""
+    from ops.redis_ha import RedisHA
+    from ops.supervision import PartExited, say
+
+    folder = settings.home / "redis-ha"
+    shutil.rmtree(folder, ignore_errors=True)  # its ports are new every run: old sentinel files would mislead
+    ha = RedisHA(folder)
+    try:
+        for name, argv in ha.parts().items():
+            supervisor.start(name, argv, death_signal=signal.SIGTERM)
+        if not supervisor.wait_for(ha.healthy, 60, stopping=stopping, interval_s=0.2):
+            return None
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return None
+    except (PartExited, TimeoutError):
+        print(f"the Redis HA set did not come up (logs in {folder})", file=sys.stderr)
+        return None
+    os.environ["BRIGADE_REDIS_URL"] = ha.url
+    get_settings.cache_clear()
+    primary = ha.primary_port()
+    replicas = ", ".join(str(p) for p in ha.data_ports if p != primary)
+    say(f"Redis HA: primary port {primary}, replicas {replicas}, sentinels "
+        f"{', '.join(str(p) for p in ha.sentinel_ports)} (logs in {folder}); BRIGADE_REDIS_URL={ha.url}", sys.stdout)
+    return get_settings()
 
 
 def cmd_flower(args) -> int:
@@ -370,6 +405,9 @@ def build_parser() -> BrigadeParser:
     p.add_argument("--flower", action="store_true", help="also start Flower")
     p.add_argument("--ephemeral", action="store_true", help="the Redis it starts keeps nothing: keys, cached answers, "
                    "batch jobs and dead letters end with it (default: kept in BRIGADE_DATA_DIR)")
+    p.add_argument("--redis-ha", action="store_true", help="start a primary, two replicas and three sentinels on "
+                   "free ports instead of one Redis, and run everything on their redis+sentinel:// URL (a trial: "
+                   "kill the primary and watch the streams go on; nothing is kept between runs)")
     p.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1; on one machine, "
                    "give each BRIGADE_TORCH_THREADS so that together they use the cores once)")
     p.add_argument("--model", metavar="NAME[@VERSION]", help="the registered version the workers serve (brigade "
