@@ -78,3 +78,26 @@ def test_compose_mounts_files_that_exist_and_grafana_provisions_the_dashboard():
     dashboard = json.loads((ROOT / "ops/grafana/dashboards/brigade.json").read_text())
     assert all(t["datasource"]["uid"] == source["datasources"][0]["uid"] for p in dashboard["panels"]
                for t in p["targets"])
+
+
+def test_the_redis_ha_profile_is_a_primary_two_replicas_and_three_sentinels_that_the_documented_url_reaches():
+    import re
+
+    from ops.core.redis_address import parse_sentinel
+
+    services = compose()["services"]
+    ha = {name: s for name, s in services.items() if "redis-ha" in (s.get("profiles") or [])}
+    assert sorted(ha) == ["redis-primary", "redis-replica1", "redis-replica2", "sentinel1", "sentinel2", "sentinel3"]
+    for replica in ("redis-replica1", "redis-replica2"):
+        command = ha[replica]["command"]
+        assert command[command.index("--replicaof") + 1:command.index("--replicaof") + 3] == ["redis-primary", "6379"]
+    for sentinel in ("sentinel1", "sentinel2", "sentinel3"):
+        script = ha[sentinel]["command"][-1]
+        assert "sentinel monitor brigade redis-primary 6379 2" in script and "--sentinel" in script
+    # the URL the file's header tells operators to set names those sentinels and that master
+    header = (ROOT / "docker-compose.yml").read_text()
+    url = re.search(r"BRIGADE_REDIS_URL=(redis\+sentinel://\S+)", header).group(1)
+    address = parse_sentinel(url)
+    assert address.master == "brigade" and [h for h, _ in address.sentinels] == ["sentinel1", "sentinel2", "sentinel3"]
+    assert {p for _, p in address.sentinels} == {26379}
+    assert services["gateway"]["environment"]["BRIGADE_REDIS_URL"].startswith("${BRIGADE_REDIS_URL:-")

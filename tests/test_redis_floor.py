@@ -239,3 +239,51 @@ def test_a_token_already_logged_is_not_logged_twice(client):
     assert again.gaps == {} and again.fenced == set()
     assert _log(client, "dup") == [("token", 0), ("token", 1), ("token", 2)]
     assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {"dup": 3}
+
+
+def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwords():
+    from ops.core.redis_address import (RedisAddressError, describe, is_sentinel, kombu_broker, parse_sentinel,
+                                        sentinel_url)
+
+    address = parse_sentinel("redis+sentinel://:p%40ss@h1:26380,h2,[::1]:26381/mymaster/2?sentinel_password=s3")
+    assert address.sentinels == (("h1", 26380), ("h2", 26379), ("::1", 26381))
+    assert (address.master, address.db, address.password, address.sentinel_password) == ("mymaster", 2, "p@ss", "s3")
+    assert address.node_kwargs() == {"db": 2, "password": "p@ss"} and address.sentinel_kwargs() == {"password": "s3"}
+    broker, options = kombu_broker(address)  # kombu's form of the same primary
+    assert broker == "sentinel://:p%40ss@h1:26380/2;sentinel://:p%40ss@h2:26379/2;sentinel://:p%40ss@[::1]:26381/2"
+    assert options == {"master_name": "mymaster", "sentinel_kwargs": {"password": "s3"}}
+    assert "p@ss" not in describe("redis+sentinel://:p%40ss@h1/m") and "p@ss" not in repr(address)
+    tls = parse_sentinel("rediss+sentinel://h1/m?ssl_cert_reqs=none")
+    assert tls.tls and tls.node_kwargs() == {"db": 0, "ssl": True, "ssl_cert_reqs": "none"}
+    assert is_sentinel("redis+sentinel://h/m") and not is_sentinel("redis://h:6379/0")
+    assert parse_sentinel(sentinel_url([("127.0.0.1", 5), ("::1", 6)], "b", 0, "x y")).sentinels == (
+        ("127.0.0.1", 5), ("::1", 6))
+    for bad, says in [("redis+sentinel://h1:26379", "no master name"), ("redis+sentinel://h1:x/m", "is not HOST:PORT"),
+                      ("redis+sentinel://h1/m/a", "/MASTER or /MASTER/DB"), ("redis+sentinel://h1/m?db=1", "unknown option"),
+                      ("redis+sentinel:///m", "no sentinel named")]:
+        with pytest.raises(RedisAddressError, match=says):
+            parse_sentinel(bad)
+
+
+def test_the_factory_follows_a_sentinel_url_to_the_primary(tmp_path):
+    """A real primary, two replicas and three sentinels: the sync and async clients of a
+    redis+sentinel:// URL write to the primary and read back; a redis:// client of the primary sees it."""
+    from tests.services import RedisHAServer
+
+    ha = RedisHAServer(tmp_path)
+    try:
+        sync = redis_clients.client(ha.url)
+        sync.set("via-sentinel", "yes")
+        primary = redis_clients.client(ha.ha.node_url(ha.ha.primary_port()))
+        assert primary.get("via-sentinel") == "yes"
+
+        async def read():
+            aio = redis_clients.async_client(ha.url)
+            try:
+                return await aio.get("via-sentinel")
+            finally:
+                await aio.aclose()
+
+        assert asyncio.run(read()) == "yes"
+    finally:
+        ha.stop()

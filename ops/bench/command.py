@@ -52,7 +52,10 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                            "its own, a worker SIGKILLed every --kill-every seconds")
     p.add_argument("--clients", type=int, default=200, help="concurrent WebSocket clients")
     p.add_argument("--seconds", type=float, default=120, help="how long to keep asking")
-    p.add_argument("--kill-every", type=float, default=30, help="SIGKILL a worker this often (seconds)")
+    p.add_argument("--kill-every", type=float, default=30, help="SIGKILL a worker this often (seconds; 0: never)")
+    p.add_argument("--kill-redis-primary", type=int, default=0, metavar="N",
+                   help="run on a Redis primary + 2 replicas + 3 sentinels and SIGKILL the primary N times, "
+                        "evenly spaced (the sentinels fail over; the killed node rejoins as a replica)")
     _max_tokens(p, 16, "default 16")
 
     p = targets.add_parser("doors", parents=[report], help="the same requests through each door of a running "
@@ -133,7 +136,7 @@ def _cache(args, settings: Settings) -> dict | int:
 def _soak(args, settings: Settings) -> dict:
     from ops.bench.soak import run
 
-    return run(args.clients, args.seconds, args.kill_every, args.max_tokens)
+    return run(args.clients, args.seconds, args.kill_every, args.max_tokens, redis_primary_kills=args.kill_redis_primary)
 
 
 def _doors(args, settings: Settings) -> dict:

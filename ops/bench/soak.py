@@ -1,7 +1,10 @@
 """`brigade bench soak`: many WebSocket clients for minutes while workers are killed.
 
 It starts its own fleet on free ports (redis-server, the gateway, a reaper and two workers), so
-that it may SIGKILL workers: every `kill_every_s` one worker is killed and started again. Each
+that it may SIGKILL workers: every `kill_every_s` one worker is killed and started again (0: none).
+With `redis_primary_kills` N the fleet's Redis is a primary, two replicas and three sentinels
+(ops/redis_ha.py) and the primary is SIGKILLed N times, evenly spaced: each time the sentinels
+promote a replica, and once they have, the killed node is started again (it rejoins as a replica). Each
 client loops over one connection: ask, read to the end, ask again. The report (JSON) counts
 requests completed and failed (by error code), checks every answer's indexes for gaps and
 repeats, and gives time to first token and the gateway's memory before and after.
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from ops.core.ports import free_port
 from ops.core.settings import get_settings
+from ops.redis_ha import RedisHA
 from ops.supervision import PartExited, Supervisor, stop_graces
 
 QUESTIONS = [
@@ -51,17 +55,26 @@ class Fleet:
     """A Brigade of its own on free ports (redis-server, the gateway, a reaper, workers), under one
     Supervisor, so that its workers may be killed and started again."""
 
-    def __init__(self, workdir: Path, workers: int):
+    def __init__(self, workdir: Path, workers: int, redis_ha: bool = False):
         self.workdir = workdir
         self.redis_port, self.port = free_port(), free_port()
-        self.env = dict(os.environ, BRIGADE_REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
-                        BRIGADE_GATEWAY_PORT=str(self.port), BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
         server = shutil.which("redis-server")
         if server is None:
             raise SystemExit("redis-server is not installed: sudo apt-get install -y redis-server")
         self.supervisor = Supervisor(grace_s=stop_graces(get_settings()))
-        self.supervisor.start("redis", [server, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
-                                        "--dir", str(workdir)], log=workdir / "redis.log", death_signal=signal.SIGTERM)
+        self.ha = RedisHA(workdir / "redis-ha") if redis_ha else None
+        if self.ha is not None:
+            for name, argv in self.ha.parts(server).items():
+                self.supervisor.start(name, argv, death_signal=signal.SIGTERM)
+            self.supervisor.wait_for(self.ha.healthy, 60)
+            redis_url = self.ha.url
+        else:
+            self.supervisor.start("redis", [server, "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
+                                            "--dir", str(workdir)], log=workdir / "redis.log",
+                                  death_signal=signal.SIGTERM)
+            redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.env = dict(os.environ, BRIGADE_REDIS_URL=redis_url, BRIGADE_GATEWAY_PORT=str(self.port),
+                        BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
         self._start("gateway", "gateway")
         self._start("reaper", "reaper")
         self.workers = [f"worker-{i}" for i in range(workers)]
@@ -90,6 +103,24 @@ class Fleet:
         self.supervisor.kill_and_restart(part)
         self.kills += 1
         return part
+
+    async def kill_primary(self) -> dict:
+        """SIGKILL the Redis primary, wait for the sentinels to promote a replica, start the killed
+        node again (from the main thread: see Supervisor). Returns what happened, with timings."""
+        old = self.ha.primary_port()
+        name = self.ha.node_name(old)
+        self.supervisor.process(name).kill()
+        killed = time.monotonic()
+        new = None
+        while time.monotonic() - killed < 60:
+            await asyncio.sleep(0.1)
+            new = self.ha.primary_port()
+            if new not in (None, old):
+                break
+        promoted_s = round(time.monotonic() - killed, 2)
+        part = self.supervisor.parts[name]
+        self.supervisor.start(name, part.argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
+        return {"killed": old, "promoted": new, "promoted_after_s": promoted_s}
 
     def stop(self) -> None:
         self.supervisor.stop()
@@ -132,22 +163,29 @@ async def _client(url: str, n: int, until: float, max_tokens: int, stats: dict) 
             await asyncio.sleep(1)
 
 
-async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float, max_tokens: int) -> dict:
+async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float, max_tokens: int,
+                redis_primary_kills: int = 0) -> dict:
     stats = {"sent": 0, "completed": 0, "failed": {}, "ttft": [], "e2e": [], "broken_streams": 0}
     url = f"ws://127.0.0.1:{fleet.port}/v1/ws"
     rss_before = _rss_mb(fleet.gateway_pid)
     started = time.monotonic()
     until = started + seconds
     tasks = [asyncio.create_task(_client(url, n, until, max_tokens, stats)) for n in range(clients)]
-    killed, rss = [], []
-    next_kill = started + kill_every_s
+    killed, rss, failovers = [], [], []
+    next_kill = started + kill_every_s if kill_every_s > 0 else float("inf")
+    # the primary's kills, evenly spaced: for 3 in 300 s, at 75, 150 and 225 s
+    primary_kills = [started + seconds * (i + 1) / (redis_primary_kills + 1) for i in range(redis_primary_kills)]
     while time.monotonic() < until:
-        await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))
-        rss.append((round(time.monotonic() - started), _rss_mb(fleet.gateway_pid)))
+        await asyncio.sleep(min(2.0, max(0.0, until - time.monotonic())))
+        if not rss or time.monotonic() - started - rss[-1][0] >= 10:
+            rss.append((round(time.monotonic() - started), _rss_mb(fleet.gateway_pid)))
         if next_kill <= time.monotonic() < until - 5:
             # Not in a thread: a child's death signal follows the thread that started it.
             killed.append(fleet.kill_one())
             next_kill += kill_every_s
+        if primary_kills and primary_kills[0] <= time.monotonic():
+            primary_kills.pop(0)
+            failovers.append(await fleet.kill_primary())
     # Requests in flight at the deadline are finished, not abandoned.
     await asyncio.wait_for(asyncio.gather(*tasks), 600)
     return {
@@ -155,6 +193,7 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
         "seconds": seconds,
         "workers": len(fleet.workers),
         "worker_kills": len(killed),
+        "redis_primary_kills": failovers,
         "requests_sent": stats["sent"],
         "requests_completed": stats["completed"],
         "requests_failed": stats["failed"],
@@ -169,15 +208,15 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
 
 
 def run(clients: int = 200, seconds: float = 120, kill_every_s: float = 30, max_tokens: int = 16,
-        workers: int = 2) -> dict:
+        workers: int = 2, redis_primary_kills: int = 0) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="brigade-soak-"))
-    fleet = Fleet(workdir, workers)
+    fleet = Fleet(workdir, workers, redis_ha=redis_primary_kills > 0)
     try:
         try:
             fleet.supervisor.wait_for(fleet.ready, 180, interval_s=0.5)
         except (PartExited, TimeoutError) as exc:
             raise SystemExit(f"the fleet did not become ready ({exc}); logs in {workdir}") from None
-        report = asyncio.run(_soak(fleet, clients, seconds, kill_every_s, max_tokens))
+        report = asyncio.run(_soak(fleet, clients, seconds, kill_every_s, max_tokens, redis_primary_kills))
         report["logs"] = str(workdir)
         return report
     finally:
