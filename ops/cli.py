@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 import warnings
 from urllib.parse import urlparse
 
@@ -200,11 +201,13 @@ def cmd_up(args) -> int:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     supervisor = Supervisor(grace_s=stop_graces(settings))
+    ha = None
     if args.redis_ha:
-        settings = _start_redis_ha(supervisor, settings, lambda: stopping)
-        if settings is None:
+        ha = _start_redis_ha(supervisor, settings, lambda: stopping)
+        if ha is None:
             supervisor.stop()
             return 1
+        settings = get_settings()
     elif not _redis_answers(settings.redis_url):
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -271,10 +274,13 @@ def cmd_up(args) -> int:
         sys.stdout)
     status = 0
     try:
-        ended = supervisor.watch(lambda: stopping)
-        if ended is not None:
+        while (ended := supervisor.watch(lambda: stopping)) is not None:
+            if ha is not None and ended[0].startswith("redis-"):
+                _rejoin_redis_node(supervisor, ha, ended, lambda: stopping)
+                continue
             say(f"brigade {ended[0]} exited (code {ended[1]}); stopping the rest")
             status = 1
+            break
     finally:
         supervisor.stop(announce=say)
     return status
@@ -307,7 +313,26 @@ def _start_redis_ha(supervisor, settings, stopping):
     replicas = ", ".join(str(p) for p in ha.data_ports if p != primary)
     say(f"Redis HA: primary port {primary}, replicas {replicas}, sentinels "
         f"{', '.join(str(p) for p in ha.sentinel_ports)} (logs in {folder}); BRIGADE_REDIS_URL={ha.url}", sys.stdout)
-    return get_settings()
+    return ha
+
+
+def _rejoin_redis_node(supervisor, ha, ended: tuple[str, int], stopping) -> None:
+    """A node of `up --redis-ha`'s set ended (killed to try a failover, say): the rest serve on.
+    A data node is started again once the sentinels name another primary (started at once, the
+    old primary would come back as primary with its last second of writes lost, and no failover
+    would have happened); it rejoins as a replica. A sentinel is started again at once."""
+    from ops.supervision import say
+
+    name, code = ended
+    say(f"Redis HA: {name} exited (code {code}); the others serve on", sys.stdout)
+    if not name.startswith("redis-sentinel"):
+        port = next(p for p in ha.data_ports if ha.node_name(p) == name)
+        deadline = time.monotonic() + 30
+        while ha.primary_port() in (port, None) and time.monotonic() < deadline and not stopping():
+            time.sleep(0.2)
+    if not stopping():
+        supervisor.restart(name)
+        say(f"Redis HA: {name} started again; primary port now {ha.primary_port()}", sys.stdout)
 
 
 def cmd_flower(args) -> int:

@@ -176,8 +176,12 @@ class Supervisor:
 
     def kill_and_restart(self, name: str) -> subprocess.Popen:
         """SIGKILL a part (a crash, as `bench soak` makes them) and start it again as it was started."""
+        self.parts[name].process.kill()
+        return self.restart(name)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start a part that ended (or is ending) again, as it was started."""
         part = self.parts[name]
-        part.process.kill()
         part.process.wait(10)
         if part.log is not None:
             part.log.close()

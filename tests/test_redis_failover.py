@@ -171,3 +171,27 @@ def test_a_demoted_primary_answering_readonly_sends_every_part_to_the_new_one(ha
                                           headers={"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}))
     for c in fresh:
         assert c.answer.end is not None and c.answer.text == expected[c.id], c.answer.end
+
+
+def test_every_part_survives_one_more_failover_after_those(ha: HAStack, expected):
+    """A failover switches kombu's connection to another address: after it, a worker must still run
+    on Brigade's broker transport (workers/transport.py), or the next failover kills it (seen in the
+    soak: kombu's own transport raised AttributeError restoring unacked messages, and both workers
+    stopped). So: another SIGKILL of the primary, under 4 streams, after the two above."""
+    ha.redis.ha.wait_healthy(60)
+    killed: dict = {}
+
+    def fault(clients):
+        killed["node"] = ha.redis.kill_primary()
+
+    headers = {"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}
+    clients, _ = asyncio.run(stream_clients(ha.url, fault, n=4, headers=headers))
+    for c in clients:
+        assert c.answer.end is not None and c.answer.end["type"] == "done", f"{c.id}: {c.answer.end}\n{ha.tails()}"
+        assert c.answer.text == expected[c.id]
+    for proc in ha.started:
+        assert proc.proc.poll() is None, f"{proc.log_path.name} exited ({proc.proc.returncode}):\n{proc.tail()}"
+    for name, log in ((n, w.log_path.read_text()) for n, w in ha.workers.items()):
+        assert "Unrecoverable error" not in log, f"{name}:\n{log[-3000:]}"
+        assert "Connected to sentinel://" not in log, f"{name} fell back to kombu's own transport"
+    ha.redis.restart(killed["node"])

@@ -249,9 +249,10 @@ def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwor
     assert address.sentinels == (("h1", 26380), ("h2", 26379), ("::1", 26381))
     assert (address.master, address.db, address.password, address.sentinel_password) == ("mymaster", 2, "p@ss", "s3")
     assert address.node_kwargs() == {"db": 2, "password": "p@ss"} and address.sentinel_kwargs() == {"password": "s3"}
-    broker, options = kombu_broker(address)  # kombu's form of the same primary
-    assert broker == "sentinel://:p%40ss@h1:26380/2;sentinel://:p%40ss@h2:26379/2;sentinel://:p%40ss@[::1]:26381/2"
-    assert options == {"master_name": "mymaster", "sentinel_kwargs": {"password": "s3"}}
+    broker, options = kombu_broker(address)  # kombu's form of the same primary: one URL, every sentinel
+    assert broker == "sentinel://:p%40ss@h1:26380/2"
+    assert options == {"master_name": "mymaster", "sentinel_kwargs": {"password": "s3"},
+                       "sentinel_hosts": [["h1", 26380], ["h2", 26379], ["::1", 26381]]}
     assert "p@ss" not in describe("redis+sentinel://:p%40ss@h1/m") and "p@ss" not in repr(address)
     tls = parse_sentinel("rediss+sentinel://h1/m?ssl_cert_reqs=none")
     assert tls.tls and tls.node_kwargs() == {"db": 0, "ssl": True, "ssl_cert_reqs": "none"}

@@ -247,3 +247,52 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
         ending.wait_for(lambda: False, 60)
     assert (exited.value.name, exited.value.code) == ("reaper", 3)
     ending.stop()
+
+
+def test_up_with_redis_ha_serves_through_a_killed_primary_and_stops_every_part(tmp_path, tiny_model_dir):
+    """`brigade up --redis-ha`: a primary, two replicas and three sentinels instead of one Redis,
+    every part on their redis+sentinel:// URL; SIGKILL the primary and the service answers again
+    from the promoted replica, with no part restarted; SIGTERM stops all of it."""
+    import re
+
+    import psutil
+
+    from ops.core.redis_address import parse_sentinel
+    from ops.core.redis_clients import client
+
+    env = service_env("redis://127.0.0.1:1/0", free_port(),  # the URL --redis-ha replaces: nothing listens there
+                      BRIGADE_HOME=str(tmp_path / "home"), BRIGADE_DATA_DIR=str(tmp_path / "data"),
+                      BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_DTYPE="float32", BRIGADE_TORCH_THREADS="1",
+                      BRIGADE_CACHE_ENABLED="false")
+    up = BrigadeUp(env, tmp_path / "up.log", "--redis-ha")
+    try:
+        parts = up.wait_ready()
+        url = re.search(r"BRIGADE_REDIS_URL=(redis\+sentinel://\S+)", up.log_path.read_text()).group(1)
+        redis_nodes = [c for c in psutil.Process(up.proc.pid).children() if c.name() == "redis-server"]
+        assert len(redis_nodes) == 6, [c.cmdline() for c in redis_nodes]  # 3 data nodes, 3 sentinels
+        address = parse_sentinel(url)
+        sentinel = client(f"redis://{address.sentinels[0][0]}:{address.sentinels[0][1]}")
+        _, port = sentinel.sentinel_get_master_addr_by_name(address.master)
+        primary = next(c for c in redis_nodes if f":{port}" in " ".join(c.cmdline()) or str(port) in c.cmdline())
+        primary.kill()
+
+        def answers() -> bool:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{up.port}/v1/completions", timeout=10,
+                               json={"prompt": "Hello", "max_tokens": 2})
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 200
+        wait_until(answers, 60, interval=0.5, what="an answer after the primary's kill")
+        assert sentinel.sentinel_get_master_addr_by_name(address.master)[1] != port
+        for name in ("gateway", "worker", "reaper"):
+            assert parts[name].is_running(), f"{name} ended:\n{up.tail()}"
+        # the killed node is started again once a replica was promoted, and rejoins as a replica
+        wait_until(lambda: "Redis HA: redis-primary started again" in up.log_path.read_text(), 60,
+                   what="the killed primary to be started again")
+        everything = psutil.Process(up.proc.pid).children()
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.proc.wait(60) == 0, up.tail()
+        wait_until(lambda: not still_running(everything), 30, what="every part, the sentinels too, to end")
+    finally:
+        up.kill()

@@ -24,6 +24,8 @@ import logging
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from ops.core import sentinel_transport
+
 log = logging.getLogger("brigade.worker")
 
 
@@ -52,12 +54,12 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(kombu_redis.SentinelChannel):
+class SentinelChannel(sentinel_transport.SentinelChannel):
     QoS = QoS
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):
-    """The same fixes on kombu's Sentinel transport (a `redis+sentinel://` BRIGADE_REDIS_URL): a
+class SentinelTransport(sentinel_transport.SentinelTransport):
+    """The same fixes on the Sentinel transport (a `redis+sentinel://` BRIGADE_REDIS_URL): a
     failover is a broker connection lost and found again at another address."""
 
     Channel = SentinelChannel

@@ -29,6 +29,8 @@ BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Fl
 # Redis priorities (kombu): lower is served first. A request continued after a crash or a drain
 # has a client mid-answer, so it goes ahead of new work instead of behind the whole queue. Batch
 # lines wait behind all interactive work (kombu pops the lower steps' lists first).
+SENTINEL_TRANSPORT = "ops.core.sentinel_transport:SentinelTransport"
+
 NEW_PRIORITY = 6
 CONTINUED_PRIORITY = 0
 BATCH_PRIORITY = BATCH_STEP
@@ -65,6 +67,8 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
     )
     if sentinel is not None and sentinel.tls:
         app.conf.broker_use_ssl = kombu_ssl(sentinel)
+    if sentinel is not None and not transport:
+        transport = SENTINEL_TRANSPORT  # every sentinel, after any failover (the module says why)
     if transport:
         app.conf.broker_transport = transport
         if urlsplit(broker).scheme == "rediss" and "ssl_" not in urlsplit(broker).query:

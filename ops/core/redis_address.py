@@ -135,18 +135,20 @@ def sentinel_url(sentinels: list[tuple[str, int]], master: str, db: int = 0, pas
 
 
 def kombu_broker(address: SentinelAddress) -> tuple[str, dict]:
-    """Celery's broker URL and transport options for the same primary: kombu's `sentinel://`
-    list (one URL per sentinel, `;`-separated, the data nodes' credentials and db in each) and
+    """Celery's broker URL and transport options for the same primary: one `sentinel://` URL
+    (the first sentinel, with the data nodes' credentials and db), every sentinel in
+    `sentinel_hosts` (ops/core/sentinel_transport.py says why not kombu's `;` list), and
     `master_name` / `sentinel_kwargs`, as kombu's SentinelChannel reads them."""
     auth = ""
     if address.password or address.username:
         auth = f"{quote(address.username or '', safe='')}:{quote(address.password or '', safe='')}@"
-    urls = ";".join(f"sentinel://{auth}{_netloc_host(h)}:{p}/{address.db}" for h, p in address.sentinels)
-    options: dict = {"master_name": address.master}
+    host, port = address.sentinels[0]
+    url = f"sentinel://{auth}{_netloc_host(host)}:{port}/{address.db}"
+    options: dict = {"master_name": address.master, "sentinel_hosts": [list(s) for s in address.sentinels]}
     sentinel_kwargs = address.sentinel_kwargs()
     if sentinel_kwargs:
         options["sentinel_kwargs"] = sentinel_kwargs
-    return urls, options
+    return url, options
 
 
 def kombu_ssl(address: SentinelAddress) -> dict:
