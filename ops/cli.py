@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from ops.cli_options import BrigadeParser, add_connection_options, report_failure, resolve_connection
 from ops.core.logs import setup_logging
 from ops.core.redaction import redact_url
+from ops.core.redis_address import is_sentinel
 from ops.core.settings import get_settings
 
 
@@ -209,6 +210,10 @@ def cmd_up(args) -> int:
             return 1
         settings = get_settings()
     elif not _redis_answers(settings.redis_url):
+        if is_sentinel(settings.redis_url):
+            print(f"Redis at {redact_url(settings.redis_url)} does not answer: start its sentinels and nodes, "
+                  "or try failover on this machine with `brigade up --redis-ha`", file=sys.stderr)
+            return 1
         url = urlparse(settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost", "::1"):
             print(f"Redis at {redact_url(settings.redis_url)} does not answer, and it is not local to start", file=sys.stderr)

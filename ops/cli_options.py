@@ -109,12 +109,19 @@ def report_failure(args: argparse.Namespace, exc: Exception) -> int:
     does not answer, or a missing file, in one line; anything else (a bug) as its traceback, redacted."""
     import redis
 
+    from ops.core.redis_address import RedisAddressError
+    from ops.core.redis_clients import one_line
+
     name = command_name(args)
+    if isinstance(exc, RedisAddressError):
+        variable = "BRIGADE_CACHE_REDIS_URL" if args.command == "cache" else "BRIGADE_REDIS_URL"
+        print(f"brigade {name}: {variable} (or --redis-url): {redact(str(exc))}", file=sys.stderr)
+        return 2
     if isinstance(exc, redis.AuthenticationError):
         print(f"brigade {name}: Redis refused the credentials in its URL ({redact(str(exc))})", file=sys.stderr)
     elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         variable = "BRIGADE_CACHE_REDIS_URL" if args.command == "cache" else "BRIGADE_REDIS_URL"
-        print(f"brigade {name}: Redis does not answer ({redact(str(exc))}); start it (`brigade up`), or give "
+        print(f"brigade {name}: Redis does not answer ({redact(one_line(exc))}); start it (`brigade up`), or give "
               f"--redis-url or set {variable}", file=sys.stderr)
     elif isinstance(exc, OSError):  # a service that does not answer, a file that is not there
         print(f"brigade {name}: {redact(str(exc) or type(exc).__name__)}", file=sys.stderr)

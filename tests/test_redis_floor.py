@@ -288,3 +288,21 @@ def test_the_factory_follows_a_sentinel_url_to_the_primary(tmp_path):
         assert asyncio.run(read()) == "yes"
     finally:
         ha.stop()
+
+
+def test_a_bad_or_unanswered_sentinel_url_is_one_line_that_says_what_to_do():
+    import subprocess
+    import sys
+
+    def brigade(*args: str, url: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env={**__import__("os").environ, "BRIGADE_REDIS_URL": url})
+
+    bad = brigade("status", url="redis+sentinel://:pw@127.0.0.1:1")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "BRIGADE_REDIS_URL" in bad.stderr and "no master name" in bad.stderr and "pw" not in bad.stderr
+    for args in (("status",), ("keys", "list")):
+        gone = brigade(*args, url="redis+sentinel://:pw@127.0.0.1:1/m/0")
+        assert gone.returncode == 1 and gone.stderr.count("\n") == 1, (args, gone.stderr)
+        assert "No master found for 'm'" in gone.stderr and "ConnectionPool" not in gone.stderr, gone.stderr
+        assert ":pw@" not in gone.stderr

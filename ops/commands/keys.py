@@ -7,21 +7,21 @@ import json
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
-from urllib.parse import urlparse
 
 from ops.cli_options import add_connection_options
 from ops.core.redaction import redact
+from ops.core.redis_address import describe
+from ops.core.redis_clients import one_line
 from ops.core.settings import Settings
 
 
 def _where(url: str) -> str:
     """The Redis address for a message, without a password."""
-    parsed = urlparse(url)
-    return f"{parsed.hostname}:{parsed.port or 6379}{parsed.path or ''}"
+    return describe(url)
 
 
 def _one_line(exc: Exception) -> str:
-    return redact(" ".join(str(exc).split())) or type(exc).__name__
+    return redact(one_line(exc))
 
 
 def _limit(value: int) -> str:

@@ -383,11 +383,11 @@ def run_registry_command(command: str, fn, args, settings: Settings, user_errors
         return 2
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"brigade {command}: Redis at {redact_url(settings.redis_url)} did not answer "
-              f"({redact(' '.join(str(exc).split()))}); start it (`brigade up`), or give --redis-url or set "
+              f"({redact(redis_clients.one_line(exc))}); start it (`brigade up`), or give --redis-url or set "
               "BRIGADE_REDIS_URL", file=sys.stderr)
         return 1
     except redis.RedisError as exc:
-        print(f"brigade {command}: Redis at {redact_url(settings.redis_url)} refused: {redact(str(exc))}",
+        print(f"brigade {command}: Redis at {redact_url(settings.redis_url)} refused: {redact(redis_clients.one_line(exc))}",
               file=sys.stderr)
         return 1
     finally:

@@ -145,7 +145,7 @@ def run(settings: Settings, as_json: bool) -> int:
     try:
         report = collect(settings)
     except redis.RedisError as exc:
-        print(f"brigade status: Redis at {redact_url(settings.redis_url)} does not answer ({redact(str(exc))})", file=sys.stderr)
+        print(f"brigade status: Redis at {redact_url(settings.redis_url)} does not answer ({redact(redis_clients.one_line(exc))})", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 0

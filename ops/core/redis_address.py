@@ -82,7 +82,7 @@ def is_sentinel(url: str) -> bool:
 
 def parse_sentinel(url: str) -> SentinelAddress:
     """The Sentinel form's parts; RedisAddressError says what is wrong and what it should be."""
-    form = "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
+    form = "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB], a password before the hosts as in redis://"
     scheme, _, rest = url.partition("://")
     if scheme.lower() not in SENTINEL_SCHEMES:
         raise RedisAddressError(f"not a Sentinel URL (expected {form})")

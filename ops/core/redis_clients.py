@@ -67,6 +67,13 @@ def outage_pause_s(failures: int, cap_s: float = 2.0, first_s: float = 0.25) -> 
     return _outage_backoff(cap_s, first_s).compute(failures)
 
 
+def one_line(exc: Exception) -> str:
+    """A Redis error for a message: redis-py's "No master found for 'm' : <client repr>" loses
+    the repr (hundreds of characters of pool settings)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text.split(" : <", 1)[0]
+
+
 def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float) -> dict:
     # A sentinel that is down must not hold up the search for the primary among the others.
     return {"socket_timeout": connect_timeout_s, "socket_connect_timeout": connect_timeout_s,
