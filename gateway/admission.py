@@ -43,7 +43,8 @@ from gateway.replies import ReplyIntake
 from gateway.router import ReplyRouter, Route, Sink
 from ops.core import fleet, keys, outcomes, registry
 from ops.core.messages import QueuedRequest, ReplyEvent
-from ops.core.queue import enqueue
+from ops.core.queue import SEND_ERRORS, enqueue
+from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
@@ -234,7 +235,8 @@ class Admission:
             return
         client_id = cmd.id
         try:
-            refusal = await self.limiter.admit(caller.key, rid)
+            refusal = await through_failover(lambda: self.limiter.admit(caller.key, rid),
+                                             self.settings.failover_budget_s)
         except aioredis.RedisError:
             raise ProtocolError("unavailable", "limits cannot be checked now; try again shortly", client_id,
                                 retry_after_s=self.settings.retry_after_s) from None
@@ -408,11 +410,17 @@ class Admission:
         """The request's record (for a resume, a reaper, a continuing worker), its unclaimed mark
         (the reaper's way to find a message lost before its claim), then the message itself."""
         rid = queued.request_id
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
-        pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
-        await pipe.execute()
-        await asyncio.to_thread(enqueue, queued, True)
+
+        async def put() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
+            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            await pipe.execute()
+            await asyncio.to_thread(enqueue, queued, True)
+
+        # Through a Sentinel failover the request waits for the new primary instead of failing; a
+        # second message after a send that failed late is a duplicate delivery, which the claim skips.
+        await through_failover(put, self.settings.failover_budget_s, SEND_ERRORS)
 
     # ---- shadows ----------------------------------------------------------------------------------
     # A shadow copy runs the served request on another version, in the batch lane (behind all

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from gateway.api_keys import ApiKey, AuthError, KeyStore, bearer_key
 from gateway.protocol import ProtocolError
+from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
 
 
@@ -24,7 +25,9 @@ class Authenticator:
         if not self.settings.auth_required:
             return None
         try:
-            return await self.key_store.authenticate(bearer_key(authorization))
+            # through a Sentinel failover (settings.failover_budget_s), not refused at its first moment
+            return await through_failover(lambda: self.key_store.authenticate(bearer_key(authorization)),
+                                          self.settings.failover_budget_s)
         except AuthError as err:
             raise ProtocolError("unauthorized", err.message) from None
         except aioredis.RedisError:
@@ -35,7 +38,7 @@ class Authenticator:
         if key is None:
             return None
         try:
-            current = await self.key_store.get(key.id)
+            current = await through_failover(lambda: self.key_store.get(key.id), self.settings.failover_budget_s)
         except aioredis.RedisError:
             raise self._unavailable() from None
         if current is None or current.revoked:

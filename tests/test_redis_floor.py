@@ -306,3 +306,30 @@ def test_a_bad_or_unanswered_sentinel_url_is_one_line_that_says_what_to_do():
         assert gone.returncode == 1 and gone.stderr.count("\n") == 1, (args, gone.stderr)
         assert "No master found for 'm'" in gone.stderr and "ConnectionPool" not in gone.stderr, gone.stderr
         assert ":pw@" not in gone.stderr
+
+
+def test_a_call_waits_out_a_failover_for_its_budget_and_no_longer():
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    def failing(times: int):
+        calls = []
+
+        async def call():
+            calls.append(time.monotonic())
+            if len(calls) <= times:
+                raise RedisConnectionError("no master")
+            return "answered"
+        return call, calls
+
+    call, calls = failing(3)
+    assert asyncio.run(redis_clients.through_failover(call, 5.0)) == "answered" and len(calls) == 4
+    call, calls = failing(1000)
+    started = time.monotonic()
+    with pytest.raises(RedisConnectionError):
+        asyncio.run(redis_clients.through_failover(call, 0.5))
+    assert 0.5 <= time.monotonic() - started < 2.0 and len(calls) > 2
+    call, calls = failing(1)
+    with pytest.raises(RedisConnectionError):  # budget 0 (a lone Redis): one try
+        asyncio.run(redis_clients.through_failover(call, 0))
+    assert len(calls) == 1
+    assert Settings(redis_url="redis+sentinel://h/m").failover_budget_s == 10.0 and Settings().failover_budget_s == 0

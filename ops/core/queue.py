@@ -14,6 +14,8 @@ import uuid
 from urllib.parse import urlsplit
 
 from celery import Celery
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
@@ -30,6 +32,10 @@ BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Fl
 # has a client mid-answer, so it goes ahead of new work instead of behind the whole queue. Batch
 # lines wait behind all interactive work (kombu pops the lower steps' lists first).
 SENTINEL_TRANSPORT = "ops.core.sentinel_transport:SentinelTransport"
+
+# What a send raises while the broker is away (kombu wraps redis-py's errors once its own publish
+# retries are spent): the errors worth waiting out.
+SEND_ERRORS = (RedisError, OSError, OperationalError)
 
 NEW_PRIORITY = 6
 CONTINUED_PRIORITY = 0

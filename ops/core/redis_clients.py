@@ -22,6 +22,8 @@
 """
 from __future__ import annotations
 
+import time
+
 import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
@@ -60,6 +62,20 @@ def async_outage_retry(cap_s: float = 2.0, first_s: float = 0.25,
     """outage_retry for asyncio callers (the pause is asyncio.sleep); `errors` are what an outage
     raises in the call (a caller that also reaches Redis through another layer adds OSError)."""
     return AsyncRetry(_outage_backoff(cap_s, first_s), -1, supported_errors=errors)
+
+
+async def through_failover(call, budget_s: float, errors: tuple[type[Exception], ...] = (RedisError,)):
+    """`await call()`, tried again while a Sentinel failover leaves no primary (about 2-3 s with
+    down-after 1 s), for at most `budget_s`; then its error stands. budget_s 0: one try."""
+    if budget_s <= 0:
+        return await call()
+    deadline = time.monotonic() + budget_s
+
+    async def past_budget(error: Exception) -> None:
+        if time.monotonic() >= deadline:
+            raise error
+
+    return await async_outage_retry(cap_s=1.0, first_s=0.1, errors=errors).call_with_retry(call, past_budget)
 
 
 def outage_pause_s(failures: int, cap_s: float = 2.0, first_s: float = 0.25) -> float:

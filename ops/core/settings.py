@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     # the next publish and the request is continued, where refusing would stop all work whenever a
     # replica is away), and logs event=claim_unconfirmed.
     claim_confirm_ms: int = 500
+    # A gateway asked to queue a request while a Sentinel failover leaves no primary tries again
+    # for this long before answering `unavailable` (a failover takes 2-3 s with down-after 1 s).
+    # -1: 10 s with a redis+sentinel:// URL, 0 otherwise (a lone Redis that does not answer is down).
+    failover_wait_s: float = -1
     # SIGTERM: running requests get this long to finish, then continue on another worker.
     drain_seconds: float = 10.0
     # Celery's own redelivery of an unacked message (the second line behind the reaper). Healthy
@@ -262,10 +266,20 @@ class Settings(BaseSettings):
         return self.cache_redis_url or self.redis_url
 
     @property
+    def sentinel(self) -> bool:
+        return self.redis_url.split("://", 1)[0].lower().endswith("+sentinel")
+
+    @property
     def claim_confirmations(self) -> int:
         if self.claim_replicas >= 0:
             return self.claim_replicas
-        return 1 if self.redis_url.split("://", 1)[0].lower().endswith("+sentinel") else 0
+        return 1 if self.sentinel else 0
+
+    @property
+    def failover_budget_s(self) -> float:
+        if self.failover_wait_s >= 0:
+            return self.failover_wait_s
+        return 10.0 if self.sentinel else 0.0
 
     @property
     def auth_required(self) -> bool:
