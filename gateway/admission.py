@@ -357,7 +357,10 @@ class Admission:
         """A live worker serves this version: the once-a-second view, asked again before refusing."""
         if self.catalog is None:
             return self.load.workers > 0 or await self.load.any_worker_alive()
-        if self.catalog.serving(choice.model, choice.version):
+        # Seen serving a moment ago: after a Sentinel failover the new primary may lack the
+        # heartbeats for a beat or two, and the version is not workerless for that.
+        if self.catalog.serving(choice.model, choice.version) or self.catalog.served_within(
+                choice.model, choice.version, self.settings.failover_budget_s):
             return True
         try:
             statuses = await fleet.live_workers_async(self.redis)
@@ -415,6 +418,10 @@ class Admission:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
             pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            if self.settings.confirmations:
+                # On a replica before the message goes: should a failover lose the message, the
+                # record and the mark survive it, and the reaper sends the request again.
+                pipe.execute_command("WAIT", self.settings.confirmations, self.settings.confirm_ms)
             await pipe.execute()
             await asyncio.to_thread(enqueue, queued, True)
 

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class Catalog:
         self.created = created
         self.snapshot = Snapshot()
         self.live: dict[str, set[str]] = {}  # model -> versions with a live worker (from heartbeats)
+        self._last_served: dict[tuple[str, str], float] = {}  # (model, version) -> when last seen live
         self._defaults: dict[str, SamplingDefaults] = {}
         self._random = random.Random()
 
@@ -88,6 +90,15 @@ class Catalog:
                 continue
             live.setdefault(status["model"], set()).add(status.get("version") or "")
         self.live = live
+        now = time.monotonic()
+        for model, versions in live.items():
+            for version in versions:
+                self._last_served[(model, version)] = now
+
+    def served_within(self, model: str, version: str, seconds: float) -> bool:
+        """A live worker served this version within the last `seconds`."""
+        seen = self._last_served.get((model, version))
+        return seen is not None and time.monotonic() - seen <= seconds
 
     # ---- questions --------------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ def ha(model_dir, tmp_path_factory):
 
 def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha: HAStack, caplog):
     """With a Sentinel URL a claim is confirmed on a replica (WAIT) before its worker acts on it.
-    With both replicas frozen it goes on after claim_confirm_ms and says so in the log. Prints the
+    With both replicas frozen it goes on after confirm_ms and says so in the log. Prints the
     cost per claim, side by side with and without the confirmation, on the same primary."""
     import os
     import signal
@@ -61,9 +61,9 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     from workers.claims import ClaimStore
 
     client = ha.redis.client
-    confirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, claim_confirm_ms=300))
-    unconfirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, claim_replicas=0))
-    assert confirmed.settings.claim_confirmations == 1
+    confirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, confirm_ms=300))
+    unconfirmed = ClaimStore.from_settings(client, Settings(redis_url=ha.redis.url, confirm_replicas=0))
+    assert confirmed.settings.confirmations == 1
 
     def request(rid: str) -> str:
         client.set(keys.request(rid), QueuedRequest(

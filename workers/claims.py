@@ -95,16 +95,16 @@ class ClaimStore:
                 return Claim(outcome, int(epoch), int(attempts))
 
     def _claim_confirmed(self, rid: str, keys: list[str], args: list) -> list:
-        """claim.lua, then, when `claim_confirmations` asks for it, WAIT until that many replicas
+        """claim.lua, then, when `confirmations` asks for it, WAIT until that many replicas
         have the claim. Sentinel promotes the replica with the most replicated data, so a confirmed
         claim survives a failover. Both go down one connection (a pipeline): WAIT counts replicas
         that acknowledged its own connection's last write."""
-        wanted = self.settings.claim_confirmations
+        wanted = self.settings.confirmations
         if wanted <= 0:
             return self._claim(keys=keys, args=args)
         pipe = self.redis.pipeline(transaction=False)
         self._claim(keys=keys, args=args, client=pipe)
-        pipe.execute_command("WAIT", wanted, self.settings.claim_confirm_ms)
+        pipe.execute_command("WAIT", wanted, self.settings.confirm_ms)
         result, acked = pipe.execute()
         if result[0] == "claimed" and acked < wanted:
             log.warning("event=claim_unconfirmed request_id=%s replicas=%d wanted=%d", rid, acked, wanted)

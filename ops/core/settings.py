@@ -175,14 +175,15 @@ class Settings(BaseSettings):
     # empty (its message was lost between a pop and the receipt).
     unclaimed_after_s: float = 30.0
     dlq_max: int = 10_000
-    # A claim is confirmed on this many replicas (Redis WAIT) before its worker acts on it, so a
-    # failover cannot promote a replica that lacks it (Sentinel promotes the most up-to-date one).
-    # -1: one with a redis+sentinel:// URL, none otherwise (a lone Redis has no replica to wait for).
-    claim_replicas: int = -1
-    # How long a claim waits for them; past it the worker goes on (a lost claim fences its worker at
-    # the next publish and the request is continued, where refusing would stop all work whenever a
-    # replica is away), and logs event=claim_unconfirmed.
-    claim_confirm_ms: int = 500
+    # The writes whose loss a failover must not cause (a worker's claim before it acts on it, a
+    # request's record before its message is sent) are confirmed on this many replicas (Redis
+    # WAIT), so a failover cannot promote a replica that lacks them (Sentinel promotes the most
+    # up-to-date one). -1: one with a redis+sentinel:// URL, none otherwise (a lone Redis has none).
+    confirm_replicas: int = -1
+    # How long such a write waits for them; past it the writer goes on (a lost claim fences its
+    # worker, which queues the request again; refusing would stop all work whenever a replica is
+    # away), and a worker logs event=claim_unconfirmed.
+    confirm_ms: int = 500
     # A gateway asked to queue a request while a Sentinel failover leaves no primary tries again
     # for this long before answering `unavailable` (a failover takes 2-3 s with down-after 1 s).
     # -1: 10 s with a redis+sentinel:// URL, 0 otherwise (a lone Redis that does not answer is down).
@@ -270,9 +271,9 @@ class Settings(BaseSettings):
         return self.redis_url.split("://", 1)[0].lower().endswith("+sentinel")
 
     @property
-    def claim_confirmations(self) -> int:
-        if self.claim_replicas >= 0:
-            return self.claim_replicas
+    def confirmations(self) -> int:
+        if self.confirm_replicas >= 0:
+            return self.confirm_replicas
         return 1 if self.sentinel else 0
 
     @property
