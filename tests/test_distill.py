@@ -279,6 +279,8 @@ def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_re
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "distill corpus 40/40 prompts answered" in evaluated.stderr  # nothing generated again
     assert (corpus / "examples.jsonl").stat().st_mtime_ns == written
+    again = json.loads((work / "distill-report.json").read_text())  # the runs' summaries, from their checkpoints
+    assert again["runs"]["trained"]["summary"]["steps"] == 6 and again["runs"]["hard_only"]["summary"]["steps"] == 6
 
 
 def test_brigade_distill_refuses_a_student_with_another_vocabulary_and_a_missing_budget(tiny_model_dir, tmp_path):

@@ -156,7 +156,7 @@ def _run(args, settings: Settings) -> int:
     from engine import Engine, EngineConfig
     from engine.distill.corpus import CorpusSpec, build_corpus, prompts_sha256, read_prompts
     from engine.distill.student import check_vocabulary, evenly_spaced, student_config
-    from engine.distill.trainer import TrainConfig, save_student
+    from engine.distill.trainer import RunState, TrainConfig, save_student
     from engine.model_files import offline
     from ops.bench.distill import candidate, evaluate
 
@@ -209,8 +209,12 @@ def _run(args, settings: Settings) -> int:
             if not (out / "config.json").exists():
                 raise DistillError(f"--eval-only: no trained student in {out}; run without --eval-only first")
             state_file = folder / "checkpoint" / "state.json"
-            saved = json.loads(state_file.read_text()) if state_file.exists() else {"config": {}, "run": {"history": []}}
-            runs[label] = (out, saved["config"], saved["run"]["history"])
+            saved = json.loads(state_file.read_text()) if state_file.exists() else None
+            if saved is None:
+                runs[label] = (out, {}, [])
+                continue
+            state = RunState(**saved["run"])
+            runs[label] = (out, {**saved["config"], "summary": _summary(state)}, state.history)
             continue
         cfg = TrainConfig(**{"temperature": args.temperature, "alpha": args.alpha, "steps": args.steps,
                              "minutes": args.minutes, "batch_size": args.batch_size,
