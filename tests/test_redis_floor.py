@@ -239,6 +239,11 @@ def test_a_token_already_logged_is_not_logged_twice(client):
     assert again.gaps == {} and again.fenced == set()
     assert _log(client, "dup") == [("token", 0), ("token", 1), ("token", 2)]
     assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {"dup": 3}
+    # A claim with no count yet (written before it existed: a rolling upgrade) starts counting at
+    # the first publish instead of calling every earlier token missing.
+    client.hdel(keys.claim("dup"), "logged")
+    assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {}
+    assert client.hget(keys.claim("dup"), "logged") == "6"
 
 
 def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwords():

@@ -20,7 +20,9 @@ for i = 1, n do
     ARGV[a + 5], tonumber(ARGV[a + 6])
   if not stopped[rid] then
     local c = redis.call('HMGET', claim, 'epoch', 'state', 'logged')
-    local logged = tonumber(c[3] or '0')
+    -- No count yet: the request's first publish, or a claim written before the count existed (a
+    -- rolling upgrade); the count starts here rather than calling every earlier token missing.
+    local logged = tonumber(c[3] or (position or 0))
     if c[1] ~= epoch or c[2] ~= 'running' then
       table.insert(fenced, rid)
       stopped[rid] = true
