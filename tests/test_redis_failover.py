@@ -71,6 +71,8 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
             model="m", prompt="hi", params=GenerateParams(max_tokens=4)).model_dump_json(), ex=60)
         return rid
 
+    # The stack's reaper would take these claims back (their owner never beats): give it a beat.
+    client.set(keys.worker("w#1"), "{}", ex=120)
     costs: dict[str, list[float]] = {"wait": [], "none": []}
     for i in range(40):
         for name, store in (("wait", confirmed), ("none", unconfirmed)):  # taking turns: the same load on both
@@ -100,6 +102,9 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert client.hget(keys.claim(rid), "owner") == "w#1"
     ha.redis.ha.wait_healthy(30)
+    rids = [rid] + [f"cost-{name}-{i}" for i in range(40) for name in costs]  # leave the stack as it was
+    client.delete(*[keys.claim(r) for r in rids], *[keys.request(r) for r in rids], keys.worker("w#1"))
+    client.hdel(keys.CLAIMS, *rids)
 
 
 def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):
