@@ -18,7 +18,6 @@ Settings, and why (Redis's own Sentinel and replication documentation is the ref
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,8 +138,3 @@ class RedisHA:
                                    f"(logs: {self.folder})")
             time.sleep(0.2)
 
-
-def start_processes(ha: RedisHA) -> dict[str, subprocess.Popen]:
-    """Start the set as plain child processes (for tests and scripts without a Supervisor)."""
-    return {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            for name, argv in ha.parts().items()}
