@@ -15,7 +15,7 @@ from ops.core import keys
 from tests.services import RedisHAServer, create_key, wait_until
 from tests.test_batch import BatchStack, line, text_of, write_lines
 from tests.test_failover import expected  # noqa: F401  (a fixture: the uninterrupted answers)
-from tests.test_failover import stream_clients
+from tests.test_failover import assert_complete, stream_clients
 
 HEARTBEAT_TTL_S = 3.0
 
@@ -120,11 +120,7 @@ def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack
         killed["node"] = ha.redis.kill_primary()
 
     clients, _ = asyncio.run(stream_clients(ha.url, fault, headers={"Authorization": f"Bearer {key}"}))
-    for c in clients:
-        a = c.answer
-        assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{ha.tails()}"
-        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
-        assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
+    assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
     # The client-visible gap: the longest pause between two tokens of each stream that was
     # running when the primary died.
     gaps = [max(b - a for a, b in zip(c.times, c.times[1:])) for c in clients if len(c.times) > 1]
@@ -163,11 +159,7 @@ def test_a_demoted_primary_answering_readonly_sends_every_part_to_the_new_one(ha
         wait_until(lambda: ha.redis.ha.primary_port() not in (None, before), 30, what="a new primary")
 
     clients, _ = asyncio.run(stream_clients(ha.url, fault, headers={"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}))
-    for c in clients:
-        a = c.answer
-        assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{ha.tails()}"
-        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
-        assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
+    assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
     assert ha.redis.ha.primary_port() != before
     for proc in ha.started:
         assert proc.proc.poll() is None, f"{proc.log_path.name} exited ({proc.proc.returncode}):\n{proc.tail()}"

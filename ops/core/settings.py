@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ops.core.redis_address import is_sentinel
+
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -268,7 +270,7 @@ class Settings(BaseSettings):
 
     @property
     def sentinel(self) -> bool:
-        return self.redis_url.split("://", 1)[0].lower().endswith("+sentinel")
+        return is_sentinel(self.redis_url)
 
     @property
     def confirmations(self) -> int:
