@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
+
+from engine.grid_linear import GridMatrix, matmul
 
 log = logging.getLogger("brigade.engine")
 QUANTA = (1, 2, 4, 8, 16, 32, 64)
@@ -34,11 +35,12 @@ def padded(rows: int, quantum: int) -> int:
     return -(-rows // quantum) * quantum if quantum > 1 else rows
 
 
-def _matrices(weights) -> list[torch.Tensor]:
+def _matrices(weights) -> list:
     layer = weights.layers[0]
     # The head last: the largest product and the one that decides tokens. Its first 1,024 rows
     # stand for it (the kernel is chosen by rows and the inner size, not by the output width).
-    return [layer.qkv, layer.o, layer.gate_up, layer.down, weights.head[:1024]]
+    head = weights.output
+    return [layer.qkv, layer.o, layer.gate_up, layer.down, head.top(1024) if isinstance(head, GridMatrix) else head[:1024]]
 
 
 def invariant_at(weights, quantum: int, max_rows: int = 64 * 17) -> bool:
@@ -46,19 +48,21 @@ def invariant_at(weights, quantum: int, max_rows: int = 64 * 17) -> bool:
     for matrix in _matrices(weights):
         inner = matrix.shape[1]
         largest = min(quantum * _PROBE_MULTIPLES[-1], max_rows)
-        x = torch.randn(largest, inner, generator=generator).to(device=matrix.device, dtype=matrix.dtype)
+        x = torch.randn(largest, inner, generator=generator)
+        if not isinstance(matrix, GridMatrix):
+            x = x.to(device=matrix.device, dtype=matrix.dtype)
         with torch.inference_mode():
-            alone = torch.cat([F.linear(x[i:i + quantum], matrix) for i in range(0, largest, quantum)])
+            alone = torch.cat([matmul(x[i:i + quantum], matrix) for i in range(0, largest, quantum)])
             for k in _PROBE_MULTIPLES:
                 rows = quantum * k
                 if rows > largest:
                     break
-                if not torch.equal(F.linear(x[:rows], matrix), alone[:rows]):
+                if not torch.equal(matmul(x[:rows], matrix), alone[:rows]):
                     return False
             # A row's neighbours differ from pass to pass: its bits must not depend on its place.
             for shift in {1, quantum - 1} - {0}:
                 rows = min(quantum * 4, largest - shift)
-                if not torch.equal(F.linear(x[shift:shift + rows], matrix), alone[shift:shift + rows]):
+                if not torch.equal(matmul(x[shift:shift + rows], matrix), alone[shift:shift + rows]):
                     return False
     return True
 

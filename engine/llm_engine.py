@@ -50,8 +50,10 @@ class EngineConfig:
     fast_max_tokens: int = 64  # mixed precision: passes up to this many tokens use the bf16 copy
     # Deterministic mode: pad each pass's rows and attend one query at a time, so that a token's
     # numbers never depend on what shares its pass (engine/batch_invariance.py): greedy answers
-    # the same alone, batched, chunked, resumed. Off by default: it costs most at one stream.
-    batch_invariant: bool = False
+    # the same alone, batched, chunked, resumed. On by default (the exact default).
+    batch_invariant: bool = True
+    # float32 weights that lie exactly on a GGUF grid are read from it (engine/grid_linear.py).
+    grid_weights: bool = True
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
 
@@ -120,7 +122,8 @@ class Engine:
                             config.prefill_chunk_tokens, config.admission_patience_s),
             KVAllocator(self.kv_shape, self.kv, self.prefix), clock,
         )
-        self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant)
+        self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant,
+                                  config.grid_weights)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.sequences: dict[str, Sequence] = {}

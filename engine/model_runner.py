@@ -6,6 +6,10 @@ linear layer runs once per step over all of them, with no padding; only attentio
 chunk, each over its own sequence's contiguous cache (engine/kv_cache.py). This is nano-vllm's
 packed ("varlen") layout, with a loop of SDPA calls standing in for a varlen attention kernel.
 
+Every matrix product goes through `matmul` (engine/grid_linear.py): the float32 weights of a
+model that was dequantised from a GGUF grid (the default model) are read from that grid, exactly
+the same numbers in a fifth of the bytes; any other matrix is an ordinary product.
+
 The forward is written here, over the model's own weights and rotary embedding, so it serves any
 Llama-shaped transformers causal LM (Llama, Mistral, Qwen2, SmolLM) with few operations per layer:
 a step at batch 1 is a few milliseconds of Python per layer on top of the matrix products. In
@@ -14,6 +18,7 @@ copy of the weights, a longer one the fp32 copy.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +27,11 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.batch_invariance import padded, row_quantum
+from engine.grid_linear import GridMatrix, matmul, pack
 from engine.placement import Placement
 from engine.sequence import Chunk
+
+log = logging.getLogger("brigade.engine")
 
 
 @dataclass
@@ -32,18 +40,20 @@ class Layer:
     q, k and v into one matrix, gate and up into another (fewer, larger matrix products)."""
 
     attn_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | GridMatrix
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: torch.Tensor | GridMatrix
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | GridMatrix
+    down: torch.Tensor | GridMatrix
+
+    MATRICES = ("qkv", "o", "gate_up", "down")
 
 
 class Weights:
     """One copy of the model's weights, in one precision, as the forward reads them."""
 
-    def __init__(self, model, dtype: torch.dtype):
+    def __init__(self, model, dtype: torch.dtype, grid: bool = False):
         body = model.base_model
         config = model.config
         cast = lambda t: t.detach().to(dtype)  # noqa: E731 (a no-op when dtype is the model's)
@@ -80,12 +90,46 @@ class Weights:
             if dtype == model.dtype:  # same precision: the model's own weights become views of the fused ones
                 _share(qkv_parts, self.layers[-1].qkv)
                 _share(gate_up_parts, self.layers[-1].gate_up)
+        # How the float32 matrices are read: "grid" (every one lies exactly on a GGUF grid and is
+        # read from it) or "float32" (ordinary products).
+        self.storage = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
+        if grid and dtype == torch.float32 and self.head.device.type == "cpu":
+            self._read_from_grid()
+
+    def _read_from_grid(self) -> None:
+        """Every matrix from its grid, or none: one kernel family for every product keeps the
+        passes batch-invariant by construction (a mix would need the float32 products' padding)."""
+        packed = {}
+        for index, layer in enumerate(self.layers):
+            for name in Layer.MATRICES:
+                grid = pack(getattr(layer, name))
+                if grid is None:
+                    log.info("event=grid_weights_off reason=layer_%d_%s_not_on_a_grid", index, name)
+                    return
+                packed[index, name] = grid
+        head = pack(self.head)
+        if head is None:
+            log.info("event=grid_weights_off reason=head_not_on_a_grid")
+            return
+        for (index, name), grid in packed.items():
+            setattr(self.layers[index], name, grid)
+        self.head_matrix = head
+        self.storage = "grid"
+
+    head_matrix: torch.Tensor | GridMatrix | None = None
+
+    @property
+    def output(self) -> torch.Tensor | GridMatrix:
+        """The output projection as the forward multiplies it (the grid, or the head tensor)."""
+        return self.head_matrix if self.head_matrix is not None else self.head
 
 
 class ModelRunner:
-    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = False):
+    def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = False,
+                 grid_weights: bool = True):
         self.placement = placement
-        self.primary = Weights(model, placement.weights_dtype)  # every pass, unless the fast copy takes it
+        # Every pass, unless the fast copy takes it; float32 read from its grid where it lies on one.
+        self.primary = Weights(model, placement.weights_dtype, grid=grid_weights)
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device
@@ -127,10 +171,10 @@ class ModelRunner:
         width = (hidden.shape[1],)
         for index, layer in enumerate(w.layers):
             x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
-            hidden = hidden + F.linear(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
+            hidden = hidden + matmul(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
             x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(w.act(gate) * up, layer.down)
+            gate, up = matmul(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + matmul(w.act(gate) * up, layer.down)
         ends, at = [], 0
         for c in chunks:
             at += c.length
@@ -140,12 +184,15 @@ class ModelRunner:
         if rows:  # a pass of prompt chunks that reach no context's end samples nothing
             ends.extend([ends[0]] * (padded(rows, w.quantum) - rows))
         last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
-        return F.linear(last, w.head)[:rows].float()
+        return matmul(last, w.output)[:rows].float()
 
     def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views,
                    pad: int = 0) -> torch.Tensor:
         tokens, d = x.shape[0], w.head_dim
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
+        qkv = matmul(x, layer.qkv)
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
+        qkv = qkv.view(tokens, w.heads + 2 * w.kv_heads, d)
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
         kv_dtype = self.placement.kv_dtype
         q = qk[:, : w.heads].to(kv_dtype)  # [T, heads, d]

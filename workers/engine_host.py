@@ -62,6 +62,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         prefix_cache=settings.prefix_cache,
         batch_invariant=settings.batch_invariant,
+        grid_weights=settings.grid_weights,
         device=settings.device,
         dtype=settings.dtype,
         torch_threads=torch_threads(settings),

@@ -135,14 +135,18 @@ class Settings(BaseSettings):
     prefix_cache: bool = True
     # Deterministic mode: greedy answers that do not depend on what shares the engine's passes
     # (batch, chunks, prefix hits, resumption): each pass's rows padded to the kernels' row
-    # quantum, found at start, and attention one query at a time (engine/batch_invariance.py).
-    # Off by default: measured on a 2-core AVX2 CPU it makes one stream several times slower
-    # (docs/architecture.md, "Precision: measured"); from four streams on only remainders are padded.
-    batch_invariant: bool = False
+    # quantum, found at start (1 for weights read from their grid), and attention one query at a
+    # time (engine/batch_invariance.py). On by default: part of the exact default
+    # (docs/architecture.md, "Precision: measured"); false trades that guarantee for prefill speed.
+    batch_invariant: bool = True
+    # float32 weights that lie exactly on a GGUF grid (the default model's) are read from the grid
+    # by a kernel compiled for this CPU (engine/grid_linear.py): the same numbers, a fifth of the
+    # bytes. false: ordinary float32 products (for comparison).
+    grid_weights: bool = True
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
-    # and auto | float32 | mixed | bfloat16 | float16. auto: bfloat16 on a GPU and on a CPU with bf16
-    # instructions, else float32 (faster there from a few streams on; engine/placement.py). mixed
-    # (bf16 for short passes) makes answers depend on the batch: for measurement only.
+    # and auto | float32 | mixed | bfloat16 | float16. auto: float32 everywhere (the exact default;
+    # half precision changed answers on every CPU kind measured). bfloat16, float16 and mixed are
+    # opt-in speed modes with their measured accuracy (docs/architecture.md).
     device: str = "auto"
     dtype: str = "auto"
     # 0 means: the cores this process may run on.

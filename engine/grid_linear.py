@@ -1,0 +1,194 @@
+"""float32 weights that lie on a block grid, read from the grid: the same numbers, fewer bytes.
+
+The default model ships as a GGUF file (Q4_1 for every linear layer, Q8_0 for the embedding and
+the tied head) and is dequantised once to float32 (engine/model_files.py). Its float32 weights are
+therefore exactly `scale * q + low` (Q4_1: a 4-bit code q and two numbers per block of 32 inputs)
+and `scale * q` (Q8_0: a signed byte). A decode step on a CPU is bound by memory bandwidth, and
+reading each weight as a 4-byte float moves 5.6x the bytes the grid needs. So at load each matrix
+is checked for such a grid, recovered from its own float32 values and verified bit for bit
+(`torch.equal` of the decoded matrix and the original); a matrix that is not exactly on one (any
+other model, the tiny test model) keeps the ordinary float32 product. Nothing is rounded: a
+weight the kernel multiplies is the float32 weight Hugging Face `generate` multiplies.
+
+The kernel (engine/csrc/grid_linear.cpp, compiled for this CPU on first use and cached under
+`~/.cache/brigade/kernels`) sums each output in one fixed order, whatever the number of rows in
+the pass, the row's place among them or the thread count, so its passes are batch-invariant by
+construction (engine/batch_invariance.py finds row quantum 1 for them). Its order is not MKL's, so
+a logit can differ from Hugging Face's in its last bits, as MKL's own kernels differ from each
+other by row count; how often that changes a greedy answer is measured (`brigade bench quality`,
+docs/architecture.md "Precision: measured").
+
+`BRIGADE_GRID_WEIGHTS=false` turns it off (the plain float32 products, for comparison).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("brigade.engine")
+BLOCK = 32
+# Passes of at least this many rows decode each group of weight rows once into a panel and reuse it
+# for every row; fewer rows decode in registers. Both sum in the same order (the same bits).
+PANEL_FROM = 12
+_SOURCE = Path(__file__).parent / "csrc" / "grid_linear.cpp"
+_kernels = None
+
+
+class KernelUnavailable(RuntimeError):
+    pass
+
+
+def kernels():
+    """The compiled kernel module (built once per machine and source, then loaded from the cache)."""
+    global _kernels
+    if _kernels is None:
+        from torch.utils.cpp_extension import load
+
+        from engine.placement import cpu_flags
+
+        # The build is for this CPU (-march=native): its flags are part of the cache key, so a home
+        # shared between machines of different kinds never loads a kernel built for another.
+        key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(sorted(cpu_flags())).encode()
+                             + torch.__version__.encode()).hexdigest()[:16]
+        root = Path(os.environ.get("BRIGADE_KERNEL_DIR") or Path.home() / ".cache" / "brigade" / "kernels")
+        build = root / key
+        build.mkdir(parents=True, exist_ok=True)
+        try:
+            _kernels = load(name="brigade_grid_linear", sources=[str(_SOURCE)], build_directory=str(build),
+                            extra_cflags=["-O3", "-march=native", "-ffp-contract=off"], verbose=False)
+        except Exception as e:  # a missing compiler or ninja: say what to install
+            raise KernelUnavailable(
+                f"could not build engine/csrc/grid_linear.cpp ({type(e).__name__}: {e}); it needs g++ "
+                "(apt-get install g++) and ninja (pip install ninja); or set BRIGADE_GRID_WEIGHTS=false") from e
+    return _kernels
+
+
+@dataclass
+class GridMatrix:
+    """A float32 matrix [out, in] stored as its grid: codes, and per block a scale (and low)."""
+
+    kind: str  # "q4" or "q8"
+    codes: torch.Tensor  # uint8 [out, in/2] (q4) or [out, in] (q8, signed bytes)
+    scale: torch.Tensor  # float32 [out, in/32]
+    low: torch.Tensor | None  # float32 [out, in/32] (q4)
+    shape: tuple[int, int]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k = kernels()
+        rows = x.reshape(-1, x.shape[-1])
+        if self.kind == "q4":
+            out = k.q4_linear(rows, self.codes, self.scale, self.low, PANEL_FROM)
+        else:
+            out = k.q8_linear(rows, self.codes, self.scale, PANEL_FROM)
+        return out.view(*x.shape[:-1], self.shape[0])
+
+    def decoded(self) -> torch.Tensor:
+        """The float32 matrix, computed as the kernel computes each weight (for verification)."""
+        n, k = self.shape
+        if self.kind == "q4":
+            lo, hi = self.codes.view(n, k // BLOCK, 16) & 15, self.codes.view(n, k // BLOCK, 16) >> 4
+            q = torch.cat((lo, hi), dim=-1).float()
+            return (q * self.scale[..., None] + self.low[..., None]).view(n, k)
+        q = self.codes.view(torch.int8).view(n, k // BLOCK, BLOCK).float()
+        return (q * self.scale[..., None]).view(n, k)
+
+    def top(self, rows: int) -> "GridMatrix":
+        """Its first `rows` output rows (a probe of the kernel on a smaller matrix)."""
+        low = self.low[:rows] if self.low is not None else None
+        return GridMatrix(self.kind, self.codes[:rows], self.scale[:rows], low, (min(rows, self.shape[0]), self.shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.low) if t is not None)
+
+
+def _half_neighbours(d: torch.Tensor, spread: int = 2) -> list[torch.Tensor]:
+    """d rounded to float16, and the float16 values `spread` steps either side (as float32)."""
+    base = d.to(torch.float16).view(torch.int16)
+    return [(base + step).view(torch.float16).float() for step in (0, *[s for k in range(1, spread + 1) for s in (k, -k)])]
+
+
+def _first_exact(blocks: torch.Tensor, candidates: list[torch.Tensor], decode) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per block, the first candidate scale whose codes decode to the block exactly; None when a
+    block has none."""
+    chosen_scale = torch.zeros(blocks.shape[:-1])
+    chosen_codes = torch.zeros(blocks.shape, dtype=torch.int16)
+    done = torch.zeros(blocks.shape[:-1], dtype=torch.bool)
+    for scale in candidates:
+        codes = decode(scale)
+        if codes is None:
+            continue
+        q, values = codes
+        exact = (values == blocks).all(dim=-1) & ~done
+        chosen_scale[exact] = scale[exact]
+        chosen_codes[exact] = q[exact].to(torch.int16)
+        done |= exact
+        if bool(done.all()):
+            return chosen_scale, chosen_codes
+    return None
+
+
+def pack_q4(weight: torch.Tensor) -> GridMatrix | None:
+    """The matrix as a 4-bit grid (Q4_1's: scale * q + low, q in 0..15), or None if it is not exactly one."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or k % BLOCK:
+        return None
+    blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
+    low = blocks.amin(dim=-1)
+    top = blocks.amax(dim=-1)
+
+    def decode(scale):
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = torch.round((blocks - low[..., None]) / safe[..., None]).clamp(0, 15)
+        q = torch.where(scale[..., None] == 0, torch.zeros_like(q), q)
+        return q, q * scale[..., None] + low[..., None]
+
+    found = _first_exact(blocks, _half_neighbours((top - low) / 15), decode)
+    if found is None:
+        return None
+    scale, q = found
+    q = q.to(torch.uint8)
+    codes = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, k // 2).contiguous()
+    return GridMatrix("q4", codes, scale.contiguous(), low.contiguous(), (n, k))
+
+
+def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
+    """The matrix as an 8-bit grid (Q8_0's: scale * q, q in -128..127), or None if it is not exactly one."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or k % BLOCK:
+        return None
+    blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+
+    def decode(scale):
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = torch.round(blocks / safe[..., None]).clamp(-128, 127)
+        return q, q * scale[..., None]
+
+    found = _first_exact(blocks, [amax / 127] + _half_neighbours(amax / 127), decode)
+    if found is None:
+        return None
+    scale, q = found
+    codes = q.to(torch.int8).view(torch.uint8).reshape(n, k).contiguous()
+    return GridMatrix("q8", codes, scale.contiguous(), None, (n, k))
+
+
+def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8")) -> GridMatrix | None:
+    """The first grid the matrix lies on exactly (verified by decoding it), or None."""
+    for kind in kinds:
+        grid = (pack_q4 if kind == "q4" else pack_q8)(weight)
+        if grid is not None and torch.equal(grid.decoded(), weight):
+            return grid
+    return None
+
+
+def matmul(x: torch.Tensor, matrix) -> torch.Tensor:
+    """x @ matrix.T for a plain tensor or a GridMatrix."""
+    if isinstance(matrix, GridMatrix):
+        return matrix(x)
+    return torch.nn.functional.linear(x, matrix)

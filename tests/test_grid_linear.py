@@ -1,0 +1,100 @@
+"""Weights read from their grid (engine/grid_linear.py): found only where they lie on one exactly,
+the same numbers as the float32 matrix, and every row's bits independent of the pass around it."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.batch_invariance import row_quantum
+from engine.grid_linear import PANEL_FROM, GridMatrix, kernels, pack
+
+
+def q4_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A float32 matrix made as GGUF's Q4_1 makes one: scale and low in float16, then
+    (scale * q) + low rounded to float32 twice."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, cols // 32, 32), generator=g).float()
+    scale = (torch.rand(rows, cols // 32, 1, generator=g) * 0.01).half().float()
+    low = (-torch.rand(rows, cols // 32, 1, generator=g) * 0.08).half().float()
+    q[..., 0] = 0  # every block has its minimum and its maximum code, as the quantiser gives it
+    q[..., 1] = 15
+    return ((q * scale) + low).reshape(rows, cols)
+
+
+def q8_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (rows, cols // 32, 32), generator=g).float()
+    q[..., 0] = 127
+    scale = (torch.rand(rows, cols // 32, 1, generator=g) * 0.002).half().float()
+    return (q * scale).reshape(rows, cols)
+
+
+def test_the_kernel_builds_for_this_cpu():
+    assert kernels().isa() in {"avx512", "avx2", "scalar"}
+
+
+@pytest.mark.parametrize("make, kind", [(q4_matrix, "q4"), (q8_matrix, "q8")])
+def test_a_matrix_on_a_grid_is_found_and_decodes_to_the_same_bits(make, kind):
+    weight = make(96, 160)
+    grid = pack(weight)
+    assert grid is not None and grid.kind == kind
+    assert torch.equal(grid.decoded(), weight)
+    # A fifth of the bytes or less (q4), a quarter and a bit (q8).
+    assert grid.nbytes < weight.numel() * weight.element_size() * (0.2 if kind == "q4" else 0.3)
+
+
+def test_a_matrix_off_every_grid_keeps_its_float32_product():
+    assert pack(torch.randn(64, 128)) is None
+    near = q4_matrix(64, 128)
+    near[3, 5] = torch.nextafter(near[3, 5], torch.tensor(1.0))  # one weight one bit off the grid
+    assert pack(near) is None
+    assert pack(torch.randn(64, 100)) is None  # inputs not a whole number of blocks
+
+
+@pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
+def test_the_product_is_the_float32_product_and_each_row_is_the_same_in_any_pass(make):
+    weight = make(200, 576, seed=3)
+    grid = pack(weight)
+    x = torch.randn(2 * PANEL_FROM + 9, 576, generator=torch.Generator().manual_seed(1))
+    whole = grid(x)
+    reference = F.linear(x, weight)
+    assert torch.allclose(whole, reference, rtol=1e-5, atol=1e-5)
+    alone = torch.cat([grid(x[i:i + 1]) for i in range(x.shape[0])])
+    # Every row count on both sides of the panel path, and rows at every offset: the same bits.
+    assert torch.equal(whole, alone)
+    for rows in range(1, x.shape[0]):
+        for start in (0, 1, 5):
+            if start + rows <= x.shape[0]:
+                assert torch.equal(grid(x[start:start + rows]), alone[start:start + rows]), (rows, start)
+
+
+def test_the_thread_count_does_not_change_a_bit():
+    grid = pack(q4_matrix(256, 576, seed=5))
+    x = torch.randn(20, 576)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = grid(x)
+        torch.set_num_threads(2)
+        two = grid(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_grid_weights_have_row_quantum_one():
+    """engine/batch_invariance.py measures the kernel rather than assuming it: no padding needed."""
+
+    class Copy:  # the shape of engine.model_runner.Weights that row_quantum reads
+        def __init__(self):
+            layer = type("Layer", (), {})()
+            layer.qkv, layer.o = pack(q4_matrix(96, 64)), pack(q4_matrix(64, 64, 1))
+            layer.gate_up, layer.down = pack(q4_matrix(256, 64, 2)), pack(q4_matrix(64, 128, 3))
+            self.layers = [layer]
+            self.output = pack(q8_matrix(2048, 64))
+            self.dtype = torch.float32
+
+    copy = Copy()
+    assert all(isinstance(m, GridMatrix) for m in (copy.layers[0].qkv, copy.output))
+    assert row_quantum(copy) == 1
