@@ -32,13 +32,13 @@ def engine(model_dir):
 
 @pytest.fixture(scope="session")
 def invariant_engine(model_dir):
-    """The real default model in this machine's default precision (auto), deterministic
-    (batch_invariant), without the prefix cache (every prompt computed): what an uninterrupted
-    greedy answer is, whatever shares its passes."""
+    """The real default model in the default mode (auto precision, deterministic, weights read from
+    their grid), without the prefix cache (every prompt computed): what an uninterrupted greedy
+    answer is, whatever shares its passes."""
     from engine import Engine, EngineConfig
 
     return Engine.load(EngineConfig(model=str(model_dir), max_batch=16, max_wait_ms=0, torch_threads=2,
-                                    prefix_cache=False, batch_invariant=True))
+                                    prefix_cache=False))
 
 
 @pytest.fixture(scope="session")

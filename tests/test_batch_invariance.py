@@ -1,4 +1,6 @@
-"""Greedy answers in deterministic mode (BRIGADE_BATCH_INVARIANT, this machine's default precision)
+"""The exact default: the engine as it is configured out of the box (float32, weights read from
+their grid where they lie on one, deterministic mode) answers the README's examples with Hugging
+Face `generate`'s float32 greedy text, and its greedy answers
 do not depend on what shares the engine's passes: the
 same question alone, beside fifteen others, loaded in chunks beside a decoding stream, after a
 prefix-cache hit and resumed part-way give the same tokens (engine/batch_invariance.py). The
@@ -40,6 +42,30 @@ def answers(engine: Engine, requests: list[EngineRequest]) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def alone(invariant_engine) -> list[list[int]]:
     return [answers(invariant_engine, [ask(i, q)])[0] for i, q in enumerate(ASKED)]
+
+
+README_EXAMPLES = ["What is the capital of France?", "Hi"]
+
+
+@pytest.mark.real_model
+def test_the_default_mode_answers_the_readme_examples_as_hugging_face_float32(invariant_engine):
+    engine = invariant_engine
+    defaults = EngineConfig(model="")
+    assert (engine.placement.dtype, defaults.batch_invariant, defaults.grid_weights) == ("float32", True, True)
+    # The default model's float32 weights lie on their GGUF grid and are read from it.
+    assert engine.runner.primary.storage == "grid" and engine.runner.primary.quantum == 1
+    requests = [ask(i, q) for i, q in enumerate(README_EXAMPLES)]
+    for request in requests:
+        request.params = SamplingParams(max_tokens=32)
+    done = engine.generate(requests)
+    for request, question in zip(requests, README_EXAMPLES):
+        ids = torch.tensor([engine.encode(request)])
+        with torch.inference_mode():
+            reference = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                              max_new_tokens=32)[0, ids.shape[1]:]
+        text = engine.tokenizer.decode(reference, skip_special_tokens=True)
+        assert done[request.request_id].text == text, question
+    assert "Paris" in done[requests[0].request_id].text
 
 
 @pytest.mark.real_model

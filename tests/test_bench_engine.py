@@ -1,5 +1,5 @@
 """`brigade bench engine` as a user first runs it: progress on a terminal, JSON on stdout, the
-default precision timed beside float32 in deterministic mode (what batch invariance costs). On the tiny model:
+exact default timed beside the modes it is compared with. On the tiny model:
 the figures are not the point here, the shape of the run is."""
 from __future__ import annotations
 
@@ -36,19 +36,22 @@ def test_bench_engine_shows_progress_and_reports_the_default_beside_float32(tiny
     env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", TERM="xterm",
                BRIGADE_DTYPE="float32")
     stdout, screen = run_on_a_terminal(
-        [sys.executable, "-m", "ops.cli", "bench", "engine", "--n", "1,2", "--max-tokens", "4"], env)
+        [sys.executable, "-m", "ops.cli", "bench", "engine", "--n", "1,2", "--max-tokens", "4",
+         "--compare", "float32-invariant,float32-mkl"], env)
     report = json.loads(stdout)
     assert [row["n"] for row in report["results"]] == [1, 2]
     for row in report["results"]:
-        assert row["brigade_tok_s"] > 0 and row["float32_invariant_tok_s"] > 0 and row["baseline_tok_s"] > 0
-    # The default here is float32 (BRIGADE_DTYPE below): it is not timed twice.
-    assert report["compared"] == ["float32-invariant"] and report["batch_invariant"] is False
+        assert row["brigade_tok_s"] > 0 and row["float32_mkl_tok_s"] > 0 and row["baseline_tok_s"] > 0
+    # The default is float32 in deterministic mode: float32-invariant is it, and not timed twice.
+    assert report["compared"] == ["float32-mkl"] and report["batch_invariant"] is True
+    # The tiny model's random weights lie on no grid: ordinary float32 products.
+    assert report["weights"] == "float32"
     assert "long_prefill" not in report  # the long rows are behind --full
     # What the terminal showed while it ran: each step named.
     assert "HF generate" in screen and "requests at once" in screen and "prefix reuse" in screen
 
 
-@pytest.mark.parametrize("mode", ["float32-invariant", "mixed"])
+@pytest.mark.parametrize("mode", ["float32-invariant", "float32-mkl-invariant", "mixed"])
 def test_a_compared_mode_builds_on_the_same_model(tiny_model_dir, mode):
     from engine import Engine, EngineConfig
     from ops.bench.engine import comparison_engine
@@ -58,5 +61,6 @@ def test_a_compared_mode_builds_on_the_same_model(tiny_model_dir, mode):
     assert other.model is engine.model
     assert other.placement.dtype == mode.split("-")[0]
     assert other.config.batch_invariant is mode.endswith("-invariant")
+    assert other.config.grid_weights is ("-mkl" not in mode)
     with pytest.raises(ValueError, match="BRIGADE_DTYPE"):
         comparison_engine(engine, "float32-fastest")

@@ -32,7 +32,8 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--n", default="1,16,32", help="comma-separated request counts (the first run a user makes: "
                    "about 6 minutes on 2 cores; --n 1,16,32,64 --full for every row)")
     p.add_argument("--compare", help="modes timed beside the default, comma-separated: a BRIGADE_DTYPE, with "
-                   "-invariant for deterministic mode or -unpadded without it (default float32,float32-invariant; "
+                   "-invariant for deterministic mode or -unpadded without it, and -mkl for ordinary float32 products "
+                   "instead of weights read from their grid (default float32-mkl-invariant,float32-mkl,bfloat16; "
                    "'' for none)")
     p.add_argument("--full", action="store_true", help="HF generate timed at every N (not once on 4 requests), "
                    "and the long-prompt rows (16 streams while a 1,500-token prompt loads)")

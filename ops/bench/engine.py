@@ -184,18 +184,24 @@ def itl_during_long_prefill(engine: Engine, streams: int = 16, prompt_tokens: in
             "ratio": round(p99 / median, 2) if p99 else None}
 
 
-# Modes timed beside the default (`--compare`): float32, and float32 in deterministic mode (what
-# batch invariance costs). A mode that is the default's own is not timed twice.
-DEFAULT_COMPARE = ("float32", "float32-invariant")
+# Modes timed beside the default (`--compare`): float32 with ordinary (MKL) products, deterministic
+# as the default is and not, and bfloat16, the fastest opt-in mode from a few streams on. A mode
+# that is the default's own is not timed twice.
+DEFAULT_COMPARE = ("float32-mkl-invariant", "float32-mkl", "bfloat16")
+VARIANTS = ("invariant", "unpadded", "mkl")
 
 
 def comparison_config(engine: Engine, mode: str) -> EngineConfig:
     """The default engine's config in another mode: a precision (BRIGADE_DTYPE), with `-invariant`
-    for deterministic mode or `-unpadded` without it (engine/batch_invariance.py)."""
-    dtype, _, variant = mode.partition("-")
-    if variant not in ("", "invariant", "unpadded"):
-        raise ValueError(f"--compare {mode}: a mode is a BRIGADE_DTYPE, optionally with -invariant or -unpadded")
-    return dataclasses.replace(engine.config, dtype=dtype, batch_invariant=variant == "invariant")
+    for deterministic mode (engine/batch_invariance.py; without it, or with `-unpadded`, not), and
+    `-mkl` for ordinary float32 products instead of weights read from their grid
+    (engine/grid_linear.py)."""
+    dtype, *variants = mode.split("-")
+    if any(v not in VARIANTS for v in variants):
+        raise ValueError(f"--compare {mode}: a mode is a BRIGADE_DTYPE, optionally with -invariant or "
+                         "-unpadded, and -mkl")
+    return dataclasses.replace(engine.config, dtype=dtype, batch_invariant="invariant" in variants,
+                               grid_weights="mkl" not in variants)
 
 
 def comparison_engine(engine: Engine, mode: str) -> Engine:
@@ -205,8 +211,8 @@ def comparison_engine(engine: Engine, mode: str) -> Engine:
 
 def same_mode(engine: Engine, config: EngineConfig) -> bool:
     """Whether `config` would run as `engine` does (auto resolved): no need to time it twice."""
-    return ((resolve(config.device, config.dtype).dtype, config.batch_invariant)
-            == (engine.placement.dtype, engine.config.batch_invariant))
+    return ((resolve(config.device, config.dtype).dtype, config.batch_invariant, config.grid_weights)
+            == (engine.placement.dtype, engine.config.batch_invariant, engine.config.grid_weights))
 
 
 def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
@@ -229,6 +235,7 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         "dtype": engine.placement.dtype,
         "batch_invariant": engine.config.batch_invariant,
         "row_quantum": engine.runner.primary.quantum,
+        "weights": engine.runner.primary.storage,
         "cpu_flags": sorted(cpu_flags() & PRECISION_FLAGS),
         "compared": [m for m in compare if m.replace("-", "_") in engines],
         "max_batch": engine.config.max_batch,

@@ -78,6 +78,8 @@ class ModeRun:
     batched: dict[str, Answer]
     variants: dict[str, dict[str, Answer]] = field(default_factory=dict)
     prefix_hits: dict[str, int] = field(default_factory=dict)  # question id -> prompt tokens found cached
+    weights: str = ""  # how the weights were read: "grid" (engine/grid_linear.py), "float32", "bfloat16", ...
+    batch_invariant: bool = False
     wall_s: dict[str, float] = field(default_factory=dict)
     generated_tokens: int = 0
 
@@ -350,6 +352,8 @@ def consistency_report(run: ModeRun) -> dict:
 def mode_report(run: ModeRun, questions: list[Question], hf: dict[str, Answer],
                 float32: dict[str, Answer] | None) -> dict:
     report = {
+        "weights": run.weights,
+        "batch_invariant": run.batch_invariant,
         "accuracy": accuracy(questions, run.batched),
         "engine_errors": errors(run.batched),
         "flips_vs_hf_float32": flips(questions, run.batched, hf),
@@ -452,6 +456,7 @@ def run(reference: Engine, config: QualityConfig, question_file: str | None = No
             tokens_before, t = engine.tokens_generated, time.perf_counter()
             mode_run = ModeRun(engine.placement.dtype, ask_batched(engine, questions, config.max_tokens, progress))
             mode_run.wall_s["batched"] = round(time.perf_counter() - t, 1)
+            mode_run.weights, mode_run.batch_invariant = engine.runner.primary.storage, engine.config.batch_invariant
             mode_run.generated_tokens = engine.tokens_generated - tokens_before
             if subset:
                 consistency_runs(engine, mode_run, subset, others, config.max_tokens, progress)
