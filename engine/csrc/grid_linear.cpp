@@ -113,6 +113,18 @@ inline void decode(const uint8_t* codes, float scale, float low, V w[kBlock]) {
 
 constexpr int kPerBlock = kBlock / L;  // vectors per block
 
+// The compiler would fold a panel vector into each multiply-add that reads it, loading it MR times
+// instead of once; an empty asm that claims to change it keeps it in a register.
+inline void keep_in_register(V& v) {
+#if defined(__AVX512F__)
+  asm("" : "+v"(v));
+#elif defined(__AVX2__)
+  asm("" : "+x"(v));
+#else
+  (void)v;
+#endif
+}
+
 struct Matrix {
   const uint8_t* codes;
   const float* scale;
@@ -171,7 +183,10 @@ inline void panel_tile(const float* x, int64_t K, const float* panel, float* out
     for (int j = 0; j < NR; ++j) acc[r][j] = vzero();
   for (int64_t k = 0; k < K; k += L) {
     V wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = vload(panel + j * K + k);
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = vload(panel + j * K + k);
+      keep_in_register(wv[j]);
+    }
     for (int r = 0; r < RM; ++r) {
       const V xv = vload(x + r * K + k);  // NOLINT: one operand register, loaded per row
       for (int j = 0; j < NR; ++j) acc[r][j] = vfma(xv, wv[j], acc[r][j]);
