@@ -10,8 +10,8 @@ is checked for such a grid, recovered from its own float32 values and verified b
 other model, the tiny test model) keeps the ordinary float32 product. Nothing is rounded: a
 weight the kernel multiplies is the float32 weight Hugging Face `generate` multiplies.
 
-The kernel (engine/csrc/grid_linear.cpp, compiled for this CPU on first use and cached under
-`~/.cache/brigade/kernels`) sums each output in one fixed order, whatever the number of rows in
+The kernel (engine/csrc/grid_linear.cpp, compiled for this CPU on first use by engine/kernels.py)
+sums each output in one fixed order, whatever the number of rows in
 the pass, the row's place among them or the thread count, so its passes are batch-invariant by
 construction (engine/batch_invariance.py finds row quantum 1 for them). Its order is not MKL's, so
 a logit can differ from Hugging Face's in its last bits, as MKL's own kernels differ from each
@@ -22,50 +22,16 @@ docs/architecture.md "Precision: measured").
 """
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger("brigade.engine")
+from engine.kernels import kernels
+
 BLOCK = 32
 # Passes of at least this many rows decode each group of weight rows once into a panel and reuse it
 # for every row; fewer rows decode in registers. Both sum in the same order (the same bits).
 PANEL_FROM = 12
-_SOURCE = Path(__file__).parent / "csrc" / "grid_linear.cpp"
-_kernels = None
-
-
-class KernelUnavailable(RuntimeError):
-    pass
-
-
-def kernels():
-    """The compiled kernel module (built once per machine and source, then loaded from the cache)."""
-    global _kernels
-    if _kernels is None:
-        from torch.utils.cpp_extension import load
-
-        from engine.placement import cpu_flags
-
-        # The build is for this CPU (-march=native): its flags are part of the cache key, so a home
-        # shared between machines of different kinds never loads a kernel built for another.
-        key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(sorted(cpu_flags())).encode()
-                             + torch.__version__.encode()).hexdigest()[:16]
-        root = Path(os.environ.get("BRIGADE_KERNEL_DIR") or Path.home() / ".cache" / "brigade" / "kernels")
-        build = root / key
-        build.mkdir(parents=True, exist_ok=True)
-        try:
-            _kernels = load(name="brigade_grid_linear", sources=[str(_SOURCE)], build_directory=str(build),
-                            extra_cflags=["-O3", "-march=native", "-ffp-contract=off"], verbose=False)
-        except Exception as e:  # a missing compiler or ninja: say what to install
-            raise KernelUnavailable(
-                f"could not build engine/csrc/grid_linear.cpp ({type(e).__name__}: {e}); it needs g++ "
-                "(apt-get install g++) and ninja (pip install ninja); or set BRIGADE_GRID_WEIGHTS=false") from e
-    return _kernels
 
 
 @dataclass

@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.batch_invariance import padded, row_quantum
 from engine.grid_linear import GridMatrix, matmul, pack
+from engine.kernels import KernelUnavailable, kernels
 from engine.placement import Placement
 from engine.sequence import Chunk
 
@@ -128,8 +129,16 @@ class ModelRunner:
     def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = False,
                  grid_weights: bool = True):
         self.placement = placement
+        # Brigade's CPU kernels (engine/kernels.py), built here on first use; without a compiler the
+        # ordinary products and attention serve the same answers, slower.
+        self.kernels = None
+        if placement.device.type == "cpu" and (grid_weights or batch_invariant):
+            try:
+                self.kernels = kernels()
+            except KernelUnavailable as e:
+                log.warning("event=kernels_unavailable %s", e)
         # Every pass, unless the fast copy takes it; float32 read from its grid where it lies on one.
-        self.primary = Weights(model, placement.weights_dtype, grid=grid_weights)
+        self.primary = Weights(model, placement.weights_dtype, grid=grid_weights and self.kernels is not None)
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device
@@ -141,6 +150,10 @@ class ModelRunner:
             for w in filter(None, (self.primary, self.fast)):
                 w.quantum = row_quantum(w)
         self._attend_chunk = self._attend_each if batch_invariant else self._attend
+        # Deterministic attention in one kernel call per layer for every chunk (attention.cpp), where
+        # the kernels are built and the KV is float32 (a CPU); else a loop of SDPA calls per query.
+        self.exact_attention = (batch_invariant and self.kernels is not None
+                                and placement.kv_dtype == torch.float32)
 
     def weights_for(self, tokens: int) -> Weights:
         if self.fast is not None and tokens <= self.fast_max_tokens:
@@ -167,7 +180,10 @@ class ModelRunner:
         hidden = F.embedding(torch.tensor(ids, dtype=torch.long, device=dev), w.embed)  # [T, H]
         cos, sin = w.rotary(hidden[None], position_ids=pos[None])
         cos, sin = cos[0, :, None].to(w.dtype), sin[0, :, None].to(w.dtype)  # [T, 1, head_dim]
-        views = [c.seq.kv.step_views(c.start, c.start + c.length) for c in chunks]
+        if self.exact_attention:  # the caches, where each chunk starts and its length: read per layer
+            views = ([c.seq.kv.data for c in chunks], [c.start for c in chunks], [c.length for c in chunks])
+        else:
+            views = [c.seq.kv.step_views(c.start, c.start + c.length) for c in chunks]
         width = (hidden.shape[1],)
         for index, layer in enumerate(w.layers):
             x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
@@ -196,6 +212,10 @@ class ModelRunner:
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
         kv_dtype = self.placement.kv_dtype
         q = qk[:, : w.heads].to(kv_dtype)  # [T, heads, d]
+        if self.exact_attention:
+            caches, starts, lengths = views
+            new = torch.cat((qk[:, w.heads:], v), dim=-1).to(kv_dtype)  # [T, kv_heads, 2d]
+            return self.kernels.attend(q, new, caches, starts, lengths, index, w.scale, w.group).to(w.dtype)
         new_kv = torch.cat((qk[:, w.heads:], v), dim=-1).to(kv_dtype).transpose(0, 1)  # [kv_heads, T, 2d]
         outs, at = [], 0
         for c, (slot, keys, values) in zip(chunks, views):

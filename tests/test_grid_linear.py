@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.batch_invariance import row_quantum
-from engine.grid_linear import PANEL_FROM, GridMatrix, kernels, pack
+from engine.grid_linear import PANEL_FROM, GridMatrix, pack
+from engine.kernels import kernels
 
 
 def q4_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -98,3 +99,89 @@ def test_grid_weights_have_row_quantum_one():
     copy = Copy()
     assert all(isinstance(m, GridMatrix) for m in (copy.layers[0].qkv, copy.output))
     assert row_quantum(copy) == 1
+
+
+def snap_to_grids(model) -> None:
+    """Put a model's matrices on GGUF's grids as a Q4_1 / Q8_0 file would leave them once
+    dequantised: every linear layer on a 4-bit grid, the (tied) embedding on an 8-bit one."""
+
+    def q4(w: torch.Tensor) -> torch.Tensor:
+        b = w.reshape(w.shape[0], -1, 32)
+        low, top = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
+        scale = ((top - low) / 15).half().float()
+        low = low.half().float()
+        q = torch.round((b - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
+        return ((q * scale) + low).reshape(w.shape)
+
+    def q8(w: torch.Tensor) -> torch.Tensor:
+        b = w.reshape(w.shape[0], -1, 32)
+        scale = (b.abs().amax(-1, keepdim=True) / 127).half().float()
+        # A zero block (the padding token's row) has scale 0 and codes 0.
+        return (torch.round(b / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127) * scale).reshape(w.shape)
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings():
+                module.weight.copy_(q4(module.weight))
+        embedding = model.get_input_embeddings().weight
+        embedding.copy_(q8(embedding))
+        head = model.get_output_embeddings().weight
+        if head.data_ptr() != embedding.data_ptr():  # untied once loaded from a folder
+            head.copy_(q8(head))
+
+
+@pytest.fixture(scope="module")
+def grid_tiny(tiny_model_dir, tmp_path_factory):
+    """The tiny model with its weights on GGUF's grids, saved as a model folder."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    snap_to_grids(model)
+    out = tmp_path_factory.mktemp("grid-tiny")
+    model.save_pretrained(out)
+    for name in tiny_model_dir.iterdir():
+        if name.name.startswith(("tokenizer", "chat_template")):
+            (out / name.name).write_bytes(name.read_bytes())
+    return out
+
+
+def test_a_model_on_grids_is_read_from_them_and_answers_as_hugging_face_float32(grid_tiny):
+    from engine import Engine, EngineConfig, EngineRequest, SamplingParams
+
+    engine = Engine.load(EngineConfig(model=str(grid_tiny), torch_threads=1, max_wait_ms=0))
+    assert engine.runner.primary.storage == "grid" and engine.runner.primary.quantum == 1
+    prompts = ["Hello there", "The capital of France is", "1 2 3 4"]
+    requests = [EngineRequest(f"p{i}", SamplingParams(max_tokens=12, ignore_eos=True), prompt=p)
+                for i, p in enumerate(prompts)]
+    done = engine.generate(requests)
+    for r in requests:
+        ids = torch.tensor([engine.encode(r)])
+        with torch.inference_mode():
+            reference = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                              max_new_tokens=12, min_new_tokens=12)[0, ids.shape[1]:]
+        assert done[r.request_id].token_ids == reference.tolist(), r.prompt
+
+
+def test_without_a_compiler_the_engine_says_so_and_serves_the_same_answers_from_float32(grid_tiny, tmp_path):
+    """A machine without g++: one warning naming what to install, ordinary float32 products."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from engine import Engine, EngineConfig, EngineRequest, SamplingParams\n"
+        f"e = Engine.load(EngineConfig(model={str(grid_tiny)!r}, torch_threads=1, max_wait_ms=0))\n"
+        "print('storage', e.runner.primary.storage)\n"
+        "r = EngineRequest('a', SamplingParams(max_tokens=4, ignore_eos=True), prompt='Hello there')\n"
+        "print('tokens', e.generate([r])['a'].token_ids)\n"
+    )
+    env = dict(os.environ, CXX="/bin/false", BRIGADE_KERNEL_DIR=str(tmp_path / "kernels"))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "event=kernels_unavailable" in proc.stdout + proc.stderr
+    assert "apt-get install g++" in proc.stdout + proc.stderr
+    assert "storage float32" in proc.stdout
+    assert "tokens [" in proc.stdout and "tokens []" not in proc.stdout

@@ -20,6 +20,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
+
+namespace brigade {
 namespace {
 
 constexpr int kBlock = 32;
@@ -206,7 +209,7 @@ inline void panel_rows(const float* x, int64_t K, const float* panel, float* out
 
 template <bool Q4>
 torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                          const c10::optional<torch::Tensor>& low, int64_t panel_from) {
+                          const std::optional<torch::Tensor>& low, int64_t panel_from) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [rows, in] float32");
   const auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), N = codes.size(0);
@@ -242,6 +245,18 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
   return out;
 }
 
+}  // namespace
+
+torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+                        const torch::Tensor& low, int64_t panel_from) {
+  return grid_linear<true>(x, codes, scale, low, panel_from);
+}
+
+torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+                        int64_t panel_from) {
+  return grid_linear<false>(x, codes, scale, std::nullopt, panel_from);
+}
+
 std::string isa() {
 #if defined(__AVX512F__)
   return "avx512";
@@ -252,16 +267,4 @@ std::string isa() {
 #endif
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_linear", [](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                        const torch::Tensor& low, int64_t panel_from) {
-    return grid_linear<true>(x, codes, scale, low, panel_from);
-  }, "x @ W.T, W on a 4-bit block grid (scale, low)");
-  m.def("q8_linear", [](const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                        int64_t panel_from) {
-    return grid_linear<false>(x, codes, scale, c10::nullopt, panel_from);
-  }, "x @ W.T, W on an 8-bit block grid (scale)");
-  m.def("isa", &isa, "the vector instructions this build uses");
-}
+}  // namespace brigade
