@@ -34,14 +34,21 @@ BLOCK = 32
 PANEL_FROM = 12
 
 
+LANES = 16  # weight rows per lane group in the kernel's layout (engine/csrc/grid_linear.cpp)
+
+
 @dataclass
 class GridMatrix:
-    """A float32 matrix [out, in] stored as its grid: codes, and per block a scale (and low)."""
+    """A float32 matrix [out, in] stored as its grid, in the kernel's layout: rows in groups of 16,
+    the group's 16 weights for one input side by side.
+
+    q4: codes [out/16, in/2, 16] (input k in the low nibble, k+1 in the high one); q8: codes
+    [out/16, in, 16] (signed bytes); scale and low [out/16, in/32, 16] float32."""
 
     kind: str  # "q4" or "q8"
-    codes: torch.Tensor  # uint8 [out, in/2] (q4) or [out, in] (q8, signed bytes)
-    scale: torch.Tensor  # float32 [out, in/32]
-    low: torch.Tensor | None  # float32 [out, in/32] (q4)
+    codes: torch.Tensor
+    scale: torch.Tensor
+    low: torch.Tensor | None
     shape: tuple[int, int]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,21 +63,31 @@ class GridMatrix:
     def decoded(self) -> torch.Tensor:
         """The float32 matrix, computed as the kernel computes each weight (for verification)."""
         n, k = self.shape
+        scale = _unlaned(self.scale).repeat_interleave(BLOCK, dim=1)
         if self.kind == "q4":
-            lo, hi = self.codes.view(n, k // BLOCK, 16) & 15, self.codes.view(n, k // BLOCK, 16) >> 4
-            q = torch.cat((lo, hi), dim=-1).float()
-            return (q * self.scale[..., None] + self.low[..., None]).view(n, k)
-        q = self.codes.view(torch.int8).view(n, k // BLOCK, BLOCK).float()
-        return (q * self.scale[..., None]).view(n, k)
+            pairs = _unlaned(self.codes)
+            q = torch.stack((pairs & 15, pairs >> 4), dim=-1).reshape(n, k).float()
+            return (q * scale) + _unlaned(self.low).repeat_interleave(BLOCK, dim=1)
+        return _unlaned(self.codes).view(torch.int8).float() * scale
 
     def top(self, rows: int) -> "GridMatrix":
-        """Its first `rows` output rows (a probe of the kernel on a smaller matrix)."""
-        low = self.low[:rows] if self.low is not None else None
-        return GridMatrix(self.kind, self.codes[:rows], self.scale[:rows], low, (min(rows, self.shape[0]), self.shape[1]))
+        """Its first `rows` output rows, a multiple of 16 (a probe of the kernel on a smaller matrix)."""
+        groups = min(rows, self.shape[0]) // LANES
+        low = self.low[:groups] if self.low is not None else None
+        return GridMatrix(self.kind, self.codes[:groups], self.scale[:groups], low, (groups * LANES, self.shape[1]))
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.low) if t is not None)
+
+
+def _laned(t: torch.Tensor) -> torch.Tensor:
+    """[out, cols] -> [out/16, cols, 16]: each group of 16 rows side by side per column."""
+    return t.reshape(t.shape[0] // LANES, LANES, t.shape[1]).transpose(1, 2).contiguous()
+
+
+def _unlaned(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).reshape(t.shape[0] * LANES, t.shape[1])
 
 
 def _half_neighbours(d: torch.Tensor, spread: int = 2) -> list[torch.Tensor]:
@@ -102,7 +119,7 @@ def _first_exact(blocks: torch.Tensor, candidates: list[torch.Tensor], decode) -
 def pack_q4(weight: torch.Tensor) -> GridMatrix | None:
     """The matrix as a 4-bit grid (Q4_1's: scale * q + low, q in 0..15), or None if it is not exactly one."""
     n, k = weight.shape
-    if weight.dtype != torch.float32 or k % BLOCK:
+    if weight.dtype != torch.float32 or k % BLOCK or n % LANES:
         return None
     blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
     low = blocks.amin(dim=-1)
@@ -118,15 +135,15 @@ def pack_q4(weight: torch.Tensor) -> GridMatrix | None:
     if found is None:
         return None
     scale, q = found
-    q = q.to(torch.uint8)
-    codes = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, k // 2).contiguous()
-    return GridMatrix("q4", codes, scale.contiguous(), low.contiguous(), (n, k))
+    q = q.to(torch.uint8).reshape(n, k)
+    codes = q[:, 0::2] | (q[:, 1::2] << 4)
+    return GridMatrix("q4", _laned(codes), _laned(scale), _laned(low), (n, k))
 
 
 def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
     """The matrix as an 8-bit grid (Q8_0's: scale * q, q in -128..127), or None if it is not exactly one."""
     n, k = weight.shape
-    if weight.dtype != torch.float32 or k % BLOCK:
+    if weight.dtype != torch.float32 or k % BLOCK or n % LANES:
         return None
     blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=-1)
@@ -140,8 +157,8 @@ def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
     if found is None:
         return None
     scale, q = found
-    codes = q.to(torch.int8).view(torch.uint8).reshape(n, k).contiguous()
-    return GridMatrix("q8", codes, scale.contiguous(), None, (n, k))
+    codes = q.to(torch.int8).view(torch.uint8).reshape(n, k)
+    return GridMatrix("q8", _laned(codes), _laned(scale), None, (n, k))
 
 
 def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8")) -> GridMatrix | None:

@@ -51,11 +51,12 @@ def test_a_matrix_off_every_grid_keeps_its_float32_product():
     near[3, 5] = torch.nextafter(near[3, 5], torch.tensor(1.0))  # one weight one bit off the grid
     assert pack(near) is None
     assert pack(torch.randn(64, 100)) is None  # inputs not a whole number of blocks
+    assert pack(q4_matrix(200, 128)) is None  # outputs not a whole number of lane groups (16)
 
 
 @pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
 def test_the_product_is_the_float32_product_and_each_row_is_the_same_in_any_pass(make):
-    weight = make(200, 576, seed=3)
+    weight = make(208, 576, seed=3)
     grid = pack(weight)
     x = torch.randn(2 * PANEL_FROM + 9, 576, generator=torch.Generator().manual_seed(1))
     whole = grid(x)

@@ -1,18 +1,19 @@
 // y = x @ W.T for a weight W whose float32 values lie on a block grid (exactly), read from that
 // grid instead of from 4-byte floats. See engine/grid_linear.py for why and for the formats.
 //
-// Two formats, 32 weights a block along the input dimension:
-//   q4: W[n, 32b + j] = (scale[n, b] * q) + low[n, b], q a 4-bit code (codes[n, 16b + j] low nibble
-//       for j < 16, high nibble of codes[n, 16b + j - 16] for j >= 16); product and sum each
-//       rounded to float32, exactly as the values were made (no fused multiply-add).
-//   q8: W[n, 32b + j] = scale[n, b] * q, q a signed byte codes[n, 32b + j] (the product is exact).
+// Weight rows come in groups of 16 (a "lane group"); within a group, the 16 rows' weights for one
+// input k sit side by side, so one vector holds W[n0..n0+15, k]:
+//   q4: codes[g, k/2, lane] holds q(k) in its low nibble and q(k+1) in its high one;
+//       W = (scale * q) + low, product and sum each rounded to float32, as the values were made
+//       (no fused multiply-add; the file is built with -ffp-contract=off);
+//   q8: codes[g, k, lane] a signed byte; W = scale * q (exact);
+//   scale[g, k/32, lane], low[g, k/32, lane]: per row and block of 32 inputs.
 //
-// The order of every sum is fixed: y[m, n] = reduce(acc), acc one vector of L lanes (16 with
-// AVX-512, 8 with AVX2) with acc += x[m, k:k+L] * W[n, k:k+L] (fused) for k = 0, L, 2L, ..., and
-// reduce a fixed tree. It does not depend on the number of rows M, a row's place among them, the
-// path taken (decoding in registers for few rows, a decoded panel for many) or the thread count
-// (threads split the weight rows, so each output is one thread's): the pass is batch-invariant by
-// construction. Built with -ffp-contract=off (the decoding must round twice) and -march=native.
+// The order of every sum is fixed: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 1], W[n, 1],
+// x[m, 0] * W[n, 0] + 0)), one lane of one accumulator, k in order. It does not depend on the
+// number of rows M, a row's place among them, the path (weights decoded in registers for few rows,
+// a decoded panel for many) or the thread count (threads split the lane groups): the pass is
+// batch-invariant by construction, and there is no reduction across lanes at all.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -26,177 +27,167 @@ namespace brigade {
 namespace {
 
 constexpr int kBlock = 32;
+constexpr int kGroup = 16;  // weight rows per lane group (one AVX-512 vector, two AVX2 vectors)
 
 #if defined(__AVX512F__)
-using V = __m512;
-constexpr int L = 16;
-constexpr int MR = 4, NR = 4;  // panel micro-tile: 16 accumulators + 5 operands of 32 registers
-inline V vzero() { return _mm512_setzero_ps(); }
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
-
-template <bool Q4>
-inline void decode(const uint8_t* codes, float scale, float low, V w[kBlock / L]) {
-  const V d = _mm512_set1_ps(scale);
-  if constexpr (Q4) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const V m = _mm512_set1_ps(low);
-    w[0] = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, mask)))), m);
-    w[1] = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-        _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)))), m);
-  } else {
-    for (int i = 0; i < 2; ++i) {
-      const __m128i part = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * i));
-      w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)));
-    }
-  }
-}
-
+// A lane group's 16 floats.
+struct G {
+  __m512 v;
+};
+inline G gzero() { return {_mm512_setzero_ps()}; }
+inline G gload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void gstore(float* p, G a) { _mm512_storeu_ps(p, a.v); }
+inline G gfma(float x, G w, G acc) { return {_mm512_fmadd_ps(_mm512_set1_ps(x), w.v, acc.v)}; }
+inline void keep(G& a) { asm("" : "+v"(a.v)); }
+// 16 unsigned bytes -> floats.
+inline G from_u8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))}; }
+inline G from_i8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))}; }
+inline G mul(G a, G b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline G add(G a, G b) { return {_mm512_add_ps(a.v, b.v)}; }
+constexpr int MR = 12, NG = 2;  // panel micro-tile: 12 rows x 2 groups = 24 accumulators
+constexpr int kDirect = 8;      // rows per pass over a group's weights decoded in registers
 #elif defined(__AVX2__) && defined(__FMA__)
-using V = __m256;
-constexpr int L = 8;
-constexpr int MR = 2, NR = 4;  // 8 accumulators + 6 operands of 16 registers
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(V v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+struct G {
+  __m256 lo, hi;
+};
+inline G gzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline G gload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void gstore(float* p, G a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+inline G gfma(float x, G w, G acc) {
+  const __m256 b = _mm256_set1_ps(x);
+  return {_mm256_fmadd_ps(b, w.lo, acc.lo), _mm256_fmadd_ps(b, w.hi, acc.hi)};
 }
-
-template <bool Q4>
-inline void decode(const uint8_t* codes, float scale, float low, V w[kBlock / L]) {
-  const V d = _mm256_set1_ps(scale);
-  if constexpr (Q4) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(bytes, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const V m = _mm256_set1_ps(low);
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int i = 0; i < 4; ++i)
-      w[i] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]))), m);
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      const __m128i part = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i));
-      w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
-    }
-  }
+inline void keep(G& a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }
+inline G from_u8(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-
+inline G from_i8(__m128i b) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline G mul(G a, G b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline G add(G a, G b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+constexpr int MR = 6, NG = 1;  // 6 rows x 1 group (2 vectors) = 12 accumulators of 16 registers
+constexpr int kDirect = 4;
 #else
-// No vector unit the kernel knows: one lane, the same structure.
-struct V { float v; };
-constexpr int L = 1;
-constexpr int MR = 1, NR = 1;
-inline V vzero() { return {0.f}; }
-inline V vload(const float* p) { return {*p}; }
-inline void vstore(float* p, V v) { *p = v.v; }
-inline V vfma(V a, V b, V c) { return {__builtin_fmaf(a.v, b.v, c.v)}; }
-inline float vsum(V v) { return v.v; }
-
-template <bool Q4>
-inline void decode(const uint8_t* codes, float scale, float low, V w[kBlock]) {
-  for (int j = 0; j < kBlock; ++j) {
-    if constexpr (Q4) {
-      const uint8_t byte = codes[j & 15];
-      float p = scale * static_cast<float>(j < 16 ? (byte & 15) : (byte >> 4));
-      w[j] = {p + low};
-    } else {
-      w[j] = {scale * static_cast<float>(static_cast<int8_t>(codes[j]))};
-    }
-  }
+struct G {
+  float v[kGroup];
+};
+inline G gzero() { return G{}; }
+inline G gload(const float* p) { G a; std::copy(p, p + kGroup, a.v); return a; }
+inline void gstore(float* p, G a) { std::copy(a.v, a.v + kGroup, p); }
+inline G gfma(float x, G w, G acc) {
+  for (int i = 0; i < kGroup; ++i) acc.v[i] = __builtin_fmaf(x, w.v[i], acc.v[i]);
+  return acc;
 }
+inline void keep(G&) {}
+constexpr int MR = 1, NG = 1;
+constexpr int kDirect = 1;
 #endif
-
-constexpr int kPerBlock = kBlock / L;  // vectors per block
-
-// The compiler would fold a panel vector into each multiply-add that reads it, loading it MR times
-// instead of once; an empty asm that claims to change it keeps it in a register.
-inline void keep_in_register(V& v) {
-#if defined(__AVX512F__)
-  asm("" : "+v"(v));
-#elif defined(__AVX2__)
-  asm("" : "+x"(v));
-#else
-  (void)v;
-#endif
-}
 
 struct Matrix {
   const uint8_t* codes;
   const float* scale;
   const float* low;
-  int64_t K, blocks, code_row;
-  bool q4;
+  int64_t K, blocks;
 };
 
-// Few rows: decode each block in registers and use it for up to R rows at once.
-template <bool Q4, int R>
-inline void direct_tile(const Matrix& w, int64_t n, const float* x, float* out, int64_t ldo) {
-  V acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = vzero();
-  const uint8_t* c = w.codes + n * w.code_row;
-  const float* s = w.scale + n * w.blocks;
-  const float* l = Q4 ? w.low + n * w.blocks : nullptr;
-  const int64_t stride = Q4 ? 16 : 32;
-  for (int64_t b = 0; b < w.blocks; ++b) {
-    V wv[kPerBlock];
-    decode<Q4>(c + b * stride, s[b], Q4 ? l[b] : 0.f, wv);
-    const float* xb = x + b * kBlock;
-    for (int i = 0; i < kPerBlock; ++i)
-      for (int r = 0; r < R; ++r) acc[r] = vfma(vload(xb + r * w.K + i * L), wv[i], acc[r]);
-  }
-  for (int r = 0; r < R; ++r) out[r * ldo] = vsum(acc[r]);
-}
-
-template <bool Q4, int R>
-inline void direct_rows(const Matrix& w, int64_t n, const float* x, float* out, int64_t ldo, int64_t rows) {
-  if constexpr (R > 0) {
-    if (rows == R) direct_tile<Q4, R>(w, n, x, out, ldo);
-    else direct_rows<Q4, R - 1>(w, n, x, out, ldo, rows);
-  }
-}
-
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The group's weights for inputs k and k+1 (q4: one byte per lane holds both), or k alone (q8).
 template <bool Q4>
-void decode_rows(const Matrix& w, int64_t n, int64_t count, float* panel) {
-  const int64_t stride = Q4 ? 16 : 32;
-  for (int64_t j = 0; j < count; ++j) {
-    const uint8_t* c = w.codes + (n + j) * w.code_row;
-    const float* s = w.scale + (n + j) * w.blocks;
-    const float* l = Q4 ? w.low + (n + j) * w.blocks : nullptr;
+inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
+  if constexpr (Q4) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * (w.K / 2) + k / 2) * kGroup));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    out[0] = add(mul(s, from_u8(_mm_and_si128(bytes, mask))), l);
+    out[1] = add(mul(s, from_u8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask))), l);
+  } else {
+    for (int i = 0; i < 2; ++i) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * w.K + k + i) * kGroup));
+      out[i] = mul(s, from_i8(bytes));
+    }
+  }
+}
+#else
+template <bool Q4>
+inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
+  for (int lane = 0; lane < kGroup; ++lane) {
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (Q4) {
+        const uint8_t byte = w.codes[(g * (w.K / 2) + k / 2) * kGroup + lane];
+        const float p = s.v[lane] * static_cast<float>(i == 0 ? (byte & 15) : (byte >> 4));
+        out[i].v[lane] = p + l.v[lane];
+      } else {
+        out[i].v[lane] = s.v[lane] * static_cast<float>(static_cast<int8_t>(w.codes[(g * w.K + k + i) * kGroup + lane]));
+      }
+    }
+  }
+}
+#endif
+
+// Few rows: each lane group's weights decoded in registers, used for up to R rows of x at once.
+template <bool Q4, int R>
+inline void direct_tile(const Matrix& w, int64_t g, const float* x, float* out, int64_t ldo) {
+  G acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = gzero();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const G s = gload(w.scale + (g * w.blocks + b) * kGroup);
+    const G l = Q4 ? gload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
+      G wv[2];
+      decode<Q4>(w, g, k, s, l, wv);
+      for (int r = 0; r < R; ++r) {
+        acc[r] = gfma(x[r * w.K + k], wv[0], acc[r]);
+        acc[r] = gfma(x[r * w.K + k + 1], wv[1], acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) gstore(out + r * ldo, acc[r]);
+}
+
+template <bool Q4, int R>
+inline void direct_rows(const Matrix& w, int64_t g, const float* x, float* out, int64_t ldo, int64_t rows) {
+  if constexpr (R > 0) {
+    if (rows == R) direct_tile<Q4, R>(w, g, x, out, ldo);
+    else direct_rows<Q4, R - 1>(w, g, x, out, ldo, rows);
+  }
+}
+
+// Many rows: NG lane groups decoded once into a panel [K][NG * 16], then MR x NG tiles from it.
+template <bool Q4>
+void decode_panel(const Matrix& w, int64_t g0, int64_t groups, float* panel) {
+  for (int64_t j = 0; j < groups; ++j) {
+    const int64_t g = g0 + j;
     for (int64_t b = 0; b < w.blocks; ++b) {
-      V wv[kPerBlock];
-      decode<Q4>(c + b * stride, s[b], Q4 ? l[b] : 0.f, wv);
-      for (int i = 0; i < kPerBlock; ++i) vstore(panel + j * w.K + b * kBlock + i * L, wv[i]);
+      const G s = gload(w.scale + (g * w.blocks + b) * kGroup);
+      const G l = Q4 ? gload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+      for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
+        G wv[2];
+        decode<Q4>(w, g, k, s, l, wv);
+        gstore(panel + (k * NG + j) * kGroup, wv[0]);
+        gstore(panel + ((k + 1) * NG + j) * kGroup, wv[1]);
+      }
     }
   }
 }
 
-// Many rows: NR weight rows decoded once into a panel, then MR x NR tiles of outputs from it.
 template <int RM>
 inline void panel_tile(const float* x, int64_t K, const float* panel, float* out, int64_t ldo) {
-  V acc[RM][NR];
+  G acc[RM][NG];
   for (int r = 0; r < RM; ++r)
-    for (int j = 0; j < NR; ++j) acc[r][j] = vzero();
-  for (int64_t k = 0; k < K; k += L) {
-    V wv[NR];
-    for (int j = 0; j < NR; ++j) {
-      wv[j] = vload(panel + j * K + k);
-      keep_in_register(wv[j]);
+    for (int j = 0; j < NG; ++j) acc[r][j] = gzero();
+  for (int64_t k = 0; k < K; ++k) {
+    G wv[NG];
+    for (int j = 0; j < NG; ++j) {
+      wv[j] = gload(panel + (k * NG + j) * kGroup);
+      keep(wv[j]);  // loaded once, used by every row (the compiler would fold it into each)
     }
     for (int r = 0; r < RM; ++r) {
-      const V xv = vload(x + r * K + k);  // NOLINT: one operand register, loaded per row
-      for (int j = 0; j < NR; ++j) acc[r][j] = vfma(xv, wv[j], acc[r][j]);
+      const float xv = x[r * K + k];
+      for (int j = 0; j < NG; ++j) acc[r][j] = gfma(xv, wv[j], acc[r][j]);
     }
   }
   for (int r = 0; r < RM; ++r)
-    for (int j = 0; j < NR; ++j) out[r * ldo + j] = vsum(acc[r][j]);
+    for (int j = 0; j < NG; ++j) gstore(out + r * ldo + j * kGroup, acc[r][j]);
 }
 
 template <int RM>
@@ -212,36 +203,32 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
                           const std::optional<torch::Tensor>& low, int64_t panel_from) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [rows, in] float32");
   const auto xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1), N = codes.size(0);
+  const int64_t M = xc.size(0), K = xc.size(1), groups = codes.size(0);
   TORCH_CHECK(K % kBlock == 0, "the input size must be a multiple of 32");
-  TORCH_CHECK(codes.size(1) == (Q4 ? K / 2 : K) && scale.size(1) == K / kBlock, "weight shape does not match x");
+  TORCH_CHECK(codes.size(1) == (Q4 ? K / 2 : K) && codes.size(2) == kGroup && scale.size(1) == K / kBlock,
+              "weight shape does not match x");
+  const int64_t N = groups * kGroup;
   auto out = torch::empty({M, N}, xc.options());
   const Matrix w{codes.data_ptr<uint8_t>(), scale.data_ptr<float>(), Q4 ? low->data_ptr<float>() : nullptr,
-                 K, K / kBlock, codes.size(1), Q4};
+                 K, K / kBlock};
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  constexpr int kDirect = 8;
-  if (M < panel_from) {
-    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n)
+  if (M < panel_from || groups % NG != 0) {
+    at::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
         for (int64_t m = 0; m < M; m += kDirect)
-          direct_rows<Q4, kDirect>(w, n, xp + m * K, op + m * N + n, N, std::min<int64_t>(kDirect, M - m));
+          direct_rows<Q4, kDirect>(w, g, xp + m * K, op + m * N + g * kGroup, N, std::min<int64_t>(kDirect, M - m));
     });
     return out;
   }
-  const int64_t groups = N / NR;
-  at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
-    std::vector<float> panel(NR * K);
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n = g * NR;
-      decode_rows<Q4>(w, n, NR, panel.data());
+  at::parallel_for(0, groups / NG, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> panel(K * NG * kGroup);
+    for (int64_t p = p0; p < p1; ++p) {
+      decode_panel<Q4>(w, p * NG, NG, panel.data());
       for (int64_t m = 0; m < M; m += MR)
-        panel_rows<MR>(xp + m * K, K, panel.data(), op + m * N + n, N, std::min<int64_t>(MR, M - m));
+        panel_rows<MR>(xp + m * K, K, panel.data(), op + m * N + p * NG * kGroup, N, std::min<int64_t>(MR, M - m));
     }
   });
-  for (int64_t n = groups * NR; n < N; ++n)  // rows past the last whole panel (same order)
-    for (int64_t m = 0; m < M; m += kDirect)
-      direct_rows<Q4, kDirect>(w, n, xp + m * K, op + m * N + n, N, std::min<int64_t>(kDirect, M - m));
   return out;
 }
 
