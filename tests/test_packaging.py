@@ -87,6 +87,8 @@ files = {
     "chat_questions": (Path(ops.__file__).parent / "data" / "chat_questions.jsonl").is_file(),
     "quality_questions": (Path(ops.__file__).parent / "bench" / "data" / "quality_questions.jsonl").is_file(),
     "lua_scripts": all((Path(ops.__file__).parent / "core" / "lua" / f"{n}.lua").is_file() for n in scripts.NAMES),
+    "kernel_sources": all((Path(engine.__file__).parent / "csrc" / n).is_file()
+                          for n in ("grid_linear.cpp", "attention.cpp", "bindings.cpp", "kernels.h")),
 }
 print(json.dumps({"roots": roots, "modules": mods, "files": files, "prefix": sys.prefix}))
 """
