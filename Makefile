@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test install redis browser model bench bench-peers clean
+.PHONY: up test install redis compiler browser model kernels bench bench-peers clean
 
 # `install` prepares the default model; `brigade up` registers it (smollm2-135m-instruct@v1, in place)
 # once its Redis answers, when the registry is empty and BRIGADE_MODEL unset: the registry lives in
@@ -17,7 +17,7 @@ up: install
 test: install
 	$(BIN)/python -m pytest
 
-install: $(STAMP) redis browser model
+install: $(STAMP) redis browser model kernels
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -33,12 +33,21 @@ $(STAMP): pyproject.toml
 redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
 
+# Brigade's CPU kernels (engine/csrc/) are C++ built for this machine's CPU.
+compiler:
+	@command -v g++ >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y g++; }
+
 # The chat page's tests (tests/test_page.py) drive a real headless Chromium.
 browser:
 	@{ command -v chromium && command -v chromedriver; } >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 
 model: $(STAMP)
 	$(BIN)/brigade prepare
+
+# Built once here (about 40 s, then cached in ~/.cache/brigade/kernels) rather than by the first
+# worker that starts, so that a worker's start and the test suite's do not wait on the compiler.
+kernels: $(STAMP) compiler
+	$(BIN)/python -c "from engine.kernels import kernels; print('kernels built for', kernels().isa())"
 
 bench: install
 	$(BIN)/brigade bench engine --json bench-engine.json

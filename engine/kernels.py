@@ -7,7 +7,7 @@
 
 Each sums in an order that does not depend on what shares the pass, which is what makes the exact
 default batch-invariant without padding. The build is for this CPU (`-march=native`), so the CPU's
-flags are part of the cache key with the sources and torch's version: a home shared between
+flags are part of the cache key with the sources (their text and folder) and torch's version: a home shared between
 machines of different kinds never loads a kernel built for another. `-ffp-contract=off`: the grid's
 weights are made by a product and a sum each rounded (no fused multiply-add), and must be remade so.
 """
@@ -35,6 +35,9 @@ def build_dir() -> Path:
     for name in (*_SOURCES, "kernels.h"):
         digest.update((_CSRC / name).read_bytes())
     digest.update(" ".join(sorted(cpu_flags())).encode() + torch.__version__.encode())
+    # The sources' folder too: the build files name it, so a checkout and an installed wheel that
+    # shared one folder would rebuild each other's module in turn.
+    digest.update(str(_CSRC.resolve()).encode())
     root = Path(os.environ.get("BRIGADE_KERNEL_DIR") or Path.home() / ".cache" / "brigade" / "kernels")
     return root / digest.hexdigest()[:16]
 

@@ -233,7 +233,9 @@ class ModelRunner:
         sums in that block's order, so a position's numbers would depend on how its prompt was
         cut (chunked prefill, a prefix-cache hit, a resumed request's prefill) and differ from
         what its decode step computed. One query at a time costs a prefill more kernel calls
-        (measured: docs/architecture.md) and decode nothing."""
+        (measured: docs/architecture.md) and decode nothing. Used where Brigade's own attention
+        kernel (`exact_attention`, the same guarantee in one call per layer) is not: a GPU, or
+        a CPU where the kernels could not be built."""
         n, heads, d = q.shape
         kv_heads, g = w.kv_heads, w.group
         outs = [F.scaled_dot_product_attention(q[i].view(1, kv_heads, g, d), keys[:, :, :start + i + 1],

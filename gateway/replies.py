@@ -53,9 +53,21 @@ class ReplyIntake:
             pubsub = await self._subscribe_through_outage(again)
             again = True
             self.subscribed.set()
+            confirmations = 0
             try:
                 async for message in pubsub.listen():
-                    if message.get("type") != "message":
+                    kind = message.get("type")
+                    if kind == "subscribe":
+                        confirmations += 1
+                        if confirmations > 1:
+                            # redis-py reconnected and subscribed again by itself (the connection's
+                            # Retry), raising nothing: what was published while it was away is in
+                            # the replay logs only. Without this, a request that finished in that
+                            # gap (a Redis restart) waited for ever.
+                            log.info("event=reply_router_resubscribed routes=%d", len(self.router.live))
+                            self.spawn(self.catch_up(list(self.router.live)))
+                        continue
+                    if kind != "message":
                         continue
                     try:
                         event = ReplyEvent.model_validate_json(message["data"])
@@ -86,7 +98,8 @@ class ReplyIntake:
             lambda: self._subscribe(again), lost, with_failure_count=True)
 
     async def _subscribe(self, again: bool):
-        pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
+        # Subscribe confirmations are kept: a second one on the same pubsub is a silent reconnect.
+        pubsub = self.subscriber.pubsub()
         await pubsub.subscribe(self.reply_channel)
         if again:
             # Pub/sub lost whatever was published while we were away; the replay logs did not.

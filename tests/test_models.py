@@ -2,8 +2,8 @@
 caches and metrics, and canaries that step themselves up or roll themselves back.
 
 One redis-server, two gateways, and workers started with `brigade worker --model NAME@VERSION`:
-the real default model registered three times (v1 and v3 in the CPU's default precision, v2 in
-the precision that decodes markedly slower on this CPU), and the tiny random model under its own
+the real default model registered three times (v1 and v3 in the exact default, v2 with the same
+answers from ordinary float32 products, which decode markedly slower), and the tiny random model under its own
 name. Requests go over real WebSockets and the official `openai` client's HTTP.
 """
 from __future__ import annotations
