@@ -170,8 +170,8 @@ def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8")) -> GridMat
     return None
 
 
-def matmul(x: torch.Tensor, matrix) -> torch.Tensor:
-    """x @ matrix.T for a plain tensor or a GridMatrix."""
+def matmul(x: torch.Tensor, matrix, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ matrix.T (+ bias) for a plain tensor (F.linear, bias fused) or a GridMatrix."""
     if isinstance(matrix, GridMatrix):
-        return matrix(x)
-    return torch.nn.functional.linear(x, matrix)
+        return matrix(x) if bias is None else matrix(x) + bias
+    return torch.nn.functional.linear(x, matrix, bias)

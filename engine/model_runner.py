@@ -91,9 +91,8 @@ class Weights:
             if dtype == model.dtype:  # same precision: the model's own weights become views of the fused ones
                 _share(qkv_parts, self.layers[-1].qkv)
                 _share(gate_up_parts, self.layers[-1].gate_up)
-        # How the float32 matrices are read: "grid" (every one lies exactly on a GGUF grid and is
-        # read from it) or "float32" (ordinary products).
-        self.storage = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
+        # The output projection as the forward multiplies it: the head tensor, or its grid.
+        self.output: torch.Tensor | GridMatrix = self.head
         if grid and dtype == torch.float32 and self.head.device.type == "cpu":
             self._read_from_grid()
 
@@ -114,15 +113,12 @@ class Weights:
             return
         for (index, name), grid in packed.items():
             setattr(self.layers[index], name, grid)
-        self.head_matrix = head
-        self.storage = "grid"
-
-    head_matrix: torch.Tensor | GridMatrix | None = None
+        self.output = head
 
     @property
-    def output(self) -> torch.Tensor | GridMatrix:
-        """The output projection as the forward multiplies it (the grid, or the head tensor)."""
-        return self.head_matrix if self.head_matrix is not None else self.head
+    def storage(self) -> str:
+        """How the matrices are read: "grid" (every one from its GGUF grid), else the precision."""
+        return "grid" if isinstance(self.output, GridMatrix) else str(self.dtype).removeprefix("torch.")
 
 
 class ModelRunner:
@@ -205,10 +201,7 @@ class ModelRunner:
     def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views,
                    pad: int = 0) -> torch.Tensor:
         tokens, d = x.shape[0], w.head_dim
-        qkv = matmul(x, layer.qkv)
-        if layer.qkv_bias is not None:
-            qkv = qkv + layer.qkv_bias
-        qkv = qkv.view(tokens, w.heads + 2 * w.kv_heads, d)
+        qkv = matmul(x, layer.qkv, layer.qkv_bias).view(tokens, w.heads + 2 * w.kv_heads, d)
         qk, v = _rotate(qkv[:, : w.heads + w.kv_heads], cos, sin), qkv[:, w.heads + w.kv_heads:]
         kv_dtype = self.placement.kv_dtype
         q = qk[:, : w.heads].to(kv_dtype)  # [T, heads, d]
