@@ -98,21 +98,33 @@ def _half_neighbours(d: torch.Tensor, spread: int = 2) -> list[torch.Tensor]:
 
 def _first_exact(blocks: torch.Tensor, candidates: list[torch.Tensor], decode) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per block, the first candidate scale whose codes decode to the block exactly; None when a
-    block has none."""
-    chosen_scale = torch.zeros(blocks.shape[:-1])
-    chosen_codes = torch.zeros(blocks.shape, dtype=torch.int16)
-    done = torch.zeros(blocks.shape[:-1], dtype=torch.bool)
+    block has none. `decode(rows, scale)` gives the codes and decoded values of those block rows
+    (None: all of them) under that scale.
+
+    On a matrix that lies on the grid nearly every block takes the first candidate, so each later
+    one is tried only on the blocks still open, and a matrix where the first fits fewer than half
+    the blocks is taken as off the grid at once (the embedding, an 8-bit grid, was tried as a
+    4-bit one with every candidate on every block: most of a worker's start, 10-30 s on one core).
+    Giving up early only ever leaves a matrix to the ordinary float32 product."""
+    flat = blocks.reshape(-1, blocks.shape[-1])
+    open_rows: torch.Tensor | None = None  # None: every block, without copying them
     for scale in candidates:
-        codes = decode(scale)
-        if codes is None:
-            continue
-        q, values = codes
-        exact = (values == blocks).all(dim=-1) & ~done
-        chosen_scale[exact] = scale[exact]
-        chosen_codes[exact] = q[exact].to(torch.int16)
-        done |= exact
-        if bool(done.all()):
-            return chosen_scale, chosen_codes
+        scale = scale.reshape(-1)
+        rows_scale = scale if open_rows is None else scale[open_rows]
+        q, values = decode(open_rows, rows_scale)
+        wanted = flat if open_rows is None else flat[open_rows]
+        exact = (values == wanted).all(dim=-1)
+        if open_rows is None and exact.float().mean() < 0.5:
+            return None
+        if open_rows is None:  # every block at once; those still open are written over below
+            chosen_scale, chosen_codes = rows_scale.clone(), q.to(torch.int16)
+            open_rows = (~exact).nonzero().squeeze(1)
+        else:
+            chosen_scale[open_rows[exact]] = rows_scale[exact]
+            chosen_codes[open_rows[exact]] = q[exact].to(torch.int16)
+            open_rows = open_rows[~exact]
+        if open_rows.numel() == 0:
+            return chosen_scale.view(blocks.shape[:-1]), chosen_codes.view(blocks.shape)
     return None
 
 
@@ -124,12 +136,15 @@ def pack_q4(weight: torch.Tensor) -> GridMatrix | None:
     blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
     low = blocks.amin(dim=-1)
     top = blocks.amax(dim=-1)
+    flat, flat_low = blocks.reshape(-1, BLOCK), low.reshape(-1)
 
-    def decode(scale):
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = torch.round((blocks - low[..., None]) / safe[..., None]).clamp(0, 15)
-        q = torch.where(scale[..., None] == 0, torch.zeros_like(q), q)
-        return q, q * scale[..., None] + low[..., None]
+    def decode(rows, scale):
+        values = flat if rows is None else flat[rows]
+        base = (flat_low if rows is None else flat_low[rows])[:, None]
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)[:, None]
+        q = torch.round((values - base) / safe).clamp_(0, 15)
+        q = torch.where(scale[:, None] == 0, torch.zeros_like(q), q)
+        return q, q * scale[:, None] + base
 
     found = _first_exact(blocks, _half_neighbours((top - low) / 15), decode)
     if found is None:
@@ -147,11 +162,13 @@ def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
         return None
     blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=-1)
+    flat = blocks.reshape(-1, BLOCK)
 
-    def decode(scale):
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = torch.round(blocks / safe[..., None]).clamp(-128, 127)
-        return q, q * scale[..., None]
+    def decode(rows, scale):
+        values = flat if rows is None else flat[rows]
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)[:, None]
+        q = torch.round(values / safe).clamp_(-128, 127)
+        return q, q * scale[:, None]
 
     found = _first_exact(blocks, [amax / 127] + _half_neighbours(amax / 127), decode)
     if found is None:
