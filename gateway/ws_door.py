@@ -1,4 +1,4 @@
-"""The WebSocket door: Brigade's own streaming protocol at /v1/ws (see the README).
+"""The WebSocket door: Brigade's own streaming protocol at /v1/ws (docs/websocket.md).
 
 Per connection: a reader (frames -> commands) and a writer draining an outbox, so that one slow
 client never stalls the shared reply router. A client that leaves may `resume` its requests

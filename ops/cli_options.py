@@ -1,6 +1,6 @@
 """What every `brigade` command shares: the connection options, and a parser that never prints a secret.
 
-One convention (README, "Connection options"): `--url`, `--api-key` and `--redis-url`, whichever a
+One convention (docs/commands.md, "Connection options"): `--url`, `--api-key` and `--redis-url`, whichever a
 command uses, go after its deepest subcommand (`brigade batch submit F --api-key K`); `batch` and
 `keys` also take them before their subcommand, where `batch` always took them. Each falls back on
 the environment, read through the settings: BRIGADE_API_KEY, BRIGADE_REDIS_URL (the cache's
@@ -31,7 +31,7 @@ REDIS_HELP = {
 _REDIS_DEST = "connect_"  # + the settings field: never clashes with bench serve's own --redis-url
 
 HINT = ("connection options (--url, --api-key, --redis-url) go after the subcommand, and each command takes "
-        "the ones it uses: see `brigade COMMAND --help` and the README's \"Connection options\"")
+        "the ones it uses: see `brigade COMMAND --help` and \"Connection options\" in docs/commands.md")
 
 
 class BrigadeParser(argparse.ArgumentParser):
@@ -70,7 +70,7 @@ def add_connection_options(parser: argparse.ArgumentParser, *, gateway: str | No
     gateway: "ws" or "http", what --url names; redis: the settings field --redis-url overrides.
     Unset options leave no attribute (SUPPRESS), so that an option given before a subcommand is not
     overwritten by the subcommand's unset default: `resolve_connection` fills the rest."""
-    group = parser.add_argument_group("connection (also from the environment; README: Connection options)")
+    group = parser.add_argument_group("connection (also from the environment; docs/commands.md: Connection options)")
     if gateway:
         group.add_argument("--url", default=argparse.SUPPRESS, help=GATEWAY_HELP[gateway])
     if api_key:

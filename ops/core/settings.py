@@ -1,6 +1,6 @@
 """The one settings object: every knob Brigade has, read from BRIGADE_* variables.
 
-Each field documents its default; the README's settings table is written from here.
+Each field documents its default; the settings table in docs/settings.md is written from here.
 """
 from __future__ import annotations
 
