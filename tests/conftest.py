@@ -43,7 +43,9 @@ def invariant_engine(model_dir):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
-    """A randomly initialised model of the same architecture, small enough for fast scheduler tests."""
+    """A randomly initialised model of the same architecture, small enough for fast scheduler tests
+    and for the services' mechanics: it loads in about a second, and its context (4096) holds the
+    long answers a fault must land in the middle of."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -51,7 +53,7 @@ def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
     )
     LlamaForCausalLM(config).save_pretrained(out)

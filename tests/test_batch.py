@@ -56,10 +56,11 @@ class BatchStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def stack(model_dir, tmp_path_factory):
+def stack(tiny_model_dir, tmp_path_factory):
     redis_server = RedisServer(tmp_path_factory.mktemp("batch-redis"), persistent=True)
+    # A job's mechanics (order, once each, through faults) do not depend on the words: the tiny model.
     with BatchStack(redis_server, tmp_path_factory.mktemp("batch-logs"), own_redis=True,
-                    BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
+                    BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
                     BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
                     BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
                     BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")),
@@ -205,11 +206,12 @@ def test_cancel_stops_a_running_job_and_keeps_what_it_finished(stack, tmp_path):
 
 
 def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
-    requests = [line(i, max_tokens=24) for i in range(30)]
+    requests = [line(i, max_tokens=64) for i in range(30)]
     source = write_lines(tmp_path / "kill.jsonl", requests)
     job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
     busy = max(worker_statuses(stack.redis.client), key=lambda s: s["running"])
+    assert busy["running"] > 0, "no line was running when the worker was to be killed"
     name = busy["worker"]
     stack.kill(stack.workers[name])
     job = stack.wait_end(job_id, "the job to end")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -318,9 +319,10 @@ stack_redis: dict[str, str] = {}  # the stack's gateway URL -> its Redis
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server, model_dir, tmp_path_factory):
+def stack(redis_server, tiny_model_dir, tmp_path_factory):
+    # What the benchmark measures and reports is mechanics: the tiny model answers.
     with Stack(redis_server, tmp_path_factory.mktemp("bench-serve-logs"), BRIGADE_WORKER_CONCURRENCY="16",
-               BRIGADE_MAX_WAIT_MS="20") as s:
+               BRIGADE_MAX_WAIT_MS="20", BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1") as s:
         s.start_gateway()
         s.start_worker("w1@bench-serve")
         s.wait_ready()
@@ -451,13 +453,14 @@ def test_scale_refuses_a_bad_fleet_size_before_starting_anything():
     assert done.returncode == 2 and "--workers takes fleet sizes" in done.stderr, done.stderr
 
 
-def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tmp_path):
+def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tmp_path, tiny_model_dir):
     """`brigade up --workers 2` under bench scale: both workers start and the fleet serves every
-    request, the report has the asked shape, and the fleet is stopped in order."""
+    request, the report has the asked shape, and the fleet is stopped in order (the tiny model)."""
     out = tmp_path / "scale.json"
+    env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1")
     done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "2", "--num-requests",
                            "6", "--max-tokens", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=400)
+                          timeout=400, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     (row,) = report["results"]

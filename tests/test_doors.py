@@ -28,11 +28,13 @@ class Doors(Stack):
 
 
 @pytest.fixture(scope="module")
-def doors(redis_server, model_dir, tmp_path_factory):
+def doors(redis_server, tiny_model_dir, tmp_path_factory):
     # Keepalive pings every second, answered within a second: a client whose event loop is
-    # blocked (waiting for the user's next line) loses its connection within about 2 s.
+    # blocked (waiting for the user's next line) loses its connection within about 2 s. The doors'
+    # mechanics need no real answers: the tiny model.
     with Doors(redis_server, tmp_path_factory.mktemp("doors"), BRIGADE_WS_PING_INTERVAL_S="1",
-               BRIGADE_WS_PING_TIMEOUT_S="1", BRIGADE_AUTH="required", BRIGADE_RESUME_GRACE_S="60") as doors:
+               BRIGADE_WS_PING_TIMEOUT_S="1", BRIGADE_AUTH="required", BRIGADE_RESUME_GRACE_S="60",
+               BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1") as doors:
         doors.key = create_key(redis_server.url, "doors")
         doors.start_gateway()
         doors.start_worker("doors@test")
@@ -321,11 +323,12 @@ def test_up_on_a_port_in_use_says_so_and_starts_nothing(tmp_path):
     assert heartbeats == []
 
 
-def test_up_stops_the_gateway_then_the_worker_then_the_reaper_then_its_redis(tmp_path, model_dir):
+def test_up_stops_the_gateway_then_the_worker_then_the_reaper_then_its_redis(tmp_path, tiny_model_dir):
     order = ("gateway", "worker", "reaper", "redis")
     redis_port, port = free_port(), free_port()
     env = service_env(f"redis://127.0.0.1:{redis_port}/0", port, BRIGADE_CACHE_ENABLED="false",
-                      BRIGADE_DATA_DIR=str(tmp_path / "data"))
+                      BRIGADE_DATA_DIR=str(tmp_path / "data"), BRIGADE_MODEL=str(tiny_model_dir),
+                      BRIGADE_TORCH_THREADS="1")
     up = BrigadeUp(env, tmp_path / "up.log")
     snapshots: list[dict[str, bool]] = []
     pids: dict[str, int] = {}

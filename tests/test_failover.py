@@ -450,32 +450,27 @@ def test_duplicate_deliveries_of_a_running_or_finished_request_are_skipped(fleet
 # ---- Redis restart -----------------------------------------------------------------------------------
 
 def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(fleet, expected):
-    timings = {}
+    """Redis keeps an append-only file here, as in production: every stream in flight finishes
+    with the uninterrupted text (docs/reliability.md, "Redis outages"), new work during the outage
+    is refused `unavailable`, and /readyz says the truth throughout."""
+    seen = {}
 
     def fault(clients):
         fleet.redis.stop()
-        timings["refused"] = asyncio.run(ask_once(fleet.url))  # new work while Redis is gone
+        seen["refused"] = asyncio.run(ask_once(fleet.url))  # new work while Redis is gone
         # Down longer than the heartbeat TTL, so that readiness after the restart needs fresh beats.
         time.sleep(HEARTBEAT_TTL_S + 1)
-        assert http_status(fleet.port, "/readyz") == 503  # /readyz tells the truth while Redis is gone
+        seen["ready_while_down"] = http_status(fleet.port, "/readyz")
         fleet.redis.start()
         back = time.monotonic()
-        wait_until(lambda: http_status(fleet.port, "/readyz") == 200, 30, interval=0.1,
+        wait_until(lambda: http_status(fleet.port, "/readyz") == 200, 60, interval=0.1,
                    what="/readyz after Redis returned")
-        timings["ready_s"] = time.monotonic() - back
+        print(f"\nready again {time.monotonic() - back:.2f}s after Redis returned")
 
     clients, _ = asyncio.run(stream_clients(fleet.url, fault, n=4))
-    print(f"\nready again {timings['ready_s']:.2f}s after Redis returned")
-    assert timings["ready_s"] < 10, timings
-    assert timings["refused"]["type"] == "error" and timings["refused"]["code"] == "unavailable", timings
-    for c in clients:
-        a = c.answer
-        assert a.end is not None, f"{c.id} never ended\n{fleet.tails()}"
-        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
-        if a.end["type"] == "done":
-            assert a.text == expected[c.id]
-        else:
-            assert a.end["type"] == "error" and a.end["code"] and a.end["message"], a.end
+    assert seen["ready_while_down"] == 503, seen  # /readyz tells the truth while Redis is gone
+    assert seen["refused"]["type"] == "error" and seen["refused"]["code"] == "unavailable", seen
+    assert_complete(clients, expected, fleet)
     # And the service answers new requests.
     fresh, _ = asyncio.run(stream_clients(fleet.url, lambda clients: None, n=1))
     assert_complete(fresh, expected, fleet)

@@ -77,7 +77,7 @@ def test_add_copies_a_folder_into_the_store_and_records_what_it_is(redis_url, st
     assert entry["source"] == str(tiny.resolve())
     assert entry["checksum"] == registry.weights_checksum(tiny) == registry.weights_checksum(copy)
     assert entry["parameters"] == real_parameter_count(tiny)
-    assert entry["context_length"] == 1024
+    assert entry["context_length"] == 4096
     assert entry["generation"] == {"temperature": 0.7, "max_tokens": 64}
     assert entry["chat_template"] == (tiny / "chat_template.jinja").read_text()
     # The first version of the first model: stable, and the default model; no route, so all of its traffic.

@@ -393,15 +393,18 @@ def test_a_guard_that_fails_on_one_answer_ends_that_answer_and_every_other_strea
                                                                   extra_body={"cache": "off"}))
             return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
+        alone = [await text_of("Name a color."), await text_of("Name an animal.")]  # greedy, uncached
         results = await asyncio.gather(text_of(f"{EXPLODE_LATER} Name a fruit."), text_of("Name a color."),
                                        return_exceptions=True)
         after = await text_of("Name an animal.")
         await client.close()
-        return results, after
+        return alone, results, after
 
-    (broken, fine), after = asyncio.run(main())
+    (color, animal), (broken, fine), after = asyncio.run(main())
     assert isinstance(broken, openai.APIError) and "internal_error" in str(broken.body or broken), broken
-    assert isinstance(fine, str) and fine and after
+    # The stream beside it and the next one are whole: the same text as each asked alone.
+    assert color and fine == color, (fine, color)
+    assert animal and after == animal, (after, animal)
 
 
 def test_a_request_body_past_the_message_limit_is_a_413_read_no_further(doors):

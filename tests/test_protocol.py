@@ -124,9 +124,16 @@ def test_estimated_wait_is_the_work_ahead_over_the_fleets_completion_rate():
     monitor.observe([{"instance": "a", "requests_served": 14, "running": 4, "waiting": 2}], now=monitor._at + 1)
     assert monitor.rate == pytest.approx(4.0 * 0.3, rel=1e-6)  # first sample 0 (no completions), then 4/s smoothed
     assert monitor.estimated_wait_s(10) == pytest.approx(12 / monitor.rate)
-    # A worker that restarted (new instance) does not count as negative completions.
+    # A worker that restarted (a new instance, its count from 0) finished nothing in this second:
+    # the sample is 0 completions, not a negative one, so the rate only decays.
+    before = monitor.rate
     monitor.observe([{"instance": "b", "requests_served": 0, "running": 1, "waiting": 0}], now=monitor._at + 1)
-    assert monitor.rate >= 0
+    assert monitor.rate == pytest.approx(0.7 * before, rel=1e-6)
+    # Nor does a count that went backwards (a heartbeat from before a reset).
+    monitor.observe([{"instance": "b", "requests_served": 3, "running": 1, "waiting": 0}], now=monitor._at + 1)
+    after_three = monitor.rate
+    monitor.observe([{"instance": "b", "requests_served": 1, "running": 1, "waiting": 0}], now=monitor._at + 1)
+    assert monitor.rate == pytest.approx(0.7 * after_three, rel=1e-6)
 
 
 def test_resume_and_deadline_fields_are_validated(protocol):

@@ -1,7 +1,7 @@
 """Every worker's Prometheus /metrics, scraped from real processes: a real redis-server, two real
 `brigade worker` processes on one host, a real reaper and gateway, real WebSocket clients, the
-real default model. Counts are checked as differences between two scrapes, summed over the
-workers, against what the clients and the replay logs saw."""
+tiny model (what is counted does not depend on the words). Counts are checked as differences
+between two scrapes, summed over the workers, against what the clients and the replay logs saw."""
 from __future__ import annotations
 
 import asyncio
@@ -75,9 +75,11 @@ def delta(before: dict[str, Samples], after: dict[str, Samples], name: str, **la
 
 
 @pytest.fixture(scope="module")
-def fleet(redis_server, model_dir, tmp_path_factory):
+def fleet(redis_server, tiny_model_dir, tmp_path_factory):
+    # What is counted does not depend on the answers' words: the tiny model, with answers long
+    # enough (hundreds of tokens) that a kill lands in the middle of them.
     with Fleet(
-        redis_server, tmp_path_factory.mktemp("metrics-logs"),
+        redis_server, tmp_path_factory.mktemp("metrics-logs"), BRIGADE_MODEL=str(tiny_model_dir),
         BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_RESUME_GRACE_S="30", BRIGADE_UNCLAIMED_AFTER_S="3",
         BRIGADE_DRAIN_SECONDS="1",
@@ -291,7 +293,7 @@ def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(f
 
     async def one(cid: str, prompt: str, started: asyncio.Event):
         async with connect(fleet.url) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": cid, "max_tokens": 64, "cache": "off",
+            await ws.send(json.dumps({"type": "generate", "id": cid, "max_tokens": 600, "cache": "off",
                                       "messages": [{"role": "user", "content": prompt}]}))
             while answers[cid].end is None:
                 absorb(answers, json.loads(await ws.recv()))
@@ -349,15 +351,18 @@ def test_a_worker_whose_metrics_port_is_taken_logs_it_once_and_serves_without_me
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = fleet.start_worker("w3@metrics", BRIGADE_WORKER_METRICS_PORT=str(port))
+        # A model of its own, so that the request below can only be its own.
+        proc = fleet.start_worker("w3@metrics", BRIGADE_WORKER_METRICS_PORT=str(port), BRIGADE_MODEL_NAME="w3-only")
         status = fleet.wait_ready(["w3@metrics"])["w3@metrics"]
     assert status["metrics_url"] is None, status
     lines = [l for l in proc.log_path.read_text().splitlines() if "event=metrics_unavailable" in l]
     assert len(lines) == 1 and f"port={port}" in lines[0], lines
-    # It still serves: a request reaches the end (any live worker may take it; this one is alive).
-    answer = asyncio.run(ask(fleet.url, "after", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
-                             cache="off"))
+    # It still serves: a request for its model, through a gateway for that model, ends done by it.
+    with fleet.another_gateway("w3-door", BRIGADE_MODEL_NAME="w3-only") as door:
+        answer = asyncio.run(ask(door.ws_url, "after", messages=[{"role": "user", "content": "Say hi."}],
+                                 max_tokens=4, cache="off"))
     assert answer.end["type"] == "done", answer.end
+    assert answer.end["timing"]["worker"] == "w3@metrics", answer.end
 
 
 def test_a_worker_serving_a_version_names_it_in_every_series_and_in_its_heartbeat(fleet):
