@@ -127,7 +127,7 @@ def _cache(args, settings: Settings) -> dict | int:
               file=sys.stderr)
         return 2
     from ops.bench.cache import run
-    from ops.bench.serve import target_urls
+    from ops.bench.serve_config import target_urls
 
     ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
     return run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
@@ -148,7 +148,7 @@ def _doors(args, settings: Settings) -> dict:
 
 def _scale(args, settings: Settings) -> dict | int:
     from ops.bench.scale import parse_sizes, run
-    from ops.bench.serve import config_from_args
+    from ops.bench.serve_config import config_from_args
 
     try:
         sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
