@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _engine(args, settings: Settings) -> dict:
     from engine import Engine
     from ops.bench.engine import DEFAULT_COMPARE, run
-    from workers.engine_host import engine_config
+    from workers.engine_loading import engine_config
 
     engine = Engine.load(engine_config(settings))
     compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
@@ -164,7 +164,7 @@ def _quality(args, settings: Settings) -> dict | int:
     from engine import Engine
     from engine.placement import PlacementError, resolve
     from ops.bench.quality import QualityConfig, default_modes, run
-    from workers.engine_host import engine_config
+    from workers.engine_loading import engine_config
 
     # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
     config = dataclasses.replace(engine_config(settings), dtype="float32", max_batch=32)
