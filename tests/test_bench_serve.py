@@ -22,7 +22,7 @@ from ops.bench.serve_stats import (InvalidObjective, RequestResult, distribution
                              run_metrics)
 from ops.bench.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,
                                 reword)
-from ops.bench.serve import target_urls
+from ops.bench.serve_config import target_urls
 from ops.core.settings import Settings
 from tests.services import Stack, free_port
 

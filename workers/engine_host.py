@@ -7,6 +7,9 @@ ones: the cancel listener (stops requests a gateway cancelled) and the heartbeat
 status key, whose expiry tells the reaper to hand its requests to another worker). The worker's
 Prometheus metrics (metrics.py) are recorded here, where each fact becomes known, and served on
 their own port, whose address the heartbeat publishes.
+
+Loading the engine is engine_loading.py's; what a request becomes on its way in and out (InFlight,
+its EngineRequest, its reply events) is inflight.py's.
 """
 from __future__ import annotations
 
@@ -16,112 +19,23 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import redis
-import torch
 
-from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
-from engine.model_files import ModelNotFound, prepare_default_model
-from engine.placement import PlacementError
+from engine import Engine, RequestRejected, SequenceUpdate
 from ops.core import fleet, keys, redis_clients
-from ops.core.messages import QueuedRequest, ReplyEvent, SamplingDefaults
+from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.sampling_defaults import load_sampling_defaults
-from ops.core.settings import Settings, torch_threads
+from ops.core.settings import Settings
 from ops.core.queue import enqueue
 from workers.claims import ClaimStore
+# EngineUnavailable stays importable from here: ops/cli.py names it so.
+from workers.engine_loading import EngineUnavailable, load_engine  # noqa: F401
+from workers.inflight import InFlight, done_event, engine_request, token_event
 from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
 from workers.publisher import TokenPublisher
 
 log = logging.getLogger("brigade.worker")
-
-
-@dataclass
-class InFlight:
-    queued: QueuedRequest
-    added_at: float  # unix seconds when the engine received it
-    epoch: int  # this worker's claim on it; every event carries it
-    finished: threading.Event = field(default_factory=threading.Event)
-    finish_reason: str | None = None
-    continued: bool = False  # another worker ran it before (a second attempt, or tokens in its replay log)
-    last_token_at: float | None = None  # monotonic; engine thread only (inter-token latency)
-
-
-def engine_config(settings: Settings) -> EngineConfig:
-    model_dir = settings.model_dir
-    if not settings.model:
-        prepare_default_model(model_dir)
-    return EngineConfig(
-        model=str(model_dir),
-        max_batch=settings.max_batch,
-        max_wait_ms=settings.max_wait_ms,
-        kv_budget_tokens=settings.kv_budget_tokens,
-        kv_budget_bytes=settings.kv_budget_bytes,
-        max_prefill_tokens=settings.max_prefill_tokens,
-        prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        prefix_cache=settings.prefix_cache,
-        batch_invariant=settings.batch_invariant,
-        grid_weights=settings.grid_weights,
-        device=settings.device,
-        dtype=settings.dtype,
-        torch_threads=torch_threads(settings),
-    )
-
-
-class EngineUnavailable(Exception):
-    """This worker cannot hold its model: a setting or the machine (device, files, memory), not a bug.
-    The message is one line that says which and what to do."""
-
-
-def load_engine(settings: Settings) -> Engine:
-    """The worker's engine, or EngineUnavailable. Called before the worker consumes anything: a
-    worker without an engine must not join the queue (it would take requests it cannot run)."""
-    try:
-        config = engine_config(settings)
-        _check_model_folder(Path(config.model))
-        return Engine.load(config)
-    except (PlacementError, ModelNotFound) as exc:
-        raise EngineUnavailable(_one_line(exc)) from None
-    except (OSError, ValueError) as exc:  # transformers on files it cannot read or make sense of
-        raise EngineUnavailable(f"cannot load the model at {settings.model_dir}: {_one_line(exc)}") from None
-    except (MemoryError, RuntimeError) as exc:
-        # torch reports a failed CPU allocation as a RuntimeError ("can't allocate memory"), a GPU's
-        # as torch.OutOfMemoryError (a RuntimeError too); any other RuntimeError is a bug.
-        if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and "allocate" not in str(exc):
-            raise
-        raise EngineUnavailable(f"not enough memory to load the model at {settings.model_dir}: "
-                                f"{_one_line(exc) or type(exc).__name__}") from None
-
-
-def _check_model_folder(folder: Path) -> None:
-    """The files every model needs, named when missing (transformers' own errors span many lines)."""
-    hint = "set BRIGADE_MODEL to a Hugging Face model folder, or leave it empty for the default model"
-    if not (folder / "config.json").is_file():
-        raise EngineUnavailable(f"no model at {folder} (no config.json): {hint}")
-    if not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
-        raise EngineUnavailable(f"the model at {folder} has no weights (*.safetensors or pytorch_model*.bin): {hint}")
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise EngineUnavailable(f"the model at {folder} has no tokenizer (tokenizer.json, tokenizer.model or "
-                                f"vocab.json): {hint}")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:500]
-
-
-def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> SamplingParams:
-    # A gateway sends every field filled; a request enqueued some other way gets the same defaults.
-    p = queued.params.with_defaults(defaults)
-    return SamplingParams(
-        max_tokens=p.max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        repetition_penalty=p.repetition_penalty,
-        stop=tuple(p.stop),
-        seed=p.seed,
-    )
 
 
 class EngineHost:
@@ -226,16 +140,7 @@ class EngineHost:
             self._hand_back(entry)
             return "handed_back"
         try:
-            self.engine.add_request(
-                EngineRequest(
-                    rid,
-                    sampling_params(queued, self.sampling_defaults),
-                    prompt=queued.prompt,
-                    messages=[m.model_dump() for m in queued.messages] if queued.messages is not None else None,
-                    resume_ids=resume_ids,
-                    batch=queued.lane == "batch",
-                )
-            )
+            self.engine.add_request(engine_request(queued, self.sampling_defaults, resume_ids))
         except RequestRejected as refused:
             with self._lock:
                 self.inflight.pop(rid, None)
@@ -337,10 +242,9 @@ class EngineHost:
                 channel = entry.queued.reply_channel
                 done = None
                 if u.index is not None:
-                    events.append((channel, ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch,
-                                                       index=u.index, token_id=u.token_id, text=u.text)))
+                    events.append((channel, token_event(entry, u)))
                 if u.finish_reason is not None:
-                    done = self._done_event(entry, u)
+                    done = done_event(entry, u, self.worker_name)
                     events.append((channel, done))
                     entry.finish_reason = u.finish_reason
                     ended.append(entry)
@@ -423,27 +327,6 @@ class EngineHost:
                 log.warning("event=orphan_requeued request_id=%s", rid)
         except redis.RedisError as exc:  # the reaper's unclaimed sweep is the second line
             log.warning("event=orphan_requeue_failed request_id=%s error=%r", rid, exc)
-
-    def _done_event(self, entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
-        t = u.timing or {}
-        broker_wait = max(0.0, entry.added_at - entry.queued.enqueued_at)
-
-        def plus_wait(v):
-            return None if v is None else round(v + broker_wait, 6)
-
-        timing = {
-            "queue_s": plus_wait(t.get("queue_s")),
-            "prefill_s": t.get("prefill_s"),
-            "ttft_s": plus_wait(t.get("ttft_s")),
-            "tpot_s": t.get("tpot_s"),
-            "e2e_s": round(time.time() - entry.queued.enqueued_at, 6),
-            "worker": self.worker_name,
-        }
-        usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
-        return ReplyEvent(
-            type="done", request_id=u.request_id, epoch=entry.epoch, finish_reason=u.finish_reason, usage=usage,
-            timing=timing,
-        )
 
     # ---- side threads ------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from ops.core.messages import QueuedRequest
 from ops.core.queue import BATCH_TASK, GENERATE_TASK
 from ops.core.settings import get_settings
 from workers.app import app
-from workers.engine_host import EngineHost, EngineUnavailable, load_engine
+from workers.engine_host import EngineHost
+from workers.engine_loading import EngineUnavailable, load_engine
 
 log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _engine(args, settings: Settings) -> dict:
     from engine import Engine
     from ops.bench.engine import DEFAULT_COMPARE, run
-    from workers.engine_host import engine_config
+    from workers.engine_loading import engine_config
 
     engine = Engine.load(engine_config(settings))
     compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
@@ -127,7 +127,7 @@ def _cache(args, settings: Settings) -> dict | int:
               file=sys.stderr)
         return 2
     from ops.bench.cache import run
-    from ops.bench.serve import target_urls
+    from ops.bench.serve_config import target_urls
 
     ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
     return run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
@@ -148,7 +148,7 @@ def _doors(args, settings: Settings) -> dict:
 
 def _scale(args, settings: Settings) -> dict | int:
     from ops.bench.scale import parse_sizes, run
-    from ops.bench.serve import config_from_args
+    from ops.bench.serve_config import config_from_args
 
     try:
         sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
@@ -164,7 +164,7 @@ def _quality(args, settings: Settings) -> dict | int:
     from engine import Engine
     from engine.placement import PlacementError, resolve
     from ops.bench.quality import QualityConfig, default_modes, run
-    from workers.engine_host import engine_config
+    from workers.engine_loading import engine_config
 
     # Loaded in float32: the same model object is Hugging Face's reference and every mode's source.
     config = dataclasses.replace(engine_config(settings), dtype="float32", max_batch=32)

@@ -36,8 +36,6 @@ def plot_run(report: dict, path: str) -> None:
     ok = [r for r in rows if r["error"] is None and r["e2e_s"] is not None]
     config = report["config"]
     duration = max([report["duration_s"]] + [r["start_s"] + (r["e2e_s"] or 0) for r in rows]) or 1.0
-    width = _bin_width(duration)
-    edges = np.arange(0, duration + width, width)
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     (cdf, over_time), (throughput, in_flight) = axes
@@ -46,40 +44,58 @@ def plot_run(report: dict, path: str) -> None:
              + (f", max concurrency {config['max_concurrency']}" if config["max_concurrency"] else "")
              + f"; {report['requests']['completed']} answers, {report['requests']['failed']} failed")
     fig.suptitle(title)
+    _latency_cdf(cdf, ok, (report.get("slo") or {}).get("objectives", []))
+    _latency_by_send_time(over_time, ok, rows)
+    _throughput_over_time(throughput, ok, duration)
+    _requests_in_flight(in_flight, rows, duration, report["concurrency_mean"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
-    thresholds = {v["metric"]: v for v in (report.get("slo") or {}).get("objectives", []) if v["metric"] in ("ttft", "e2e")}
+
+def _latency_cdf(ax, ok: list[dict], verdicts: list[dict]) -> None:
+    """TTFT's and end to end's CDFs, each with its SLO threshold (and verdict) when one was given."""
+    thresholds = {v["metric"]: v for v in verdicts if v["metric"] in ("ttft", "e2e")}
     for metric, label, colour in (("ttft_s", "time to first token", "tab:blue"), ("e2e_s", "end to end", "tab:orange")):
         values = np.sort([r[metric] for r in ok if r[metric] is not None])
         if len(values):
-            cdf.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label, color=colour)
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=label, color=colour)
         objective = thresholds.get(metric[:-2])
         if objective:
-            cdf.axvline(objective["threshold"], color=colour, linestyle="--", linewidth=1,
-                        label=f"SLO {objective['objective']} ({'pass' if objective['passed'] else 'FAIL'})")
-    cdf.set_xlabel("seconds")
-    cdf.set_ylabel("fraction of answers")
-    cdf.set_ylim(0, 1.02)
-    cdf.set_title("latency CDF")
-    cdf.grid(alpha=0.3)
-    cdf.legend(loc="lower right", fontsize=8)
+            ax.axvline(objective["threshold"], color=colour, linestyle="--", linewidth=1,
+                       label=f"SLO {objective['objective']} ({'pass' if objective['passed'] else 'FAIL'})")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("fraction of answers")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("latency CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
 
+
+def _latency_by_send_time(ax, ok: list[dict], rows: list[dict]) -> None:
+    """Each request's latencies against when it was sent; cached answers ringed, failures crossed."""
     starts = [r["start_s"] for r in ok]
-    over_time.scatter(starts, [r["e2e_s"] for r in ok], s=12, label="end to end", color="tab:orange")
-    over_time.scatter(starts, [r["ttft_s"] for r in ok], s=12, label="time to first token", color="tab:blue")
+    ax.scatter(starts, [r["e2e_s"] for r in ok], s=12, label="end to end", color="tab:orange")
+    ax.scatter(starts, [r["ttft_s"] for r in ok], s=12, label="time to first token", color="tab:blue")
     cached = [r for r in ok if r["cached"]]
     if cached:
-        over_time.scatter([r["start_s"] for r in cached], [r["e2e_s"] for r in cached], s=40, facecolors="none",
-                          edgecolors="tab:green", label="cached answer")
+        ax.scatter([r["start_s"] for r in cached], [r["e2e_s"] for r in cached], s=40, facecolors="none",
+                   edgecolors="tab:green", label="cached answer")
     failed = [r for r in rows if r["error"] is not None or r["e2e_s"] is None]
     if failed:
-        over_time.scatter([r["start_s"] for r in failed], [r["e2e_s"] or 0 for r in failed], marker="x", s=20,
-                          color="tab:red", label="failed")
-    over_time.set_xlabel("sent at (s from the start)")
-    over_time.set_ylabel("seconds")
-    over_time.set_title("latency of each request, by when it was sent")
-    over_time.grid(alpha=0.3)
-    over_time.legend(loc="best", fontsize=8)
+        ax.scatter([r["start_s"] for r in failed], [r["e2e_s"] or 0 for r in failed], marker="x", s=20,
+                   color="tab:red", label="failed")
+    ax.set_xlabel("sent at (s from the start)")
+    ax.set_ylabel("seconds")
+    ax.set_title("latency of each request, by when it was sent")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
 
+
+def _throughput_over_time(ax, ok: list[dict], duration: float) -> None:
+    """Output tokens/s (bars; a request's tokens spread over its pieces) and answers finished/s."""
+    width = _bin_width(duration)
+    edges = np.arange(0, duration + width, width)
     token_times, token_weights = [], []
     for r in ok:
         times = _piece_times(r)
@@ -89,32 +105,29 @@ def plot_run(report: dict, path: str) -> None:
     tokens, _ = np.histogram(token_times, bins=edges, weights=token_weights)
     finished, _ = np.histogram([r["start_s"] + r["e2e_s"] for r in ok], bins=edges)
     centres = edges[:-1] + width / 2
-    throughput.bar(centres, tokens / width, width=width * 0.9, color="tab:purple", alpha=0.6, label="output tokens/s")
-    throughput.set_xlabel("seconds from the start")
-    throughput.set_ylabel("output tokens/s")
-    throughput.set_title(f"throughput over time ({width:g} s bins)")
-    throughput.grid(alpha=0.3)
-    answers = throughput.twinx()
+    ax.bar(centres, tokens / width, width=width * 0.9, color="tab:purple", alpha=0.6, label="output tokens/s")
+    ax.set_xlabel("seconds from the start")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"throughput over time ({width:g} s bins)")
+    ax.grid(alpha=0.3)
+    answers = ax.twinx()
     answers.plot(centres, finished / width, color="black", marker=".", label="answers finished/s")
     answers.set_ylabel("answers finished/s")
-    handles = throughput.get_legend_handles_labels()[0] + answers.get_legend_handles_labels()[0]
-    throughput.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
+    handles = ax.get_legend_handles_labels()[0] + answers.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
 
+
+def _requests_in_flight(ax, rows: list[dict], duration: float, mean: float | None) -> None:
     grid = np.linspace(0, duration, 400)
     running = np.zeros_like(grid)
     for r in rows:
         if r["e2e_s"] is not None:
             running += (grid >= r["start_s"]) & (grid < r["start_s"] + r["e2e_s"])
-    in_flight.plot(grid, running, color="tab:gray")
-    in_flight.fill_between(grid, running, color="tab:gray", alpha=0.3)
-    in_flight.axhline(report["concurrency_mean"] or 0, color="black", linestyle="--", linewidth=1,
-                      label=f"mean {report['concurrency_mean']}")
-    in_flight.set_xlabel("seconds from the start")
-    in_flight.set_ylabel("requests in flight")
-    in_flight.set_title("requests in flight")
-    in_flight.grid(alpha=0.3)
-    in_flight.legend(loc="upper left", fontsize=8)
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ax.plot(grid, running, color="tab:gray")
+    ax.fill_between(grid, running, color="tab:gray", alpha=0.3)
+    ax.axhline(mean or 0, color="black", linestyle="--", linewidth=1, label=f"mean {mean}")
+    ax.set_xlabel("seconds from the start")
+    ax.set_ylabel("requests in flight")
+    ax.set_title("requests in flight")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)

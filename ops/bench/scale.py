@@ -17,7 +17,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from ops.bench.serve import LoadConfig
+from ops.bench.serve_config import LoadConfig
 from ops.bench.serve import run as run_load
 from ops.core.ports import free_port
 from ops.supervision import PartExited, Supervisor

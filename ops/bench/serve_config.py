@@ -1,0 +1,94 @@
+"""What a `brigade bench serve` run is aimed at and how hard: the load's configuration, the endpoint
+found from --url (or the settings' gateway), and the flags checked into a LoadConfig.
+
+Pure: flags in, a frozen configuration out; nothing here opens a socket.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from urllib.parse import urlparse, urlunparse
+
+from ops.commands.load_flags import DEFAULT_NUM_REQUESTS
+from ops.core.redaction import redact_url
+from ops.core.settings import Settings
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    backend: str  # ws | openai
+    url: str  # the endpoint requests go to
+    http_base: str  # http(s)://host:port, for /v1/models and /readyz
+    model: str | None
+    rate: float  # requests per second; inf: all at once (or as slots free, with max_concurrency)
+    burstiness: float
+    max_concurrency: int | None
+    num_requests: int | None
+    duration_s: float | None
+    max_tokens: int | None
+    dataset: str | None
+    repeat_ratio: float
+    seed: int
+    temperature: float
+    cache: str | None  # sent as Brigade's `cache` field when set
+    timeout_s: float
+    api_key: str | None = None
+    redis_url: str | None = None  # count this Redis's commands during the run (INFO commandstats)
+
+    def to_json(self) -> dict:
+        if self.max_concurrency and math.isinf(self.rate):
+            arrivals = "closed loop"
+        elif math.isinf(self.rate):
+            arrivals = "all at once"
+        else:
+            arrivals = "poisson" if self.burstiness == 1 else "gamma"
+        return {"backend": self.backend, "url": redact_url(self.url), "model": self.model,
+                "rate": None if math.isinf(self.rate) else self.rate, "arrivals": arrivals,
+                "burstiness": self.burstiness, "max_concurrency": self.max_concurrency,
+                "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
+                "dataset": self.dataset or "shipped:chat_questions.jsonl", "repeat_ratio": self.repeat_ratio,
+                "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s}
+
+
+def target_urls(backend: str, url: str | None, settings: Settings) -> tuple[str, str]:
+    """(the endpoint, the HTTP base) from --url (a base such as http://host:port, with or without /v1,
+    or a ws:// URL) or the settings' gateway."""
+    if not url:
+        base = settings.http_url
+    else:
+        parts = urlparse(url if "://" in url else f"http://{url}")
+        scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+        path = parts.path.rstrip("/")
+        for suffix in ("/v1/ws", "/v1/chat/completions", "/v1"):
+            if path.endswith(suffix):
+                path = path[: -len(suffix)]
+                break
+        base = urlunparse((scheme, parts.netloc, path, "", "", ""))
+    if backend == "ws":
+        return base.replace("http", "ws", 1) + "/v1/ws", base
+    return base + "/v1/chat/completions", base
+
+def config_from_args(args, settings: Settings) -> LoadConfig:
+    """Checks the flags; raises ValueError with a message for the user."""
+    if args.rate <= 0 or args.burstiness <= 0:
+        raise ValueError("--rate and --burstiness must be positive")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be at least 1")
+    if args.num_requests is not None and args.num_requests < 1:
+        raise ValueError("--num-requests must be at least 1")
+    if args.duration is not None and args.duration <= 0:
+        raise ValueError("--duration must be positive")
+    if not 0 <= args.repeat_ratio <= 1:
+        raise ValueError("--repeat-ratio is between 0 and 1")
+    if args.timeout <= 0:
+        raise ValueError("--timeout must be positive")
+    if args.duration is not None and math.isinf(args.rate) and not args.max_concurrency:
+        raise ValueError("--duration needs --rate or --max-concurrency (at an unbounded rate it would never stop sending)")
+    num_requests = args.num_requests if args.num_requests or args.duration else DEFAULT_NUM_REQUESTS
+    url, http_base = target_urls(args.backend, args.url, settings)
+    return LoadConfig(
+        backend=args.backend, url=url, http_base=http_base, model=args.model, rate=args.rate,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency, num_requests=num_requests,
+        duration_s=args.duration, max_tokens=args.max_tokens, dataset=args.dataset, repeat_ratio=args.repeat_ratio,
+        seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout, api_key=args.api_key,
+        redis_url=args.redis_url)
