@@ -63,6 +63,16 @@ def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_invariant_engine(tiny_model_dir):
+    """The tiny model as a worker runs it by default (deterministic: batch- and resume-invariant),
+    without the prefix cache: what an uninterrupted greedy answer of the tiny model is."""
+    from engine import Engine, EngineConfig
+
+    return Engine.load(EngineConfig(model=str(tiny_model_dir), max_batch=16, max_wait_ms=0, torch_threads=1,
+                                    prefix_cache=False))
+
+
 @pytest.fixture
 def tiny_engine_factory(tiny_model_dir):
     from engine import Engine, EngineConfig

@@ -1,6 +1,8 @@
 """Workers die, streams don't: real redis-server, two real `brigade worker` processes, a real
-reaper, real gateways and WebSocket clients, the real default model. Faults are real signals:
-SIGKILL, SIGTERM, SIGSTOP/SIGCONT, and a Redis restart."""
+reaper, real gateways and WebSocket clients. Faults are real signals: SIGKILL, SIGTERM,
+SIGSTOP/SIGCONT, and a Redis restart. The tiny model answers (what is proven is the mechanics of
+continuing a stream, with answers long enough for a fault to land mid-stream); the real model's
+own SIGKILL failover is in tests/test_redis_failover.py, on its real-model stack."""
 from __future__ import annotations
 
 import asyncio
@@ -10,35 +12,27 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
 import pytest
 from websockets.asyncio.client import connect
 
-from engine import EngineRequest, SamplingParams
 from ops.core import keys
 from tests.clients import Answer, absorb
 from tests.services import RedisServer, Stack, http_status, wait_until, worker_statuses
+from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
+from tests.streams import stream_clients as streams
 
 HEARTBEAT_TTL_S = 3.0
-MAX_TOKENS = 64
-PROMPTS = [
-    "Write a long story about a dragon who learns to bake bread.",
-    "Explain in detail how a steam engine works.",
-    "Describe a walk through a busy market in Marrakesh.",
-    "Write a detailed guide to planting a vegetable garden.",
-    "Tell me everything you know about the history of tea.",
-    "Write a long letter to a friend about your summer holidays.",
-    "Explain how the internet works, step by step, for a child.",
-    "Describe the life cycle of a star in detail.",
-]
+# The tiny model's steps take about as long as the real one's: a few hundred tokens keep every
+# stream going through a fault, and its context (4096) holds them.
+MAX_TOKENS = 300
 
 
 @pytest.fixture(scope="module")
-def fleet(model_dir, tmp_path_factory):
+def fleet(tiny_model_dir, tmp_path_factory):
     redis_server = RedisServer(tmp_path_factory.mktemp("fleet-redis"), persistent=True)
     with Stack(
-        redis_server, tmp_path_factory.mktemp("fleet-logs"), own_redis=True,
+        redis_server, tmp_path_factory.mktemp("fleet-logs"), own_redis=True, BRIGADE_MODEL=str(tiny_model_dir),
         BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         BRIGADE_UNCLAIMED_AFTER_S="3",
@@ -60,64 +54,13 @@ def fleet(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(invariant_engine) -> dict[str, str]:
-    """What an uninterrupted run says to each prompt (greedy, the workers' precision)."""
-    out = invariant_engine.generate([
-        EngineRequest(f"c{i}", SamplingParams(max_tokens=MAX_TOKENS), messages=[{"role": "user", "content": p}])
-        for i, p in enumerate(PROMPTS)
-    ])
-    return {k: v.text for k, v in out.items()}
+def expected(tiny_invariant_engine) -> dict[str, str]:
+    """What an uninterrupted run says to each prompt (greedy, the workers' deterministic mode)."""
+    return uninterrupted(tiny_invariant_engine, MAX_TOKENS)
 
 
-@dataclass
-class Client:
-    id: str
-    answer: Answer
-    times: list[float] = field(default_factory=list)  # arrival time of each token
-
-
-async def stream_clients(url: str, fault, n: int = len(PROMPTS), tokens_first: int = 4, timeout: float = 180,
-                         headers: dict | None = None):
-    """n clients, one connection each, greedy requests; `fault()` runs (in a thread) once every
-    client has its first tokens. Returns the clients after every request has ended."""
-    clients = [Client(f"c{i}", Answer(f"c{i}")) for i in range(n)]
-    started = asyncio.Event()
-
-    async def one(c: Client, prompt: str):
-        async with connect(url, additional_headers=headers) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": c.id, "max_tokens": MAX_TOKENS,
-                                      "messages": [{"role": "user", "content": prompt}]}))
-            answers = {c.id: c.answer}
-            while c.answer.end is None:
-                event = json.loads(await ws.recv())
-                absorb(answers, event)
-                if event["type"] == "token":
-                    c.times.append(time.monotonic())
-                if all(len(x.answer.tokens) >= tokens_first or x.answer.end for x in clients):
-                    started.set()
-
-    async def main():
-        tasks = [asyncio.create_task(one(c, p)) for c, p in zip(clients, PROMPTS)]
-        await asyncio.wait_for(started.wait(), 120)
-        fault_result = await asyncio.to_thread(fault, clients)
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout)
-        return fault_result
-
-    result = await main()
-    return clients, result
-
-
-def assert_complete(clients: list[Client], expected: dict[str, str], fleet: Stack) -> None:
-    for c in clients:
-        a = c.answer
-        assert a.end is not None and a.end["type"] == "done", f"{c.id}: {a.end}\n{fleet.tails()}"
-        assert a.indexes == list(range(len(a.tokens))), f"{c.id}: indexes {a.indexes}"
-        assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
-
-
-def busiest(fleet: Stack, rids: list[str]) -> dict:
-    statuses = [s for s in worker_statuses(fleet.redis.client) if s["worker"] in fleet.workers]
-    return max(statuses, key=lambda s: len(set(s["requests"]) & set(rids)))
+async def stream_clients(url: str, fault, **options):
+    return await streams(url, fault, MAX_TOKENS, **options)
 
 
 # ---- SIGKILL ----------------------------------------------------------------------------------------

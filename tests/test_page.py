@@ -51,10 +51,12 @@ return s;
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server, model_dir, tmp_path_factory):
-    # A resume grace well above the page's reconnect backoff.
+def stack(redis_server, model_dir, tiny_model_dir, tmp_path_factory):
+    # A resume grace well above the page's reconnect backoff. The page's mechanics need no real
+    # answers: the tiny model, but for the screenshot in the docs (BRIGADE_UPDATE_SCREENSHOT).
+    model = model_dir if os.environ.get("BRIGADE_UPDATE_SCREENSHOT") else tiny_model_dir
     with Stack(redis_server, tmp_path_factory.mktemp("logs"), BRIGADE_MAX_WAIT_MS="30",
-               BRIGADE_RESUME_GRACE_S="15") as s:
+               BRIGADE_RESUME_GRACE_S="15", BRIGADE_MODEL=str(model), BRIGADE_TORCH_THREADS="1") as s:
         s.start_gateway()
         s.start_worker("w1@page")
         s.wait_ready()

@@ -1,7 +1,9 @@
 """Redis fails over under load: a real primary, two replicas and three sentinels (ops/redis_ha.py),
 every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
 Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
-a real batch job and a real API key. Nothing is mocked."""
+a real batch job and a real API key. Nothing is mocked. On the same real-model stack, last, a
+worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word
+(tests/test_failover.py proves the failover's mechanics, on the tiny model)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,11 +15,22 @@ import pytest
 
 from ops.core import keys
 from tests.services import RedisHAServer, create_key, wait_until
+from tests.streams import assert_complete, busiest, uninterrupted
+from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
-from tests.test_failover import expected  # noqa: F401  (a fixture: the uninterrupted answers)
-from tests.test_failover import assert_complete, stream_clients
 
 HEARTBEAT_TTL_S = 3.0
+MAX_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def expected(invariant_engine) -> dict[str, str]:
+    """What an uninterrupted run of the real model says to each prompt (the workers' deterministic mode)."""
+    return uninterrupted(invariant_engine, MAX_TOKENS)
+
+
+async def stream_clients(url: str, fault, **options):
+    return await streams(url, fault, MAX_TOKENS, **options)
 
 
 class HAStack(BatchStack):
@@ -189,3 +202,25 @@ def test_every_part_survives_one_more_failover_after_those(ha: HAStack, expected
         assert "Unrecoverable error" not in log, f"{name}:\n{log[-3000:]}"
         assert "Connected to sentinel://" not in log, f"{name} fell back to kombu's own transport"
     ha.redis.restart(killed["node"])
+
+
+def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_models_answer(ha: HAStack, expected):
+    headers = {"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}
+    ha.wait_ready()
+
+    def fault(clients):
+        rids = [c.answer.request_id for c in clients]
+        wait_until(lambda: all(ha.holder(r) for r in rids), 10, what="every request in a heartbeat")
+        victim = busiest(ha, rids)
+        affected = [c for c in clients if c.answer.request_id in victim["requests"] and c.answer.end is None]
+        ha.kill(ha.workers[victim["worker"]])
+        return victim["worker"], affected
+
+    clients, (victim, affected) = asyncio.run(stream_clients(ha.url, fault, headers=headers))
+    try:
+        assert affected, "the killed worker held none of the requests"
+        assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
+        assert all(c.answer.end["timing"]["worker"] != victim for c in affected)
+    finally:
+        ha.start_worker(victim)
+        ha.wait_ready()

@@ -1,6 +1,6 @@
 """Data survives a restart of `brigade up` and a crash of its Redis, on real processes: `brigade up`
 (its own Redis with the append-only file in BRIGADE_DATA_DIR, the gateway with keys required, a
-worker with the real model, a reaper), a real API key, a cached answer and a finished batch job;
+worker with the tiny model: what is kept does not depend on the words, a reaper), a real API key, a cached answer and a finished batch job;
 then Redis is SIGKILLed, `up` stops, and a new `brigade up` finds them all."""
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ def ask(url: str, key: str) -> httpx.Response:
                             "max_tokens": 12, "temperature": 0})
 
 
-def test_keys_cached_answers_and_batch_results_outlive_a_redis_crash_and_a_restart(tmp_path, model_dir):
+def test_keys_cached_answers_and_batch_results_outlive_a_redis_crash_and_a_restart(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     redis_url = f"redis://127.0.0.1:{free_port()}/0"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = service_env(redis_url, port, BRIGADE_DATA_DIR=str(data), BRIGADE_AUTH="required",
-                      BRIGADE_DRAIN_SECONDS="1", BRIGADE_BATCH_POLL_S="0.5")
+                      BRIGADE_DRAIN_SECONDS="1", BRIGADE_BATCH_POLL_S="0.5",
+                      BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1")
     ups = [BrigadeUp(env, tmp_path / "up-1.log")]
     try:
         parts = ups[0].wait_ready()

@@ -12,6 +12,7 @@ import socket
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -143,6 +144,32 @@ def test_two_workers_on_one_host_serve_metrics_on_their_own_ports_named_in_their
 # ---- counts after a known set of requests -------------------------------------------------------------
 
 def test_metrics_count_a_known_set_of_requests(fleet):
+    try:
+        known = run_a_known_set(fleet)
+        assert_requests_counted(known)
+        assert_tokens_counted(known)
+        assert_latencies_counted(known)
+    except BaseException:
+        print(fleet.tails())
+        raise
+
+
+@dataclass
+class KnownSet:
+    """Three greedy answers, one cancelled mid-stream, one refused by the worker; the workers'
+    done events for the four that ran, and every worker's /metrics before and after."""
+    greedy: list[Answer]
+    cancelled: Answer
+    refused: Answer
+    dones: list[dict]
+    before: dict[str, Samples]
+    after: dict[str, Samples]
+
+    def delta(self, name: str, **labels: str) -> float:
+        return delta(self.before, self.after, name, **labels)
+
+
+def run_a_known_set(fleet) -> KnownSet:
     client = fleet.redis.client
     wait_until(lambda: all(s["running"] == 0 and s["waiting"] == 0 for s in fleet.statuses(WORKERS).values()),
                30, what="idle workers")
@@ -165,70 +192,75 @@ def test_metrics_count_a_known_set_of_requests(fleet):
             ask(fleet.url, "big", prompt="word " * 12_000, max_tokens=64, cache="off"),
         )
 
-    try:
-        *greedy, cancelled, refused = asyncio.run(main())
-        for a in greedy:
-            assert a.end["type"] == "done" and a.end["finish_reason"] in ("stop", "length"), a.end
-        assert cancelled.end["finish_reason"] == "cancelled" and cancelled.tokens, cancelled.end
-        assert refused.end["type"] == "error" and refused.end["code"] == "context_overflow", refused.end
-        ran = [a.request_id for a in [*greedy, cancelled]]
-        # The cancelled request's own end (with its usage) is written by the worker after the gateway
-        # already answered the client.
-        dones = wait_until(lambda: (lambda d: d if all(d) else None)([worker_done(client, r) for r in ran]),
-                           30, what="the workers' done events in the replay logs")
+    *greedy, cancelled, refused = asyncio.run(main())
+    for a in greedy:
+        assert a.end["type"] == "done" and a.end["finish_reason"] in ("stop", "length"), a.end
+    assert cancelled.end["finish_reason"] == "cancelled" and cancelled.tokens, cancelled.end
+    assert refused.end["type"] == "error" and refused.end["code"] == "context_overflow", refused.end
+    ran = [a.request_id for a in [*greedy, cancelled]]
+    # The cancelled request's own end (with its usage) is written by the worker after the gateway
+    # already answered the client.
+    dones = wait_until(lambda: (lambda d: d if all(d) else None)([worker_done(client, r) for r in ran]),
+                       30, what="the workers' done events in the replay logs")
 
-        def settled():
-            after = fleet.scrape()
-            idle = all(value(s, "brigade_num_requests_running") == 0 and value(s, "brigade_num_requests_waiting") == 0
-                       for s in after.values())
-            counted = delta(before, after, "brigade_request_success_total", finished_reason="cancelled") >= 1
-            return after if idle and counted else None
-        after = wait_until(settled, 30, what="the workers to go idle with the cancel counted")
+    def settled():
+        after = fleet.scrape()
+        idle = all(value(s, "brigade_num_requests_running") == 0 and value(s, "brigade_num_requests_waiting") == 0
+                   for s in after.values())
+        counted = delta(before, after, "brigade_request_success_total", finished_reason="cancelled") >= 1
+        return after if idle and counted else None
+    after = wait_until(settled, 30, what="the workers to go idle with the cancel counted")
+    return KnownSet(greedy, cancelled, refused, dones, before, after)
 
-        reasons = {r: sum(1 for a in greedy if a.end["finish_reason"] == r) for r in ("stop", "length")}
-        for reason in ("stop", "length", "cancelled", "error"):
-            want = reasons.get(reason, 0) + (reason == "cancelled")
-            assert delta(before, after, "brigade_request_success_total", finished_reason=reason) == want, reason
-        assert delta(before, after, "brigade_request_errors_total", code="context_overflow") == 1
-        error_codes = {dict(k[1]).get("code") for k in {**after[WORKERS[0]], **after[WORKERS[1]]}
-                       if k[0] == "brigade_request_errors_total"}
-        assert {c: delta(before, after, "brigade_request_errors_total", code=c) for c in error_codes} == \
-            {c: (1 if c == "context_overflow" else 0) for c in error_codes}
 
-        # Generated tokens: exactly what the done events reported, the cancelled request's included.
-        generated = sum(d["usage"]["completion_tokens"] for d in dones)
-        assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [a.end["usage"]["completion_tokens"]
-                                                                      for a in greedy]
-        assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [len(a.tokens) for a in greedy]
-        assert delta(before, after, "brigade_generation_tokens_total") == generated
-        # All of it interactive: by lane, the same counts, and none for the batch lane.
-        assert delta(before, after, "brigade_lane_generation_tokens_total", lane="interactive") == generated
-        assert delta(before, after, "brigade_lane_requests_total", lane="interactive") == 4
-        assert delta(before, after, "brigade_lane_requests_total", lane="batch") == 0
-        assert delta(before, after, "brigade_prompt_tokens_total") == sum(d["usage"]["prompt_tokens"] for d in dones)
+def assert_requests_counted(known: KnownSet) -> None:
+    reasons = {r: sum(1 for a in known.greedy if a.end["finish_reason"] == r) for r in ("stop", "length")}
+    for reason in ("stop", "length", "cancelled", "error"):
+        want = reasons.get(reason, 0) + (reason == "cancelled")
+        assert known.delta("brigade_request_success_total", finished_reason=reason) == want, reason
+    assert known.delta("brigade_request_errors_total", code="context_overflow") == 1
+    error_codes = {dict(k[1]).get("code") for k in {**known.after[WORKERS[0]], **known.after[WORKERS[1]]}
+                   if k[0] == "brigade_request_errors_total"}
+    assert {c: known.delta("brigade_request_errors_total", code=c) for c in error_codes} == \
+        {c: (1 if c == "context_overflow" else 0) for c in error_codes}
+    for name, samples in known.after.items():
+        assert value(samples, "brigade_num_requests_running") == 0, name
+        assert value(samples, "brigade_kv_cache_usage_perc") == 0, name  # an idle engine gives its KV back
+    assert known.delta("brigade_failovers_total") == 0
 
-        # A first token for each request that produced one; the whole-answer latencies for the three
-        # that ran to their end (not the cancelled one, not the refused one).
-        assert delta(before, after, "brigade_time_to_first_token_seconds_count") == 4
-        assert delta(before, after, "brigade_time_to_first_token_seconds_sum") > 0
-        for name in ("brigade_e2e_request_latency_seconds", "brigade_request_queue_time_seconds",
-                     "brigade_request_prefill_time_seconds"):
-            assert delta(before, after, f"{name}_count") == 3, name
-        assert delta(before, after, "brigade_e2e_request_latency_seconds_sum") > 0
-        multi = sum(1 for d in dones[:3] if d["usage"]["completion_tokens"] > 1)
-        assert delta(before, after, "brigade_time_per_output_token_seconds_count") == multi
-        # One gap between each two tokens of a request.
-        assert delta(before, after, "brigade_inter_token_latency_seconds_count") == generated - len(dones)
-        # Every token after a request's first came from a decode step, one per sequence in its batch.
-        assert delta(before, after, "brigade_batch_size_sum") == generated - len(dones)
-        assert delta(before, after, "brigade_batch_size_count") >= (generated - len(dones)) / 16
-        for name, samples in after.items():
-            assert value(samples, "brigade_num_requests_running") == 0, name
-            assert value(samples, "brigade_kv_cache_usage_perc") == 0, name  # an idle engine gives its KV back
-        assert delta(before, after, "brigade_failovers_total") == 0
-    except BaseException:
-        print(fleet.tails())
-        raise
+
+def assert_tokens_counted(known: KnownSet) -> None:
+    """Generated tokens: exactly what the done events reported, the cancelled request's included."""
+    dones, greedy = known.dones, known.greedy
+    generated = sum(d["usage"]["completion_tokens"] for d in dones)
+    assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [a.end["usage"]["completion_tokens"] for a in greedy]
+    assert [d["usage"]["completion_tokens"] for d in dones[:3]] == [len(a.tokens) for a in greedy]
+    assert known.delta("brigade_generation_tokens_total") == generated
+    # All of it interactive: by lane, the same counts, and none for the batch lane.
+    assert known.delta("brigade_lane_generation_tokens_total", lane="interactive") == generated
+    assert known.delta("brigade_lane_requests_total", lane="interactive") == 4
+    assert known.delta("brigade_lane_requests_total", lane="batch") == 0
+    assert known.delta("brigade_prompt_tokens_total") == sum(d["usage"]["prompt_tokens"] for d in dones)
+
+
+def assert_latencies_counted(known: KnownSet) -> None:
+    """A first token for each request that produced one; the whole-answer latencies for the three
+    that ran to their end (not the cancelled one, not the refused one)."""
+    dones = known.dones
+    generated = sum(d["usage"]["completion_tokens"] for d in dones)
+    assert known.delta("brigade_time_to_first_token_seconds_count") == 4
+    assert known.delta("brigade_time_to_first_token_seconds_sum") > 0
+    for name in ("brigade_e2e_request_latency_seconds", "brigade_request_queue_time_seconds",
+                 "brigade_request_prefill_time_seconds"):
+        assert known.delta(f"{name}_count") == 3, name
+    assert known.delta("brigade_e2e_request_latency_seconds_sum") > 0
+    multi = sum(1 for d in dones[:3] if d["usage"]["completion_tokens"] > 1)
+    assert known.delta("brigade_time_per_output_token_seconds_count") == multi
+    # One gap between each two tokens of a request.
+    assert known.delta("brigade_inter_token_latency_seconds_count") == generated - len(dones)
+    # Every token after a request's first came from a decode step, one per sequence in its batch.
+    assert known.delta("brigade_batch_size_sum") == generated - len(dones)
+    assert known.delta("brigade_batch_size_count") >= (generated - len(dones)) / 16
 
 
 def test_running_and_kv_gauges_show_a_request_in_flight(fleet):
