@@ -27,7 +27,8 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.batch_invariance import padded, row_quantum
-from engine.grid_linear import GridMatrix, matmul, pack
+from engine import grid_store
+from engine.grid_linear import GridMatrix, matmul
 from engine.kernels import KernelUnavailable, kernels
 from engine.placement import Placement
 from engine.sequence import Chunk
@@ -98,22 +99,19 @@ class Weights:
 
     def _read_from_grid(self) -> None:
         """Every matrix from its grid, or none: one kernel family for every product keeps the
-        passes batch-invariant by construction (a mix would need the float32 products' padding)."""
-        packed = {}
-        for index, layer in enumerate(self.layers):
-            for name in Layer.MATRICES:
-                grid = pack(getattr(layer, name))
-                if grid is None:
-                    log.info("event=grid_weights_off reason=layer_%d_%s_not_on_a_grid", index, name)
-                    return
-                packed[index, name] = grid
-        head = pack(self.head)
-        if head is None:
-            log.info("event=grid_weights_off reason=head_not_on_a_grid")
+        passes batch-invariant by construction (a mix would need the float32 products' padding).
+        The grids come from the store when these weights were packed before (engine/grid_store.py)."""
+        matrices = {f"layer_{i}_{name}": getattr(layer, name)
+                    for i, layer in enumerate(self.layers) for name in Layer.MATRICES}
+        matrices["head"] = self.head
+        grids, off_grid = grid_store.packed(matrices)
+        if grids is None:
+            log.info("event=grid_weights_off reason=%s_not_on_a_grid", off_grid)
             return
-        for (index, name), grid in packed.items():
-            setattr(self.layers[index], name, grid)
-        self.output = head
+        for i, layer in enumerate(self.layers):
+            for name in Layer.MATRICES:
+                setattr(layer, name, grids[f"layer_{i}_{name}"])
+        self.output = grids["head"]
 
     @property
     def storage(self) -> str:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import grid_store
 from engine.batch_invariance import row_quantum
 from engine.grid_linear import PANEL_FROM, GridMatrix, pack
 from engine.kernels import kernels
@@ -52,6 +53,24 @@ def test_a_matrix_off_every_grid_keeps_its_float32_product():
     assert pack(near) is None
     assert pack(torch.randn(64, 100)) is None  # inputs not a whole number of blocks
     assert pack(q4_matrix(200, 128)) is None  # outputs not a whole number of lane groups (16)
+
+
+def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIGADE_GRID_DIR", str(tmp_path))
+    matrices = {"a": q4_matrix(32, 64), "b": q8_matrix(16, 64, seed=1)}
+    first, off = grid_store.packed(matrices)
+    [stored] = tmp_path.glob("*.safetensors")
+    written = stored.stat().st_mtime_ns
+    again, _ = grid_store.packed(matrices)
+    assert off is None and stored.stat().st_mtime_ns == written  # read back, not packed and written again
+    for name, matrix in matrices.items():
+        assert again[name].kind == first[name].kind and again[name].shape == first[name].shape
+        assert torch.equal(again[name].decoded(), matrix)
+    # Other weights are another entry; weights off every grid store nothing.
+    other = dict(matrices, a=q4_matrix(32, 64, seed=2))
+    assert grid_store.packed(other)[0] is not None and len(list(tmp_path.glob("*.safetensors"))) == 2
+    grids, off = grid_store.packed({"a": matrices["a"], "c": torch.randn(16, 64)})
+    assert grids is None and off == "c" and len(list(tmp_path.glob("*.safetensors"))) == 2
 
 
 @pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
