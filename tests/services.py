@@ -369,6 +369,34 @@ class Stack:
             proc.stop()
             del self.gateways[name]
 
+    @contextmanager
+    def frozen_worker(self, name: str, worker_name: str, **env: str | None) -> Iterator[BrigadeProcess]:
+        """A worker (`--name worker_name`, its log `<name>.log`, not one of `workers`) stopped with
+        SIGSTOP once it beats and once no BRPOP of its own is pending (one sent before it stopped
+        would still take the next message): it looks live while it takes nothing. At the end it is
+        SIGKILLed and its heartbeat forgotten."""
+        import psutil
+
+        from ops.core import fleet as registry_of_workers
+
+        worker = self.start("worker", name, ["--name", worker_name], **env)
+        client = self.redis.client
+        status = wait_until(lambda: next((s for s in worker_statuses(client) if s["worker"] == worker_name), None),
+                            120, what=f"{worker_name}'s first heartbeat")
+        worker.proc.send_signal(signal.SIGSTOP)
+        ports = {c.laddr.port for c in psutil.Process(worker.proc.pid).net_connections(kind="tcp") if c.raddr}
+
+        def none_blocked() -> bool:
+            return not any(int(c["addr"].rsplit(":", 1)[1]) in ports and "b" in c["flags"] for c in client.client_list())
+
+        wait_until(none_blocked, 30, what=f"{worker_name}'s last BRPOP to time out")
+        try:
+            yield worker
+        finally:
+            worker.proc.kill()
+            worker.proc.wait(10)
+            registry_of_workers.forget(client, status["instance"])
+
     # ---- the end -------------------------------------------------------------------------------
 
     def tails(self, n: int = 60) -> str:
