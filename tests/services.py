@@ -414,3 +414,16 @@ class Stack:
         if self.own_redis:
             self.redis.stop()
 
+
+def _process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out
