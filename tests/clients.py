@@ -67,3 +67,42 @@ async def ask(url: str, client_id: str, **fields) -> Answer:
         answers = {client_id: Answer(client_id)}
         await collect(ws, answers, [], {client_id})
         return answers[client_id]
+
+
+async def resume(url: str, rid: str, after_index: int) -> Answer:
+    """Resume request `rid` after token `after_index` on a new connection, to its end."""
+    async with connect(url) as ws:
+        await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": after_index}))
+        answers = {rid: Answer(rid)}
+        while answers[rid].end is None:
+            absorb(answers, json.loads(await asyncio.wait_for(ws.recv(), 120)))
+        return answers[rid]
+
+
+async def ask_once(url: str) -> dict:
+    """One short generate (client id "during"); returns the first event the gateway sends."""
+    async with connect(url) as ws:
+        await ws.send(json.dumps({"type": "generate", "id": "during", "prompt": "hi", "max_tokens": 4}))
+        return json.loads(await asyncio.wait_for(ws.recv(), 30))
+
+
+async def _converse(url: str, messages: list[tuple[str, dict]]) -> list[list[dict]]:
+    """Send each frame on one connection and collect the events up to its done, error or feedback reply."""
+    out = []
+    async with connect(url) as ws:
+        for client_id, frame in messages:
+            await ws.send(json.dumps({"id": client_id, **frame}))
+            events = []
+            while not events or events[-1]["type"] not in ("done", "error", "feedback_recorded"):
+                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                if event.get("id") == client_id:
+                    events.append(event)
+            out.append(events)
+    return out
+
+
+def _question(text: str) -> dict:
+    # Short answers: only an answer that ended with `stop` is served to rewordings.
+    return {"type": "generate", "max_tokens": 160,
+            "messages": [{"role": "system", "content": "Answer in one short sentence."},
+                         {"role": "user", "content": text}]}

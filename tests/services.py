@@ -1,6 +1,7 @@
 """Real services for the tests: a redis-server on a free port, `brigade worker` and
 `brigade gateway` processes, and `Stack`, the one way a test module starts them together, waits
-for them, breaks them and stops them. Nothing here is a mock."""
+for them, breaks them and stops them (`brigade up` itself: tests/brigade_up.py). Nothing here is a
+mock."""
 from __future__ import annotations
 
 import asyncio
@@ -368,6 +369,34 @@ class Stack:
             proc.stop()
             del self.gateways[name]
 
+    @contextmanager
+    def frozen_worker(self, name: str, worker_name: str, **env: str | None) -> Iterator[BrigadeProcess]:
+        """A worker (`--name worker_name`, its log `<name>.log`, not one of `workers`) stopped with
+        SIGSTOP once it beats and once no BRPOP of its own is pending (one sent before it stopped
+        would still take the next message): it looks live while it takes nothing. At the end it is
+        SIGKILLed and its heartbeat forgotten."""
+        import psutil
+
+        from ops.core import fleet as registry_of_workers
+
+        worker = self.start("worker", name, ["--name", worker_name], **env)
+        client = self.redis.client
+        status = wait_until(lambda: next((s for s in worker_statuses(client) if s["worker"] == worker_name), None),
+                            120, what=f"{worker_name}'s first heartbeat")
+        worker.proc.send_signal(signal.SIGSTOP)
+        ports = {c.laddr.port for c in psutil.Process(worker.proc.pid).net_connections(kind="tcp") if c.raddr}
+
+        def none_blocked() -> bool:
+            return not any(int(c["addr"].rsplit(":", 1)[1]) in ports and "b" in c["flags"] for c in client.client_list())
+
+        wait_until(none_blocked, 30, what=f"{worker_name}'s last BRPOP to time out")
+        try:
+            yield worker
+        finally:
+            worker.proc.kill()
+            worker.proc.wait(10)
+            registry_of_workers.forget(client, status["instance"])
+
     # ---- the end -------------------------------------------------------------------------------
 
     def tails(self, n: int = 60) -> str:
@@ -386,69 +415,15 @@ class Stack:
             self.redis.stop()
 
 
-class BrigadeUp:
-    """`brigade up ARGS` as a user starts it, configured by `env` (BRIGADE_*), its output in a log
-    file unless `stdout` says where. `parts()` names the processes it started."""
-
-    def __init__(self, env: dict, log_path: Path, *args: str, stdout=None, **popen):
-        self.env, self.log_path = env, log_path
-        self.port = int(env["BRIGADE_GATEWAY_PORT"])
-        self._log = open(log_path, "w") if stdout is None else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", *args], env=env,
-                                     cwd=Path(__file__).resolve().parent.parent, stdout=self._log or stdout,
-                                     stderr=subprocess.STDOUT, **popen)
-
-    def wait_ready(self, timeout: float = 300) -> dict:
-        """Wait until /readyz is 200 (a worker holds its model); returns parts()."""
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"brigade up exited ({self.proc.returncode}):\n{self.tail()}")
-            return http_status(self.port, "/readyz") == 200
-        wait_until(ready, timeout, interval=0.3, what="`brigade up` to turn ready")
-        return self.parts()
-
-    def parts(self) -> dict:
-        """Its children (psutil.Process) by part: gateway, worker, reaper, redis, flower."""
-        import psutil
-
-        named = {"brigade-gateway": "gateway", "brigade-worker": "worker", "brigade-reaper": "reaper",
-                 "redis-server": "redis"}
-        found = {}
-        for child in psutil.Process(self.proc.pid).children():
-            name = named.get(child.name()) or ("flower" if "workers.flower" in child.cmdline() else child.name())
-            found[name] = child
-        return found
-
-    def tail(self, n: int = 40) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        return "\n".join(lines[-n:])
-
-    def kill(self) -> None:
-        """Teardown: SIGKILL `up` and whatever it started that still runs."""
-        import psutil
-
-        try:
-            started = psutil.Process(self.proc.pid).children()
-        except psutil.NoSuchProcess:
-            started = []
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        for p in still_running(started):
-            p.kill()
-        if self._log is not None:
-            self._log.close()
-
-
-def still_running(processes: list) -> list:
-    """The psutil processes that still run (an exited process not yet reaped, a zombie, does not)."""
-    import psutil
-
-    running = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                running.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+def _process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return out

@@ -1,10 +1,10 @@
-"""The answer cache on real Redis, the real embedding model and real FAISS (no worker needed)."""
+"""The answer cache on real Redis, the real embedding model and real FAISS (no worker needed); its
+hit rule and evaluation without them are tests/test_cache_rules.py."""
 from __future__ import annotations
 
 import asyncio
 import copy
 import logging
-import os
 
 import pytest
 
@@ -366,97 +366,3 @@ def test_redis_down_degrades_to_a_miss_with_a_warning(embedder, renderer, caplog
         lookup, stored_id = run(main())
     assert lookup.hit is None and stored_id is None
     assert any("cache_lookup_failed" in r.getMessage() for r in caplog.records)
-
-
-def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
-    from cache.evaluation import Outcome, duplicate_metrics, lookalike_metrics, paraphrase_metrics
-    from cache.hit_rule import Candidate, OperatingPoint
-
-    def seen(own: str, duplicate: bool, *cands: tuple[str, float]) -> Outcome:
-        return Outcome([Candidate(e, f"question {e}", 0.9, score=v) for e, v in cands], own, duplicate)
-
-    outcomes = [
-        seen("1", True, ("1", 0.95)),  # a duplicate served its own q1: correct
-        seen("2", True, ("9", 0.95)),  # a duplicate served another stored question: false
-        seen("3", False, ("3", 0.95)),  # a pair labelled different, served: false
-        seen("4", True, ("4", 0.2)),  # below the threshold: a miss
-    ]
-    point = OperatingPoint(0.5)
-    m = duplicate_metrics(outcomes, point)
-    assert (m["hits"], m["precision"], m["recall"]) == (3, 0.3333, 0.3333)
-    assert (m["false_hits_on_duplicates"], m["false_hits_on_non_duplicates"]) == (1, 1)
-    assert lookalike_metrics(outcomes, point)["served_when_different"] == 1.0
-    p = paraphrase_metrics(outcomes, point)
-    assert (p["recall"], p["wrong"]) == (0.5, 0.25)
-
-
-def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
-    """`brigade cache eval` is offline work: it must not need a running Redis."""
-    import json
-    import subprocess
-    import sys
-
-    pairs = tmp_path / "pairs.jsonl"
-    rows = [("How far away is the Moon?", "how far away is the moon", True),
-            ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", False),
-            ("How do I reset my password?", "How can I reset my password?", True),
-            ("Who wrote Hamlet?", "What is the boiling point of water?", False)]
-    pairs.write_text("".join(json.dumps({"q1": a, "q2": b, "duplicate": d}) + "\n" for a, b, d in rows))
-    env = {**os.environ, "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
-    out = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
-                          "--lookalikes", str(pairs), "--paraphrases", str(pairs), "--json"],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
-    assert report["semantic"] == "pair"
-    d = report["duplicates"]["default"]
-    # The two rewordings are served their own q1; the mirror image and the unrelated one are not.
-    assert (d["hits"], d["precision"], d["recall"]) == (2, 1.0, 1.0)
-    assert report["lookalikes"]["default"]["served_when_different"] == 0.0
-    assert report["duplicates"]["decision_ms_p50"] > 0
-
-    missing = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval"], env=env, capture_output=True,
-                             text=True, timeout=120)
-    assert missing.returncode == 2 and "--duplicates" in missing.stderr
-
-
-def test_hit_rule_serves_the_best_contender_unless_vetoed_below_the_bar_or_ambiguous():
-    from cache.hit_rule import Candidate, OperatingPoint, choose
-
-    point = OperatingPoint(threshold=0.8, min_cosine=0.7, ambiguity=0.6)
-    good = Candidate("a", "How far is the Moon?", 0.92, score=0.95)
-    assert choose([good], point) is good
-    assert choose([Candidate("b", "x", 0.95, ("order",), 0.99), good], point) is good  # vetoed never serves
-    assert choose([Candidate("a", "q", 0.92, score=0.7)], point) is None  # below the threshold
-    assert choose([Candidate("a", "q", 0.65, score=0.99)], point) is None  # below the cosine floor
-    rival = Candidate("c", "How distant is the Moon from Earth?", 0.9, score=0.65)
-    assert choose([good, rival], point) is None  # two different stored questions both match
-    same_text = Candidate("d", "how far is the moon?", 0.9, score=0.65)
-    assert choose([good, same_text], point) is good  # the same question stored twice is no rival
-    rescued = OperatingPoint(threshold=0.8, min_cosine=0.7, rescue_cosine=0.9, rescue_score=0.1)
-    long_statement = Candidate("e", "A long reworded statement", 0.93, score=0.3)
-    assert choose([long_statement], point) is None and choose([long_statement], rescued) is long_statement
-    assert choose([Candidate("e", "s", 0.93, score=0.05)], rescued) is None  # the pair model objects
-
-
-def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
-    from cache.lookalikes import NEGATIVE_MAKERS, POSITIVE_MAKERS, generate
-    import random
-
-    rng = random.Random(0)
-    assert NEGATIVE_MAKERS["swap_ends"]("Cheap flights from Paris to London?", rng) == "Cheap flights from London to Paris?"
-    assert NEGATIVE_MAKERS["swap_ends"]("How do I convert Celsius to Fahrenheit?", rng) == \
-        "How do I convert Fahrenheit to Celsius?"
-    assert NEGATIVE_MAKERS["negation"]("Is it safe to eat raw eggs?", rng) == "Is not it safe to eat raw eggs?"
-    assert NEGATIVE_MAKERS["negation"]("Why can't I sleep?", rng) == "Why can I sleep?"
-    assert NEGATIVE_MAKERS["negation"]("Why doesn't it work?", rng) == "Why does it work?"
-    assert NEGATIVE_MAKERS["antonym"]("What is the minimum wage?", rng) == "What is the maximum wage?"
-    assert POSITIVE_MAKERS["contraction"]("What is the time?", rng) == "What's the time?"
-    assert POSITIVE_MAKERS["swap_or"]("Should I learn Python or Java?", rng) == "Should I learn Java or Python?"
-    made = generate(["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
-                     "Should I learn Python or Java?"], negatives=6, positives=3, seed=1)
-    # Each question makes what it can (three passes): a few of each kind, no more than asked.
-    assert 3 <= sum(not g.duplicate for g in made) <= 6 and 2 <= sum(g.duplicate for g in made) <= 3
-    assert all(g.q1 != g.q2 for g in made)
-    assert made == generate(["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
-                             "Should I learn Python or Java?"], negatives=6, positives=3, seed=1)  # reproducible

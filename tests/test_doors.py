@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import (BrigadeUp, RedisServer, Stack, create_key, free_port, service_env, wait_until,
+from tests.brigade_up import BrigadeUp
+from tests.services import (RedisServer, Stack, create_key, free_port, service_env, wait_until,
                             worker_statuses)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,10 +17,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from ops.core import keys
-from tests.clients import Answer, absorb
-from tests.services import RedisServer, Stack, http_status, wait_until, worker_statuses
-from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
-from tests.streams import stream_clients as streams
+from tests.clients import Answer, absorb, ask_once, resume
+from tests.services import RedisServer, Stack, http_status, wait_until
+from tests.streams import PROMPTS, assert_complete, busiest, stream_clients as streams, uninterrupted
 
 HEARTBEAT_TTL_S = 3.0
 # The tiny model's steps take about as long as the real one's: a few hundred tokens keep every
@@ -245,44 +244,14 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         fleet.wait_ready(gateways=["gateway"])
 
 
-async def resume(url: str, rid: str, after_index: int) -> Answer:
-    async with connect(url) as ws:
-        await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": after_index}))
-        answers = {rid: Answer(rid)}
-        while answers[rid].end is None:
-            absorb(answers, json.loads(await asyncio.wait_for(ws.recv(), 120)))
-        return answers[rid]
-
-
 @pytest.fixture
 def frozen_worker(fleet, tiny_model_dir):
     """A real worker of the second gateway's model, stopped (SIGSTOP) once it beats: its heartbeat
     stays live for ten minutes while it takes nothing, as a wedged worker's does until it expires,
     so that model's queue only grows. (A model with no live worker at all is refused no_workers.)"""
-    import psutil
-
-    from ops.core import fleet as registry_of_workers
-
-    worker = fleet.start("worker", "frozen", ["--name", "frozen@fleet"], BRIGADE_MODEL_NAME="no-worker-model",
-                         BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_HEARTBEAT_TTL_S="600")
-    client = fleet.redis.client
-    status = wait_until(lambda: next((s for s in worker_statuses(client) if s["worker"] == "frozen@fleet"), None),
-                        120, what="the frozen worker's first heartbeat")
-    worker.proc.send_signal(signal.SIGSTOP)
-    # A BRPOP it sent before it stopped would still take the next message (Redis hands it to the
-    # blocked connection): wait until none of its connections is blocked (its BRPOP timed out).
-    ports = {c.laddr.port for c in psutil.Process(worker.proc.pid).net_connections(kind="tcp") if c.raddr}
-
-    def none_blocked() -> bool:
-        return not any(int(c["addr"].rsplit(":", 1)[1]) in ports and "b" in c["flags"] for c in client.client_list())
-
-    wait_until(none_blocked, 30, what="the frozen worker's last BRPOP to time out")
-    try:
+    with fleet.frozen_worker("frozen", "frozen@fleet", BRIGADE_MODEL_NAME="no-worker-model",
+                             BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_HEARTBEAT_TTL_S="600"):
         yield
-    finally:
-        worker.proc.kill()
-        worker.proc.wait(10)
-        registry_of_workers.forget(client, status["instance"])
 
 
 # ---- a message taken off the queue by a worker that died before claiming it ------------------------
@@ -357,12 +326,6 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_mode
 
     wait_until(ended, 60, interval=0, what="the late request's answer")
     assert [e["type"] for e in seen] == ["error"] and seen[0]["code"] == "deadline_exceeded", seen
-
-
-async def ask_once(url: str) -> dict:
-    async with connect(url) as ws:
-        await ws.send(json.dumps({"type": "generate", "id": "during", "prompt": "hi", "max_tokens": 4}))
-        return json.loads(await asyncio.wait_for(ws.recv(), 30))
 
 
 # ---- Celery's redelivery is the second line: its duplicates are harmless ---------------------------

@@ -3,7 +3,7 @@ redis-server, a real `brigade worker` with the default model, real gateways over
 
 Four gateways share one worker: `open` (loopback defaults: no keys, cache on), `strict` (keys
 required, content guards), `full` (a queue limit of 0: always overloaded) and `empty` (a Redis
-database that no worker serves)."""
+database that no worker serves). `Doors` and the helpers are in tests/openai_doors.py."""
 from __future__ import annotations
 
 import asyncio
@@ -21,42 +21,11 @@ from ops.core import keys
 from ops.core.redis_clients import async_client
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
-from tests.services import Stack, create_key, http_status, wait_until, worker_statuses
+from tests.openai_doors import MODEL, QUESTION, Doors, _chat, _running, _scrape, _value
+from tests.services import create_key, http_status, wait_until
 
-MODEL = "smollm2-135m-instruct"
-QUESTION = "What is the capital of France?"
 LONG = "Write a very long and detailed essay about the history of the Roman Empire."
 BLOCKED_WORD = "Paris"  # the strict gateway's output guard blocks answers that say it
-
-
-class Doors(Stack):
-    key: str  # a key of the strict gateway, no limits
-
-    @property
-    def open(self) -> int:
-        return self.gateways["open"].port
-
-    @property
-    def strict(self) -> int:
-        return self.gateways["strict"].port
-
-    @property
-    def full(self) -> int:
-        return self.gateways["full"].port
-
-    @property
-    def empty(self) -> int:
-        return self.gateways["empty"].port
-
-    @property
-    def store_url(self) -> str:
-        return self.redis.url
-
-    def client(self, port: int, key: str = "none", **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120, **kw)
-
-    def async_client(self, port: int, key: str = "none") -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +35,8 @@ def doors(redis_server, model_dir, tmp_path_factory):
     patterns.write_text(f"# blocked terms\n{BLOCKED_WORD}\nignore (all )?previous instructions\n")
     with Doors(redis_server, logs, BRIGADE_WORKER_CONCURRENCY="16", BRIGADE_MAX_WAIT_MS="20",
                BRIGADE_RESUME_GRACE_S="1") as doors:
-        doors.start_gateway("open")
-        doors.start_gateway("strict", BRIGADE_AUTH="required", BRIGADE_GUARD_PATTERNS_FILE=str(patterns),
-                            BRIGADE_GUARDS="gateway.content_guards:sanitize,gateway.content_guards:patterns,"
-                                           "tests.guard_plugins:explode_on_marker,tests.guard_plugins:explode_on_output")
-        doors.start_gateway("full", BRIGADE_MAX_QUEUE_DEPTH="0", BRIGADE_CACHE_ENABLED="0")
-        doors.start_gateway("empty", BRIGADE_REDIS_URL=redis_server.url.rsplit("/", 1)[0] + "/1",
-                            BRIGADE_CACHE_ENABLED="0")
-        doors.start_worker("w1@openai")
-        doors.wait_healthy(timeout=300)  # four gateways start at once
-        doors.wait_ready(gateways=["open"])
-        # The `empty` gateway must have looked at the heartbeats once (it finds none): its fleet
-        # gauges appear after its first look.
-        wait_until(lambda: "brigade_queue_depth{" in httpx.get(f"http://127.0.0.1:{doors.empty}/metrics").text,
-                   30, what="the empty gateway's first look at the fleet")
-        doors.key = create_key(redis_server.url)
+        doors.start_all(patterns)
         yield doors
-
-
-def _chat(question: str = QUESTION, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": question}], "temperature": 0, **extra}
-
-
-def _running(doors: Doors) -> list[str]:
-    return [rid for s in worker_statuses(doors.redis.client) for rid in s["requests"]]
 
 
 # ---- answers ------------------------------------------------------------------------------------------
@@ -467,20 +414,7 @@ def test_an_answer_cut_short_still_counts_its_tokens_against_the_key(doors):
     assert asyncio.run(usage())["completion_tokens"] >= 5
 
 
-
 # ---- the gateway's /metrics ---------------------------------------------------------------------------
-
-
-def _scrape(port: int) -> dict[tuple, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _value(scrape: dict, name: str, **labels) -> float:
-    return scrape.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_the_gateways_metrics_count_requests_cache_hits_and_refusals(doors):

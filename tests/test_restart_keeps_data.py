@@ -10,7 +10,8 @@ import signal
 import httpx
 from openai import OpenAI
 
-from tests.services import BrigadeUp, create_key, free_port, service_env, still_running, wait_until
+from tests.brigade_up import BrigadeUp, still_running
+from tests.services import create_key, free_port, service_env, wait_until
 
 QUESTION = "What is the capital of France?"
 MODEL = "smollm2-135m-instruct"

@@ -12,8 +12,9 @@ from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
 from ops.core import keys
-from tests.clients import Answer, absorb, ask, collect, collect_one, start_long_request
-from tests.services import Stack, free_port, http_get, http_status, service_env, wait_until, worker_statuses
+from tests.clients import Answer, _converse, _question, absorb, ask, collect, collect_one, start_long_request
+from tests.services import (Stack, _process_tree, free_port, http_get, http_status, service_env, wait_until,
+                            worker_statuses)
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -217,7 +218,6 @@ def test_every_bad_input_gets_its_error_while_a_good_request_completes(stack):
     assert all(e["message"] for e in errors)
 
 
-
 def test_request_cancelled_while_queued_is_never_run(stack):
     """The worker checks the cancel flag when it takes a request from the queue."""
     import redis as redis_lib
@@ -355,28 +355,6 @@ LOOKALIKES = [
 ]
 
 
-async def _converse(url: str, messages: list[tuple[str, dict]]) -> list[list[dict]]:
-    """Send each frame on one connection and collect the events up to its done, error or feedback reply."""
-    out = []
-    async with connect(url) as ws:
-        for client_id, frame in messages:
-            await ws.send(json.dumps({"id": client_id, **frame}))
-            events = []
-            while not events or events[-1]["type"] not in ("done", "error", "feedback_recorded"):
-                event = json.loads(await asyncio.wait_for(ws.recv(), 120))
-                if event.get("id") == client_id:
-                    events.append(event)
-            out.append(events)
-    return out
-
-
-def _question(text: str) -> dict:
-    # Short answers: only an answer that ended with `stop` is served to rewordings.
-    return {"type": "generate", "max_tokens": 160,
-            "messages": [{"role": "system", "content": "Answer in one short sentence."},
-                         {"role": "user", "content": text}]}
-
-
 def test_lookalike_questions_are_not_served_each_others_answers(stack):
     """The verifier's decisions end to end over a WebSocket: a rewording is a semantic hit, a
     look-alike that means something else is answered by the worker."""
@@ -465,17 +443,3 @@ def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_p
         assert f"'message_chars': {len(secret_words)}" in json.loads(tasks)[request_id]["args"], tasks
     finally:
         flower.stop()
-
-
-def _process_tree(pid: int) -> list[int]:
-    """A process and all its descendants (from /proc's children lists)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return out

@@ -16,8 +16,8 @@ import pytest
 
 from ops.core import keys
 from ops.core.settings import Settings
-from tests.services import (BrigadeProcess, BrigadeUp, RedisServer, free_port, service_env, still_running,
-                            wait_until, worker_statuses)
+from tests.brigade_up import BrigadeUp, still_running
+from tests.services import BrigadeProcess, RedisServer, free_port, service_env, wait_until, worker_statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 
