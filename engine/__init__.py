@@ -2,17 +2,30 @@
 
 Usable on its own: `Engine.load(EngineConfig(model=path))`, then `add_request` + `step`, or
 `generate` for a list of requests. Knows nothing of Celery, Redis or WebSockets.
-"""
-from engine.llm_engine import Completion, Engine, EngineConfig, EngineRequest, RequestRejected, SequenceUpdate
-from engine.sequence import FinishReason, SamplingParams
 
-__all__ = [
-    "Completion",
-    "Engine",
-    "EngineConfig",
-    "EngineRequest",
-    "FinishReason",
-    "RequestRejected",
-    "SamplingParams",
-    "SequenceUpdate",
-]
+The names below are imported on first use (PEP 562), not with the package: a command that only
+needs `engine.model_files` (where the default model lies) must not pay for torch and transformers
+(seconds of every `brigade models add`).
+"""
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "Completion": "engine.llm_engine",
+    "Engine": "engine.llm_engine",
+    "EngineConfig": "engine.llm_engine",
+    "EngineRequest": "engine.llm_engine",
+    "RequestRejected": "engine.llm_engine",
+    "SequenceUpdate": "engine.llm_engine",
+    "FinishReason": "engine.sequence",
+    "SamplingParams": "engine.sequence",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
