@@ -33,7 +33,12 @@ def uninterrupted(engine, max_tokens: int) -> dict[str, str]:
         EngineRequest(f"c{i}", SamplingParams(max_tokens=max_tokens), messages=[{"role": "user", "content": p}])
         for i, p in enumerate(PROMPTS)
     ])
-    return {k: v.text for k, v in out.items()}
+    texts = {k: v.text for k, v in out.items()}
+    # Only answers that differ from each other, and within themselves, can show a stream that was
+    # continued wrongly (restarted, repeated, or given another's tokens).
+    assert len(set(texts.values())) == len(PROMPTS), texts
+    assert all(len(set(v.token_ids)) > len(v.token_ids) // 4 for v in out.values()), "answers of one repeated token"
+    return texts
 
 
 @dataclass
