@@ -38,7 +38,8 @@ from gateway.catalog import Catalog, Choice
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
-from gateway.protocol import Generate, ProtocolError, cached_events
+from gateway.events import cached_events, stream_error
+from gateway.protocol import Generate, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.router import ReplyRouter, Route, Sink
 from ops.core import fleet, keys, outcomes, registry
@@ -302,8 +303,8 @@ class Admission:
         usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
         rid = context.guard_input.request_id
         events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
-                               time.perf_counter() - started, entry.entry_id, request_id=rid)
-        events[-1].update(model=choice.model, version=choice.version)
+                               time.perf_counter() - started, entry.entry_id, request_id=rid, model=choice.model,
+                               version=choice.version)
         log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
                  hit.layer, hit.similarity, entry.entry_id)
         self._spawn(self._settle_usage(context.key_id, rid, usage, cache_hit=True))
@@ -539,7 +540,7 @@ class Admission:
         if self.router.remove(route.request_id, route.sink) is None:
             return
         self._end(route)
-        route.sink.send({"type": "error", "id": route.client_id, "code": code, "message": message})
+        route.sink.send(stream_error(route.client_id, code, message))
         route.sink.ended(route.client_id)
 
     def hold_for_resume(self, rid: str, sink: Sink) -> None:

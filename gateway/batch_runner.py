@@ -40,10 +40,9 @@ from gateway.admission import Admission, Caller
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
 from gateway.batch_jobs import JobStore, new_id
-from gateway.http_door import HttpAnswer
 from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.router import ReplyRouter
+from gateway.router import AnswerQueue, ReplyRouter
 from ops.core import keys
 from ops.core.redis_clients import async_client, async_outage_retry
 from ops.core.settings import Settings
@@ -386,12 +385,12 @@ class BatchRunner:
 
     async def _answer(self, run: JobRun, line: BatchLine, cmd, opts, known_rid: str | None) -> LineResult:
         if known_rid is not None:
-            sink = HttpAnswer()
+            sink = AnswerQueue()
             if await self.admission.follow_again(known_rid, cmd.id, sink):
                 return await self._collect(run, line, opts, sink, known_rid)
         delay = 0.5
         while True:
-            sink = HttpAnswer()
+            sink = AnswerQueue()
             try:
                 admitted = await self.admission.admit(cmd, run.caller, sink, lane="batch",
                                                               store_answer=bool(run.job["warm_cache"]))
@@ -408,7 +407,7 @@ class BatchRunner:
                                                   self.store.ttl_s(run.job["completion_window_s"]))
             return await self._collect(run, line, opts, sink, admitted.request_id)
 
-    async def _collect(self, run: JobRun, line: BatchLine, opts, sink: HttpAnswer, rid: str | None) -> LineResult:
+    async def _collect(self, run: JobRun, line: BatchLine, opts, sink: AnswerQueue, rid: str | None) -> LineResult:
         text: list[str] = []
         try:
             while True:

@@ -23,25 +23,10 @@ from gateway.admission import Admission, Caller
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.router import AnswerQueue
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
-
-
-class HttpAnswer:
-    """The sink of one HTTP request: its events, in order, for the response to read."""
-
-    def __init__(self) -> None:
-        self.events: asyncio.Queue[dict] = asyncio.Queue()
-
-    def send(self, event: dict) -> None:
-        self.events.put_nowait(event)
-
-    def queued(self, client_id: str, request_id: str) -> None:
-        pass
-
-    def ended(self, client_id: str) -> None:
-        pass
 
 
 class ClientGone(Exception):
@@ -62,7 +47,7 @@ def _event_error(event: dict) -> ProtocolError:
                          event.get("retry_after_s"))
 
 
-async def _next_event(answer: HttpAnswer, gone: asyncio.Future) -> dict:
+async def _next_event(answer: AnswerQueue, gone: asyncio.Future) -> dict:
     """The next event of this request, unless the client leaves first (`gone` completes)."""
     if not answer.events.empty():
         return answer.events.get_nowait()
@@ -118,7 +103,7 @@ class HttpDoor:
             except (ValueError, RecursionError):
                 raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
             cmd, opts = oa.parse(body, chat, self.protocol, client_id)
-            answer = HttpAnswer()
+            answer = AnswerQueue()
             admitted = await self.admission.admit(cmd, caller, answer)
         except ProtocolError as err:
             return error_response(err)
@@ -169,7 +154,7 @@ class HttpDoor:
                 raise too_big
         return bytes(body)
 
-    async def _stream(self, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict, request_id: str | None):
+    async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: dict, request_id: str | None):
         created = oa.now()
         event, ended, started = first, False, False
         try:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
+from gateway.events import error_event
 from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
@@ -29,14 +30,7 @@ class ProtocolError(Exception):
         self.retry_after_s = retry_after_s  # overloaded, rate_limited: when a retry may succeed
 
     def event(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
-        if self.request_id is not None:
-            out["id"] = self.request_id
-        if self.field is not None:
-            out["field"] = self.field
-        if self.retry_after_s is not None:
-            out["retry_after_s"] = round(self.retry_after_s, 3)
-        return out
+        return error_event(self.code, self.message, self.request_id, self.field, self.retry_after_s)
 
 
 @dataclass(frozen=True)
@@ -90,30 +84,6 @@ _GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "user", "cache"
 _RESUME_FIELDS = {"type", "id", "after_index"}
 _FEEDBACK_FIELDS = {"type", "id", "verdict"}
 MAX_DEADLINE_MS = 24 * 3600 * 1000
-
-
-def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
-    return {"type": "token", "id": client_id, "index": index, "text": text}
-
-
-def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: dict | None) -> dict[str, Any]:
-    return {"type": "done", "id": client_id, "finish_reason": finish_reason, "usage": usage or {}, "timing": timing or {}}
-
-
-def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
-                  similarity: float, elapsed_s: float, entry_id: str | None = None,
-                  request_id: str | None = None) -> list[dict[str, Any]]:
-    """A cached answer in the same shapes as a generated one, each event marked with its layer.
-
-    The whole stored text goes in one `token` event (index 0): it is all there already, and one
-    frame instead of one per token keeps an exact hit near a millisecond. A hit gets a server
-    request id as a queued request does (in its `queued` event): logs and clients name it by that."""
-    mark = {"cached": layer, "similarity": round(similarity, 4), "request_id": request_id}
-    events = [{**token_event(client_id, 0, "".join(chunks)), **mark}] if chunks else []
-    timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
-    # The entry id lets a client (`feedback`) or an operator (`brigade cache forget`) evict it.
-    events.append({**done_event(client_id, finish_reason, usage, timing), **mark, "entry": entry_id})
-    return events
 
 
 class ModelBook(Protocol):

@@ -20,7 +20,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.admission import Admission, Caller
 from gateway.auth import Authenticator
-from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume, done_event
+from gateway.events import cancelled_event, error_event, feedback_recorded, queued_event
+from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -60,7 +61,7 @@ class WebSocketSession:
 
     def queued(self, client_id: str, request_id: str) -> None:
         self.active[client_id] = request_id
-        self.send({"type": "queued", "id": client_id, "request_id": request_id})
+        self.send(queued_event(client_id, request_id))
 
     def ended(self, client_id: str) -> None:
         self.active.pop(client_id, None)
@@ -143,7 +144,7 @@ class WebSocketDoor:
             session.send(err.event())
         except Exception:  # a bug must cost this one message, not the connection and its other requests
             log.exception("event=frame_failed")
-            session.send({"type": "error", "code": "internal_error", "message": "the gateway failed on this message"})
+            session.send(error_event("internal_error", "the gateway failed on this message"))
 
     async def _generate(self, session: WebSocketSession, cmd: Generate) -> None:
         if cmd.id in session.active:
@@ -172,7 +173,7 @@ class WebSocketDoor:
             return
         self.admission.cancel(rid, session)
         log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
-        session.send(done_event(client_id, "cancelled", None, None))
+        session.send(cancelled_event(client_id))
 
     async def _resume(self, session: WebSocketSession, cmd: Resume) -> None:
         rid = cmd.id
@@ -180,7 +181,7 @@ class WebSocketDoor:
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
         if not await self.admission.resume(rid, session.caller, session, cmd.after_index):
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
-            session.send(done_event(rid, "cancelled", None, None))
+            session.send(cancelled_event(rid))
             return
         # Its replayed events come on a later turn of the loop, and find it active by then.
         session.active[rid] = rid
@@ -199,4 +200,4 @@ class WebSocketDoor:
             raise ProtocolError("unavailable", "the feedback could not be recorded; try again shortly", cmd.id) from None
         log.info("event=cache_feedback client_id=%s entry=%s verdict=%s evicted=%s", cmd.id, entry_id, cmd.verdict,
                  evicted)
-        session.send({"type": "feedback_recorded", "id": cmd.id, "entry": entry_id, "evicted": evicted})
+        session.send(feedback_recorded(cmd.id, entry_id, evicted))
