@@ -36,10 +36,11 @@ import redis.asyncio as aioredis
 
 from gateway import metrics
 from gateway import openai_schema as oa
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
 from gateway.batch_jobs import JobStore, new_id
+from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.router import AnswerQueue, ReplyRouter
@@ -95,11 +96,12 @@ class LeaseLost(Exception):
 
 
 class BatchRunner:
-    def __init__(self, settings: Settings, protocol: ClientProtocol, admission: Admission, router: ReplyRouter,
-                 load: LoadMonitor, key_store: KeyStore, holder: str):
+    def __init__(self, settings: Settings, protocol: ClientProtocol, admission: Admission, lifecycle: RequestLifecycle,
+                 router: ReplyRouter, load: LoadMonitor, key_store: KeyStore, holder: str):
         self.settings = settings
         self.protocol = protocol
         self.admission = admission
+        self.lifecycle = lifecycle
         self.router = router
         self.load = load
         self.key_store = key_store
@@ -386,7 +388,7 @@ class BatchRunner:
     async def _answer(self, run: JobRun, line: BatchLine, cmd, opts, known_rid: str | None) -> LineResult:
         if known_rid is not None:
             sink = AnswerQueue()
-            if await self.admission.follow_again(known_rid, cmd.id, sink):
+            if await self.lifecycle.follow_again(known_rid, cmd.id, sink):
                 return await self._collect(run, line, opts, sink, known_rid)
         delay = 0.5
         while True:
@@ -426,7 +428,7 @@ class BatchRunner:
                                           event.get("message") or "", event.get("field"))
         except asyncio.CancelledError:
             if rid is not None and run.stopping in ("cancelled", "expired"):
-                self.admission.abandon(rid, sink)  # the job stopped: so does its request
+                self.lifecycle.abandon(rid, sink)  # the job stopped: so does its request
             elif rid is not None:  # the gateway stops (or lost the lease): the next runner follows it
                 self.router.remove(rid, sink)
             raise

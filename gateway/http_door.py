@@ -19,9 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import openai_schema as oa
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
+from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.router import AnswerQueue
 from ops.core.settings import Settings
@@ -66,11 +67,12 @@ async def _disconnected(request: Request) -> None:
 
 class HttpDoor:
     def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
-                 catalog: Catalog):
+                 lifecycle: RequestLifecycle, catalog: Catalog):
         self.settings = settings
         self.protocol = protocol
         self.auth = auth
         self.admission = admission
+        self.lifecycle = lifecycle
         self.catalog = catalog
 
     async def caller(self, request: Request) -> Caller:
@@ -124,7 +126,7 @@ class HttpDoor:
                     text.append(event["text"])
                 event = await _next_event(answer, gone)
         except ClientGone:
-            self.admission.abandon(admitted.request_id, answer)
+            self.lifecycle.abandon(admitted.request_id, answer)
             return Response(status_code=499)
         finally:
             gone.cancel()
@@ -183,7 +185,7 @@ class HttpDoor:
                 event = await answer.events.get()
         finally:
             if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
-                self.admission.abandon(request_id, answer)
+                self.lifecycle.abandon(request_id, answer)
 
 
 def _sse(body: dict) -> str:

@@ -6,6 +6,7 @@ keeps the connection and every other request on it going.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,9 +48,17 @@ class Generate:
     deadline_ms: int | None = None
     version: str = ""  # a version the request pins (`model: "name@v2"`); "": the route chooses
     user: str | None = None  # the OpenAI `user` (an end user's id): what a route may stick to
-    # The sampling fields the client left unset (filled with the model's defaults): filled again
-    # from the chosen version's defaults when admission routes the request to another version.
-    unset: tuple[str, ...] = ()
+    # The sampling fields as the client gave them (None: not given), kept so that `with_defaults`
+    # can fill them again from the chosen version's defaults when admission routes the request
+    # to another version than the protocol filled them for.
+    asked: GenerateParams | None = None
+
+    def with_defaults(self, defaults: SamplingDefaults) -> Generate:
+        """The one place a request's unset sampling fields are filled (every door passes here):
+        the protocol fills them with the model's (or the pinned version's) defaults, admission
+        again with the chosen version's when they differ."""
+        params = (self.asked or self.params).with_defaults(defaults)
+        return self if params == self.params else dataclasses.replace(self, params=params)
 
 
 @dataclass(frozen=True)
@@ -181,9 +190,11 @@ class ClientProtocol:
                                      or not 1 <= deadline <= MAX_DEADLINE_MS):
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
                                 rid, "deadline_ms")
-        params, unset = self._params(data, rid, defaults)
-        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline, version, user or None,
-                        unset)
+        asked = self._params(data, rid)
+        cmd = Generate(rid, prompt, parsed_messages, model, asked, cache, threshold, deadline, version, user or None,
+                       asked).with_defaults(defaults)
+        self._check_limits(cmd.params, rid)
+        return cmd
 
     def _model(self, ref, rid: str) -> tuple[str, str, SamplingDefaults]:
         if self.models is not None:
@@ -239,8 +250,8 @@ class ClientProtocol:
                 rid, field,
             )
 
-    def _params(self, data: dict, rid: str, defaults: SamplingDefaults) -> tuple[GenerateParams, tuple[str, ...]]:
-        s = self.settings
+    def _params(self, data: dict, rid: str) -> GenerateParams:
+        """The sampling fields as the client gave them, each checked; unset ones stay None."""
         fields = {k: data[k] for k in GenerateParams.model_fields if k in data}
         for name, value in fields.items():
             # Reject JSON booleans where numbers are expected (pydantic would take true as 1).
@@ -253,8 +264,11 @@ class ClientProtocol:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else None
             raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
-        unset = params.unset
-        params = params.with_defaults(defaults)
+        return params
+
+    def _check_limits(self, params: GenerateParams, rid: str) -> None:
+        """The gateway's own limits, on the values that will run (a default's too)."""
+        s = self.settings
         if params.max_tokens > s.max_tokens_limit:
             raise ProtocolError(
                 "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"
@@ -265,7 +279,6 @@ class ClientProtocol:
                 f"`stop` takes at most {s.max_stop_strings} non-empty strings of at most {s.max_stop_chars} characters",
                 rid, "stop",
             )
-        return params, unset
 
 
 def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:

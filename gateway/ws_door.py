@@ -18,8 +18,9 @@ from typing import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.auth import Authenticator
+from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.events import cancelled_event, error_event, feedback_recorded, queued_event
 from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
 from ops.core.settings import Settings
@@ -85,11 +86,12 @@ def offered_key(ws: WebSocket) -> str | None:
 
 class WebSocketDoor:
     def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
-                 stopping: Callable[[], bool]):
+                 lifecycle: RequestLifecycle, stopping: Callable[[], bool]):
         self.settings = settings
         self.protocol = protocol
         self.auth = auth
         self.admission = admission
+        self.lifecycle = lifecycle
         self.stopping = stopping  # True once the gateway itself shuts down (not a client leaving)
 
     async def serve(self, ws: WebSocket) -> None:
@@ -123,7 +125,7 @@ class WebSocketDoor:
         # A client that leaves may come back with `resume` (to any gateway) within the grace time;
         # after it, its requests stop: queued ones never run, running ones free their slot.
         for rid in list(session.active.values()):
-            self.admission.hold_for_resume(rid, session)
+            self.lifecycle.hold_for_resume(rid, session)
         session.active.clear()
 
     async def _on_frame(self, session: WebSocketSession, frame: str | bytes) -> None:
@@ -171,7 +173,7 @@ class WebSocketDoor:
         rid = session.active.pop(client_id, None)
         if rid is None:
             return
-        self.admission.cancel(rid, session)
+        self.lifecycle.cancel(rid, session)
         log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
         session.send(cancelled_event(client_id))
 
@@ -179,7 +181,7 @@ class WebSocketDoor:
         rid = cmd.id
         if rid in session.active or rid in session.active.values():
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
-        if not await self.admission.resume(rid, session.caller, session, cmd.after_index):
+        if not await self.lifecycle.resume(rid, session.caller, session, cmd.after_index):
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
             session.send(cancelled_event(rid))
             return
