@@ -23,7 +23,6 @@ waits for the first and takes its answer (within the last BATCH_DEDUP_MAX distin
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
@@ -40,6 +39,7 @@ from gateway.admission import Admission
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
 from gateway.batch_jobs import JobStore, new_id
+from gateway.batch_output import BLANK, LineResult, copy_result, dedup_key, invalid_result, output_line, request_failed
 from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
@@ -53,17 +53,6 @@ log = logging.getLogger("brigade.batch")
 BATCH_DEDUP_MAX = 10_000
 RETRYABLE = {"overloaded", "no_workers", "unavailable", "rate_limited"}
 FLUSH_EVERY_S = 0.5
-
-
-@dataclass
-class LineResult:
-    number: int
-    line: dict  # the output line
-    kind: str  # completed | failed (the request's answer was an error) | invalid (a skipped bad line)
-    output_tokens: int = 0
-
-
-BLANK = LineResult(0, {}, "blank")  # a blank input line: nothing to write
 
 
 @dataclass
@@ -446,42 +435,6 @@ class BatchRunner:
         if job.get("output_file_id") and self.store.path_for(job["output_file_id"]).exists():
             await self.store.add_file(job["output_file_id"], f"{job['id']}_output.jsonl", purpose,
                                       self.store.ttl_s(job["completion_window_s"]), job.get("owner", ""))
-
-
-# ---- output lines ----------------------------------------------------------------------------------------
-
-
-def output_line(job_id: str, line: BatchLine | BadLine, response: dict | None, error: dict | None) -> dict:
-    return {"id": f"batch_req_{job_id.removeprefix('batch_')}_{line.number}", "custom_id": line.custom_id,
-            "response": response, "error": error}
-
-
-def request_failed(job_id: str, line: BatchLine, rid: str | None, code: str, message: str,
-                   param: str | None = None) -> LineResult:
-    """The request was refused or failed: its line says what the HTTP API would have answered."""
-    response = {"status_code": oa.status_of(code), "request_id": rid, "body": oa.error_body(code, message, param)}
-    return LineResult(line.number, output_line(job_id, line, response, None), "failed")
-
-
-def invalid_result(job_id: str, bad: BadLine) -> LineResult:
-    return LineResult(bad.number, output_line(job_id, bad, None, {"code": "invalid_line", "message": bad.reason}),
-                      "invalid")
-
-
-def copy_result(job_id: str, line: BatchLine, first: LineResult) -> LineResult:
-    """An identical line's answer for this line: its own id and custom_id, the same response."""
-    return LineResult(line.number, output_line(job_id, line, first.line["response"], first.line["error"]), first.kind,
-                      first.output_tokens)
-
-
-def dedup_key(job_id: str, line: BatchLine) -> str | None:
-    """Lines of one job whose answer is determined by their request (greedy or seeded) share one
-    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. Greedy or not is the
-    resolved temperature's (a line without one takes the model's default), not the body's."""
-    params = line.command.params
-    if params.temperature > 0 and params.seed is None:
-        return None
-    return hashlib.sha256(json.dumps([job_id, line.url, line.body], sort_keys=True).encode()).hexdigest()
 
 
 def _check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:
