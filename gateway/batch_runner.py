@@ -37,7 +37,7 @@ from gateway import metrics
 from gateway import openai_schema as oa
 from gateway.admission import Admission
 from gateway.api_keys import ApiKey, KeyStore
-from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
+from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_file
 from gateway.batch_jobs import JobStore, new_id
 from gateway.batch_output import BLANK, LineResult, copy_result, dedup_key, invalid_result, output_line, request_failed
 from gateway.lifecycle import Caller, RequestLifecycle
@@ -435,18 +435,3 @@ class BatchRunner:
         if job.get("output_file_id") and self.store.path_for(job["output_file_id"]).exists():
             await self.store.add_file(job["output_file_id"], f"{job['id']}_output.jsonl", purpose,
                                       self.store.ttl_s(job["completion_window_s"]), job.get("owner", ""))
-
-
-def _check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:
-    """Valid lines, the first bad ones (as job errors), and how many were bad."""
-    valid, bad, count_bad = 0, [], 0
-    with open(path, "rb") as source:
-        for result in check_all(source, checker):
-            if isinstance(result, BadLine):
-                count_bad += 1
-                if len(bad) < MAX_REASONS_SHOWN:
-                    bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
-                                "param": result.custom_id})
-            else:
-                valid += 1
-    return valid, bad, count_bad
