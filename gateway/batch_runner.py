@@ -185,7 +185,7 @@ class BatchRunner:
             await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
                                     "line": None}])
             return
-        valid, bad, count_bad = await asyncio.to_thread(_check_file, record["path"], self.checker())
+        valid, bad, count_bad = await asyncio.to_thread(check_file, record["path"], self.checker())
         if bad and not job["skip_invalid"]:
             await self.store.update(job["id"], invalid=count_bad)
             await self._fail(job, bad)
