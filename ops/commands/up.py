@@ -32,7 +32,7 @@ def redis_answers(url: str) -> bool:
 
 def cmd_up(args, settings: Settings) -> int:
     from ops.core.ports import CannotListen, ensure_free
-    from ops.supervision import STOP_SIGNALS, PartExited, Supervisor, say, stop_graces
+    from ops.supervision import STOP_SIGNALS, Supervisor, say, stop_graces
 
     if args.workers < 1:
         print("brigade up: --workers must be at least 1", file=sys.stderr)
