@@ -24,6 +24,7 @@ from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.http_errors import error_response
 from gateway.router import AnswerQueue
 from ops.core.settings import Settings
 
@@ -32,15 +33,6 @@ log = logging.getLogger("brigade.gateway")
 
 class ClientGone(Exception):
     pass
-
-
-def error_response(err: ProtocolError, retry_after_s: float | None = None) -> JSONResponse:
-    status = oa.status_of(err.code)
-    headers = {}
-    retry = err.retry_after_s if err.retry_after_s is not None else retry_after_s
-    if status in (429, 503) and retry is not None:
-        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    return JSONResponse(oa.error_body(err.code, err.message, err.field), status_code=status, headers=headers)
 
 
 def _event_error(event: dict) -> ProtocolError:
