@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
-from gateway.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.api_keys import KeyStore
 from gateway.background import BackgroundTasks
 from gateway.content_guards import GuardInput
+from gateway.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.limits import KeyLimiter
 from gateway.protocol import ProtocolError
 from gateway.replies import ReplyIntake
@@ -203,8 +203,8 @@ def test_a_batch_line_is_followed_again_only_while_its_request_has_a_replay_log(
 
 
 def _shadow_routes(admission: RequestLifecycle, served_text: list[str], shadow_text: list[str]):
-    from gateway.shadows import ShadowContext, ShadowPair, ShadowSink
     from gateway.catalog import Choice
+    from gateway.shadows import ShadowContext, ShadowPair, ShadowSink
 
     served = routed(admission, Sink())
     served.keep_text, served.chunks = True, list(served_text)
