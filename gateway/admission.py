@@ -45,8 +45,6 @@ if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and 
 
 log = logging.getLogger("brigade.gateway")
 
-__all__ = ["Admission", "Admitted", "Caller", "RequestContext"]
-
 
 @dataclass(frozen=True)
 class Admitted:
