@@ -47,7 +47,7 @@ def cmd_worker(args, settings: Settings) -> int:
     from ops.core.keys import interactive_queue
     from workers import tasks
     from workers.app import worker_app
-    from workers.engine_host import EngineUnavailable
+    from workers.engine_loading import EngineUnavailable
 
     name = args.name or f"brigade-{os.getpid()}@{socket.gethostname()}"
     # The model first: a worker that cannot hold it (a device this machine lacks, missing files,
