@@ -20,7 +20,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from gateway.auth import Authenticator
 from gateway.batch_input import URLS
 from gateway.batch_jobs import JobStore, new_id, parse_window, public_view
-from gateway.http_door import error_response
+from gateway.http_errors import error_response
 from gateway.protocol import ProtocolError
 from ops.core.settings import Settings
 

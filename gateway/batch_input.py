@@ -100,3 +100,18 @@ def check_all(lines: Iterable[str | bytes], checker: Checker) -> Iterator[BatchL
         result = checker.check(number, raw)
         if result is not None:
             yield result
+
+
+def check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:
+    """Valid lines, the first bad ones (as job errors), and how many were bad."""
+    valid, bad, count_bad = 0, [], 0
+    with open(path, "rb") as source:
+        for result in check_all(source, checker):
+            if isinstance(result, BadLine):
+                count_bad += 1
+                if len(bad) < MAX_REASONS_SHOWN:
+                    bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
+                                "param": result.custom_id})
+            else:
+                valid += 1
+    return valid, bad, count_bad

@@ -23,9 +23,7 @@ import redis.asyncio as aioredis
 from ops.core import keys, scripts
 from ops.core.settings import Settings
 
-STATES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired")
 FINAL = {"completed", "failed", "cancelled", "expired"}
-RUNNABLE = {"validating", "in_progress", "finalizing", "cancelling"}
 TIMESTAMPS = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
               "cancelled_at")
 COUNTERS = ("total", "completed", "failed", "cursor", "written", "output_offset", "output_tokens", "invalid")

@@ -23,7 +23,6 @@ waits for the first and takes its answer (within the last BATCH_DEDUP_MAX distin
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
@@ -36,14 +35,15 @@ import redis.asyncio as aioredis
 
 from gateway import metrics
 from gateway import openai_schema as oa
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.api_keys import ApiKey, KeyStore
-from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_all
+from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_file
 from gateway.batch_jobs import JobStore, new_id
-from gateway.http_door import HttpAnswer
+from gateway.batch_output import BLANK, LineResult, copy_result, dedup_key, invalid_result, output_line, request_failed
+from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.router import ReplyRouter
+from gateway.router import AnswerQueue, ReplyRouter
 from ops.core import keys
 from ops.core.redis_clients import async_client, async_outage_retry
 from ops.core.settings import Settings
@@ -53,17 +53,6 @@ log = logging.getLogger("brigade.batch")
 BATCH_DEDUP_MAX = 10_000
 RETRYABLE = {"overloaded", "no_workers", "unavailable", "rate_limited"}
 FLUSH_EVERY_S = 0.5
-
-
-@dataclass
-class LineResult:
-    number: int
-    line: dict  # the output line
-    kind: str  # completed | failed (the request's answer was an error) | invalid (a skipped bad line)
-    output_tokens: int = 0
-
-
-BLANK = LineResult(0, {}, "blank")  # a blank input line: nothing to write
 
 
 @dataclass
@@ -96,11 +85,12 @@ class LeaseLost(Exception):
 
 
 class BatchRunner:
-    def __init__(self, settings: Settings, protocol: ClientProtocol, admission: Admission, router: ReplyRouter,
-                 load: LoadMonitor, key_store: KeyStore, holder: str):
+    def __init__(self, settings: Settings, protocol: ClientProtocol, admission: Admission, lifecycle: RequestLifecycle,
+                 router: ReplyRouter, load: LoadMonitor, key_store: KeyStore, holder: str):
         self.settings = settings
         self.protocol = protocol
         self.admission = admission
+        self.lifecycle = lifecycle
         self.router = router
         self.load = load
         self.key_store = key_store
@@ -195,7 +185,7 @@ class BatchRunner:
             await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
                                     "line": None}])
             return
-        valid, bad, count_bad = await asyncio.to_thread(_check_file, record["path"], self.checker())
+        valid, bad, count_bad = await asyncio.to_thread(check_file, record["path"], self.checker())
         if bad and not job["skip_invalid"]:
             await self.store.update(job["id"], invalid=count_bad)
             await self._fail(job, bad)
@@ -386,12 +376,12 @@ class BatchRunner:
 
     async def _answer(self, run: JobRun, line: BatchLine, cmd, opts, known_rid: str | None) -> LineResult:
         if known_rid is not None:
-            sink = HttpAnswer()
-            if await self.admission.follow_again(known_rid, cmd.id, sink):
+            sink = AnswerQueue()
+            if await self.lifecycle.follow_again(known_rid, cmd.id, sink):
                 return await self._collect(run, line, opts, sink, known_rid)
         delay = 0.5
         while True:
-            sink = HttpAnswer()
+            sink = AnswerQueue()
             try:
                 admitted = await self.admission.admit(cmd, run.caller, sink, lane="batch",
                                                               store_answer=bool(run.job["warm_cache"]))
@@ -408,7 +398,7 @@ class BatchRunner:
                                                   self.store.ttl_s(run.job["completion_window_s"]))
             return await self._collect(run, line, opts, sink, admitted.request_id)
 
-    async def _collect(self, run: JobRun, line: BatchLine, opts, sink: HttpAnswer, rid: str | None) -> LineResult:
+    async def _collect(self, run: JobRun, line: BatchLine, opts, sink: AnswerQueue, rid: str | None) -> LineResult:
         text: list[str] = []
         try:
             while True:
@@ -427,7 +417,7 @@ class BatchRunner:
                                           event.get("message") or "", event.get("field"))
         except asyncio.CancelledError:
             if rid is not None and run.stopping in ("cancelled", "expired"):
-                self.admission.abandon(rid, sink)  # the job stopped: so does its request
+                self.lifecycle.abandon(rid, sink)  # the job stopped: so does its request
             elif rid is not None:  # the gateway stops (or lost the lease): the next runner follows it
                 self.router.remove(rid, sink)
             raise
@@ -445,54 +435,3 @@ class BatchRunner:
         if job.get("output_file_id") and self.store.path_for(job["output_file_id"]).exists():
             await self.store.add_file(job["output_file_id"], f"{job['id']}_output.jsonl", purpose,
                                       self.store.ttl_s(job["completion_window_s"]), job.get("owner", ""))
-
-
-# ---- output lines ----------------------------------------------------------------------------------------
-
-
-def output_line(job_id: str, line: BatchLine | BadLine, response: dict | None, error: dict | None) -> dict:
-    return {"id": f"batch_req_{job_id.removeprefix('batch_')}_{line.number}", "custom_id": line.custom_id,
-            "response": response, "error": error}
-
-
-def request_failed(job_id: str, line: BatchLine, rid: str | None, code: str, message: str,
-                   param: str | None = None) -> LineResult:
-    """The request was refused or failed: its line says what the HTTP API would have answered."""
-    response = {"status_code": oa.status_of(code), "request_id": rid, "body": oa.error_body(code, message, param)}
-    return LineResult(line.number, output_line(job_id, line, response, None), "failed")
-
-
-def invalid_result(job_id: str, bad: BadLine) -> LineResult:
-    return LineResult(bad.number, output_line(job_id, bad, None, {"code": "invalid_line", "message": bad.reason}),
-                      "invalid")
-
-
-def copy_result(job_id: str, line: BatchLine, first: LineResult) -> LineResult:
-    """An identical line's answer for this line: its own id and custom_id, the same response."""
-    return LineResult(line.number, output_line(job_id, line, first.line["response"], first.line["error"]), first.kind,
-                      first.output_tokens)
-
-
-def dedup_key(job_id: str, line: BatchLine) -> str | None:
-    """Lines of one job whose answer is determined by their request (greedy or seeded) share one
-    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. Greedy or not is the
-    resolved temperature's (a line without one takes the model's default), not the body's."""
-    params = line.command.params
-    if params.temperature > 0 and params.seed is None:
-        return None
-    return hashlib.sha256(json.dumps([job_id, line.url, line.body], sort_keys=True).encode()).hexdigest()
-
-
-def _check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:
-    """Valid lines, the first bad ones (as job errors), and how many were bad."""
-    valid, bad, count_bad = 0, [], 0
-    with open(path, "rb") as source:
-        for result in check_all(source, checker):
-            if isinstance(result, BadLine):
-                count_bad += 1
-                if len(bad) < MAX_REASONS_SHOWN:
-                    bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
-                                "param": result.custom_id})
-            else:
-                valid += 1
-    return valid, bad, count_bad

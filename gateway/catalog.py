@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from gateway.protocol import ProtocolError
 from ops.core import fleet, keys, registry
-from ops.core.messages import SamplingDefaults
+from ops.core.messages import ChatMessage, SamplingDefaults
 from ops.core.registry import Snapshot
 from ops.core.sampling_defaults import GenerationConfigError, sampling_defaults
 from ops.core.settings import Settings
@@ -43,6 +43,9 @@ class Choice:
     model: str
     version: str
     why: str
+    # The routed version this request was meant for, when it had no live worker and the stable
+    # version serves instead: that version is charged an error (which rolls a dead canary back).
+    instead_of: str = ""
 
     @property
     def served(self) -> str:
@@ -103,6 +106,11 @@ class Catalog:
     # ---- questions --------------------------------------------------------------------------------
 
     @property
+    def revision(self) -> int:
+        """The registry revision this gateway routes by (readiness shows it)."""
+        return self.snapshot.revision
+
+    @property
     def default_model(self) -> str:
         """The registry's default model; without one, this gateway's BRIGADE_MODEL_NAME."""
         return self.snapshot.default or self.settings.model_name
@@ -147,6 +155,21 @@ class Catalog:
                 log.warning("event=registry_defaults_invalid model=%s error=%s", ref, exc)
                 self._defaults[ref] = self.fallback_defaults
         return self._defaults[ref]
+
+    def route(self, model: str, pinned: str, key_id: str | None, user: str | None, prompt: str | None,
+              messages: list[ChatMessage] | None) -> Choice:
+        """The version a request runs on: `choose`, except that a routed version with no live
+        worker must not cost its users their answers: the stable one serves, when it is live."""
+        conversation = registry.conversation_of(prompt, [m.model_dump() for m in messages]
+                                                if messages is not None else None)
+        choice = self.choose(model, pinned, key_id, user, conversation)
+        if choice.why == "route" and not self.serving(choice.model, choice.version):
+            fallback = self.snapshot.stable.get(model)
+            if fallback and fallback != choice.version and self.serving(model, fallback):
+                log.warning("event=routed_version_down model=%s version=%s served_by=%s", model, choice.version,
+                            fallback)
+                return Choice(model, fallback, "stable, routed version down", instead_of=choice.version)
+        return choice
 
     def choose(self, model: str, pinned: str, key_id: str | None, user: str | None,
                conversation: str | None) -> Choice:

@@ -10,11 +10,15 @@ Prompt checks run on a thread, so a guard may call a slow classifier there. Outp
 the gateway's event loop for every streamed chunk: keep them fast (a regex over `new_text` and
 a short tail), or look only at sentence ends. Two real guards ship here: `sanitize` (size and
 characters) and `patterns` (a list of regular expressions: known prompt-injection phrases by
-default, or a blocked-terms file, `BRIGADE_GUARD_PATTERNS_FILE`).
+default, or a blocked-terms file, `BRIGADE_GUARD_PATTERNS_FILE`). A guard whose callable takes a
+`settings` keyword is given the gateway's settings when it is loaded (both shipped guards do);
+called without them, it uses the settings' documented defaults.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ops.core.messages import ChatMessage
-from ops.core.settings import Settings, get_settings
+from ops.core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,9 @@ class GuardRefusal:
     reason: str
 
 
-def load_guards(spec: str) -> list[NamedGuard]:
-    """`module:callable,...` -> the callables; a name that does not resolve fails at start, clearly."""
+def load_guards(spec: str, settings: Settings | None = None) -> list[NamedGuard]:
+    """`module:callable,...` -> the callables (given `settings` where they take them); a name that
+    does not resolve fails at start, clearly."""
     guards = []
     for name in (part.strip() for part in spec.split(",")):
         if not name:
@@ -77,8 +82,22 @@ def load_guards(spec: str) -> list[NamedGuard]:
             raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} cannot be loaded: {exc}") from None
         if not callable(check):
             raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} is not callable")
+        if settings is not None and _takes_settings(check):
+            check = functools.partial(check, settings=settings)
         guards.append(NamedGuard(name, check))
     return guards
+
+
+def _takes_settings(check: Callable) -> bool:
+    try:
+        return "settings" in inspect.signature(check).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
+
+
+def _setting(settings: Settings | None, name: str):
+    """A guard's setting: the gateway's, else its documented default (a guard called on its own)."""
+    return getattr(settings, name) if settings is not None else Settings.model_fields[name].default
 
 
 def first_refusal(guards: list[NamedGuard], data: GuardInput) -> GuardRefusal | None:
@@ -98,12 +117,12 @@ _INVISIBLE = {"\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"}
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
 
-def sanitize(data: GuardInput) -> str | None:
+def sanitize(data: GuardInput, settings: Settings | None = None) -> str | None:
     """Refuse oversized prompts and characters a reader cannot see. Output: passes (checks prompts)."""
     if data.output is not None:
         return None
     text = data.prompt_text
-    limit = get_settings().guard_max_chars
+    limit = _setting(settings, "guard_max_chars")
     if len(text) > limit:
         return f"the prompt has {len(text)} characters; this service accepts at most {limit}"
     for ch in text:
@@ -134,9 +153,9 @@ def _compiled(path: str) -> re.Pattern:
     return re.compile("|".join(f"(?:{p})" for p in lines), re.IGNORECASE) if lines else re.compile(r"(?!)")
 
 
-def patterns(data: GuardInput) -> str | None:
+def patterns(data: GuardInput, settings: Settings | None = None) -> str | None:
     """Refuse a prompt or an answer that matches any configured pattern."""
-    pattern = _compiled(get_settings().guard_patterns_file)
+    pattern = _compiled(_setting(settings, "guard_patterns_file"))
     if data.output is None:
         text = data.prompt_text
     else:
@@ -149,4 +168,4 @@ def patterns(data: GuardInput) -> str | None:
 
 
 def configured(settings: Settings) -> list[NamedGuard]:
-    return load_guards(settings.guards)
+    return load_guards(settings.guards, settings)

@@ -19,42 +19,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import openai_schema as oa
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
+from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.http_errors import error_response
+from gateway.router import AnswerQueue
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 
 
-class HttpAnswer:
-    """The sink of one HTTP request: its events, in order, for the response to read."""
-
-    def __init__(self) -> None:
-        self.events: asyncio.Queue[dict] = asyncio.Queue()
-
-    def send(self, event: dict) -> None:
-        self.events.put_nowait(event)
-
-    def queued(self, client_id: str, request_id: str) -> None:
-        pass
-
-    def ended(self, client_id: str) -> None:
-        pass
-
-
 class ClientGone(Exception):
     pass
-
-
-def error_response(err: ProtocolError, retry_after_s: float | None = None) -> JSONResponse:
-    status = oa.status_of(err.code)
-    headers = {}
-    retry = err.retry_after_s if err.retry_after_s is not None else retry_after_s
-    if status in (429, 503) and retry is not None:
-        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    return JSONResponse(oa.error_body(err.code, err.message, err.field), status_code=status, headers=headers)
 
 
 def _event_error(event: dict) -> ProtocolError:
@@ -62,7 +40,7 @@ def _event_error(event: dict) -> ProtocolError:
                          event.get("retry_after_s"))
 
 
-async def _next_event(answer: HttpAnswer, gone: asyncio.Future) -> dict:
+async def _next_event(answer: AnswerQueue, gone: asyncio.Future) -> dict:
     """The next event of this request, unless the client leaves first (`gone` completes)."""
     if not answer.events.empty():
         return answer.events.get_nowait()
@@ -81,11 +59,12 @@ async def _disconnected(request: Request) -> None:
 
 class HttpDoor:
     def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
-                 catalog: Catalog):
+                 lifecycle: RequestLifecycle, catalog: Catalog):
         self.settings = settings
         self.protocol = protocol
         self.auth = auth
         self.admission = admission
+        self.lifecycle = lifecycle
         self.catalog = catalog
 
     async def caller(self, request: Request) -> Caller:
@@ -118,7 +97,7 @@ class HttpDoor:
             except (ValueError, RecursionError):
                 raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
             cmd, opts = oa.parse(body, chat, self.protocol, client_id)
-            answer = HttpAnswer()
+            answer = AnswerQueue()
             admitted = await self.admission.admit(cmd, caller, answer)
         except ProtocolError as err:
             return error_response(err)
@@ -139,7 +118,7 @@ class HttpDoor:
                     text.append(event["text"])
                 event = await _next_event(answer, gone)
         except ClientGone:
-            self.admission.abandon(admitted.request_id, answer)
+            self.lifecycle.abandon(admitted.request_id, answer)
             return Response(status_code=499)
         finally:
             gone.cancel()
@@ -169,7 +148,7 @@ class HttpDoor:
                 raise too_big
         return bytes(body)
 
-    async def _stream(self, answer: HttpAnswer, opts: oa.Options, rid: str, first: dict, request_id: str | None):
+    async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: dict, request_id: str | None):
         created = oa.now()
         event, ended, started = first, False, False
         try:
@@ -198,7 +177,7 @@ class HttpDoor:
                 event = await answer.events.get()
         finally:
             if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
-                self.admission.abandon(request_id, answer)
+                self.lifecycle.abandon(request_id, answer)
 
 
 def _sse(body: dict) -> str:

@@ -35,7 +35,6 @@ from ops.core import keys, scripts
 
 RATE_LIMITED = "rate_limited"
 REQUESTS, TOKENS, CONCURRENT = "rpm", "tpm", "max_concurrent"
-CONCURRENT_RETRY_S = 1.0  # nobody knows when a running answer ends; ask again soon
 
 
 @dataclass(frozen=True)

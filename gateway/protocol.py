@@ -6,6 +6,7 @@ keeps the connection and every other request on it going.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
+from gateway.events import error_event
 from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
@@ -29,14 +31,7 @@ class ProtocolError(Exception):
         self.retry_after_s = retry_after_s  # overloaded, rate_limited: when a retry may succeed
 
     def event(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "error", "code": self.code, "message": self.message}
-        if self.request_id is not None:
-            out["id"] = self.request_id
-        if self.field is not None:
-            out["field"] = self.field
-        if self.retry_after_s is not None:
-            out["retry_after_s"] = round(self.retry_after_s, 3)
-        return out
+        return error_event(self.code, self.message, self.request_id, self.field, self.retry_after_s)
 
 
 @dataclass(frozen=True)
@@ -53,9 +48,17 @@ class Generate:
     deadline_ms: int | None = None
     version: str = ""  # a version the request pins (`model: "name@v2"`); "": the route chooses
     user: str | None = None  # the OpenAI `user` (an end user's id): what a route may stick to
-    # The sampling fields the client left unset (filled with the model's defaults): filled again
-    # from the chosen version's defaults when admission routes the request to another version.
-    unset: tuple[str, ...] = ()
+    # The sampling fields as the client gave them (None: not given), kept so that `with_defaults`
+    # can fill them again from the chosen version's defaults when admission routes the request
+    # to another version than the protocol filled them for.
+    asked: GenerateParams | None = None
+
+    def with_defaults(self, defaults: SamplingDefaults) -> Generate:
+        """The one place a request's unset sampling fields are filled (every door passes here):
+        the protocol fills them with the model's (or the pinned version's) defaults, admission
+        again with the chosen version's when they differ."""
+        params = (self.asked or self.params).with_defaults(defaults)
+        return self if params == self.params else dataclasses.replace(self, params=params)
 
 
 @dataclass(frozen=True)
@@ -90,30 +93,6 @@ _GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "user", "cache"
 _RESUME_FIELDS = {"type", "id", "after_index"}
 _FEEDBACK_FIELDS = {"type", "id", "verdict"}
 MAX_DEADLINE_MS = 24 * 3600 * 1000
-
-
-def token_event(client_id: str, index: int, text: str) -> dict[str, Any]:
-    return {"type": "token", "id": client_id, "index": index, "text": text}
-
-
-def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: dict | None) -> dict[str, Any]:
-    return {"type": "done", "id": client_id, "finish_reason": finish_reason, "usage": usage or {}, "timing": timing or {}}
-
-
-def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
-                  similarity: float, elapsed_s: float, entry_id: str | None = None,
-                  request_id: str | None = None) -> list[dict[str, Any]]:
-    """A cached answer in the same shapes as a generated one, each event marked with its layer.
-
-    The whole stored text goes in one `token` event (index 0): it is all there already, and one
-    frame instead of one per token keeps an exact hit near a millisecond. A hit gets a server
-    request id as a queued request does (in its `queued` event): logs and clients name it by that."""
-    mark = {"cached": layer, "similarity": round(similarity, 4), "request_id": request_id}
-    events = [{**token_event(client_id, 0, "".join(chunks)), **mark}] if chunks else []
-    timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
-    # The entry id lets a client (`feedback`) or an operator (`brigade cache forget`) evict it.
-    events.append({**done_event(client_id, finish_reason, usage, timing), **mark, "entry": entry_id})
-    return events
 
 
 class ModelBook(Protocol):
@@ -211,9 +190,11 @@ class ClientProtocol:
                                      or not 1 <= deadline <= MAX_DEADLINE_MS):
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
                                 rid, "deadline_ms")
-        params, unset = self._params(data, rid, defaults)
-        return Generate(rid, prompt, parsed_messages, model, params, cache, threshold, deadline, version, user or None,
-                        unset)
+        asked = self._params(data, rid)
+        cmd = Generate(rid, prompt, parsed_messages, model, asked, cache, threshold, deadline, version, user or None,
+                       asked).with_defaults(defaults)
+        self._check_limits(cmd.params, rid)
+        return cmd
 
     def _model(self, ref, rid: str) -> tuple[str, str, SamplingDefaults]:
         if self.models is not None:
@@ -269,8 +250,8 @@ class ClientProtocol:
                 rid, field,
             )
 
-    def _params(self, data: dict, rid: str, defaults: SamplingDefaults) -> tuple[GenerateParams, tuple[str, ...]]:
-        s = self.settings
+    def _params(self, data: dict, rid: str) -> GenerateParams:
+        """The sampling fields as the client gave them, each checked; unset ones stay None."""
         fields = {k: data[k] for k in GenerateParams.model_fields if k in data}
         for name, value in fields.items():
             # Reject JSON booleans where numbers are expected (pydantic would take true as 1).
@@ -283,8 +264,11 @@ class ClientProtocol:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else None
             raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
-        unset = params.unset
-        params = params.with_defaults(defaults)
+        return params
+
+    def _check_limits(self, params: GenerateParams, rid: str) -> None:
+        """The gateway's own limits, on the values that will run (a default's too)."""
+        s = self.settings
         if params.max_tokens > s.max_tokens_limit:
             raise ProtocolError(
                 "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"
@@ -295,7 +279,6 @@ class ClientProtocol:
                 f"`stop` takes at most {s.max_stop_strings} non-empty strings of at most {s.max_stop_chars} characters",
                 rid, "stop",
             )
-        return params, unset
 
 
 def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:

@@ -15,6 +15,7 @@ from typing import Callable
 
 import redis.asyncio as aioredis
 
+from gateway.events import stream_error
 from gateway.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
@@ -171,8 +172,8 @@ class ReplyIntake:
         if displaced is not None and displaced.sink is not route.sink:
             # One follower per request on a gateway: the newest resume wins, the older one is told.
             self.router.remove(route.request_id, displaced.sink)
-            displaced.sink.send({"type": "error", "id": displaced.client_id, "code": "resumed_elsewhere",
-                                 "message": "this request was resumed on another connection"})
+            displaced.sink.send(stream_error(displaced.client_id, "resumed_elsewhere",
+                                             "this request was resumed on another connection"))
             displaced.sink.ended(displaced.client_id)
         self.router.add(route, followed=True)
         self.follow_changed.set()

@@ -9,11 +9,12 @@ the route on `done` or `error`.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.protocol import done_event, token_event
+from gateway.events import done_event, stream_error, token_event
 from ops.core.messages import ReplyEvent
 
 
@@ -27,6 +28,23 @@ class Sink(Protocol):
 
     def ended(self, client_id: str) -> None:
         """The request's last event was sent (or it was stopped): this sink no longer waits for it."""
+
+
+class AnswerQueue:
+    """The sink of one answer its door reads in order (an HTTP response, a batch line): its
+    events wait in a queue for that reader."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[dict] = asyncio.Queue()
+
+    def send(self, event: dict) -> None:
+        self.events.put_nowait(event)
+
+    def queued(self, client_id: str, request_id: str) -> None:
+        pass
+
+    def ended(self, client_id: str) -> None:
+        pass
 
 
 @dataclass
@@ -120,12 +138,10 @@ class ReplyRouter:
         if not self._end(route):
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":
-            client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing)
-            if route.model:
-                client_event.update(model=route.model, version=route.version)
+            client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing,
+                                      route.model, route.version)
         else:
-            client_event = {"type": "error", "id": route.client_id, "code": event.code or "error",
-                            "message": event.message or ""}
+            client_event = stream_error(route.client_id, event.code or "error", event.message or "")
         return Delivery(route, client_event, event, ended=True)
 
     def _end(self, route: Route) -> bool:

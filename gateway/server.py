@@ -2,8 +2,10 @@
 
 Rooms:
 - `protocol.py`: the pure WebSocket protocol (frames in, commands or errors out);
-- `admission.py`: limits, guards, cache, load, enqueue; ending a request early, resuming it, and
-  the settling when it ends;
+- `admission.py`: the version, limits, guards, cache, load, enqueue; `shadows.py`: shadow copies;
+  `lifecycle.py`: ending a request early, resuming it, and the settling when it ends;
+  `request_store.py`: a request's writes to Redis (queued, stopped, its outcome);
+- `events.py`: every event a client is sent;
 - `auth.py`: the caller's API key, for every door;
 - `router.py` (pure) and `replies.py` (Redis): workers' events to the waiting clients;
 - the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE),
@@ -47,15 +49,19 @@ from gateway.batch_runner import BatchRunner
 from gateway.catalog import Catalog
 from gateway.content_guards import GuardConfigError, configured
 from gateway.http_door import HttpDoor
+from gateway.lifecycle import RequestLifecycle
 from gateway.limits import KeyLimiter
 from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
+from gateway.request_store import RequestStore
 from gateway.router import Delivery, ReplyRouter
+from gateway.shadows import Shadows
 from gateway.ws_door import WebSocketDoor
 from ops.core import fleet, keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.ports import bind_error
+from ops.core.queue import QueueSender
 from ops.core.redis_clients import async_client
 from ops.core.sampling_defaults import GenerationConfigError, describe, load_sampling_defaults
 from ops.core.settings import Settings
@@ -94,13 +100,19 @@ class Gateway:
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)
         self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn)
-        self.admission = Admission(settings, self.redis, self.router, self.intake, self.load, self.key_store,
-                                   KeyLimiter(self.redis), configured(settings), reply_channel, spawn,
-                                   self.deliver, self.catalog)
-        self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, lambda: self.stopping)
-        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.catalog)
-        self.batches = BatchRunner(settings, self.protocol, self.admission, self.router, self.load, self.key_store,
-                                   self.id)
+        limiter, guards = KeyLimiter(self.redis), configured(settings)
+        store = RequestStore(settings, self.redis, QueueSender(settings))
+        shadows = Shadows(settings, self.router, store, spawn)
+        self.lifecycle = RequestLifecycle(settings, self.redis, self.router, self.intake, store, shadows,
+                                          self.key_store, limiter, guards, spawn)
+        self.admission = Admission(settings, self.redis, self.router, self.load, limiter, guards, reply_channel, spawn,
+                                   self.deliver, store=store, shadows=shadows, lifecycle=self.lifecycle,
+                                   catalog=self.catalog)
+        self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle,
+                                     lambda: self.stopping)
+        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle, self.catalog)
+        self.batches = BatchRunner(settings, self.protocol, self.admission, self.lifecycle, self.router, self.load,
+                                   self.key_store, self.id)
         self.batch_door = BatchDoor(settings, self.auth, self.batches.store)
 
     # ---- wiring ---------------------------------------------------------------------------------------
@@ -113,17 +125,17 @@ class Gateway:
             return
         try:
             if delivery.event["type"] == "token":
-                refusal = self.admission.output_refusal(route, delivery.reply.text or "")
+                refusal = self.lifecycle.output_refusal(route, delivery.reply.text or "")
                 if refusal is not None:
-                    self.admission.refuse_midway(route, "content_blocked", refusal)
+                    self.lifecycle.refuse_midway(route, "content_blocked", refusal)
                     return
             route.sink.send(delivery.event)
             if delivery.ended:
                 route.sink.ended(route.client_id)
-                self.admission.settle(route, delivery.reply)
+                self.lifecycle.settle(route, delivery.reply)
         except Exception:  # a bug (or a plugged-in guard) on one request must not stall every stream
             log.exception("event=delivery_failed request_id=%s", route.request_id)
-            self.admission.refuse_midway(route, "internal_error", "the gateway failed on this request")
+            self.lifecycle.refuse_midway(route, "internal_error", "the gateway failed on this request")
 
     # ---- health ------------------------------------------------------------------------------------
 
@@ -142,7 +154,7 @@ class Gateway:
             return {"ready": False, "redis": False, "workers": 0, "reason": f"redis unreachable: {exc}"}
         ready = bool(workers)
         # The registry revision this gateway routes by: an operator (or a test) sees a route change arrive.
-        report = {"ready": ready, "redis": True, "workers": len(workers), "registry_revision": self.catalog.snapshot.revision}
+        report = {"ready": ready, "redis": True, "workers": len(workers), "registry_revision": self.catalog.revision}
         if not ready:
             report["reason"] = "no worker is alive"
         return report
@@ -196,7 +208,7 @@ class Gateway:
             for route in self.router.routes():
                 key_id = getattr(route.context, "key_id", None)
                 if key_id is not None:
-                    self.background.spawn(self.admission.release_slot(key_id, route.request_id))
+                    self.background.spawn(self.lifecycle.release_slot(key_id, route.request_id))
             # Cancels and releases just spawned (HTTP clients cut at the grace) get a moment to land.
             await self.background.drain(timeout_s=2)
             for task in tasks:
@@ -231,6 +243,7 @@ class Gateway:
         renderer = PromptRenderer(self.settings.model_dir)
         cache = AnswerCache(self.settings, spawn=self.background.spawn)
         self.admission.use_cache(cache, renderer)
+        self.lifecycle.use_cache(cache)
         return cache
 
     def app(self) -> Starlette:

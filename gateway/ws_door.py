@@ -18,9 +18,11 @@ from typing import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.admission import Admission, Caller
+from gateway.admission import Admission
 from gateway.auth import Authenticator
-from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume, done_event
+from gateway.events import cancelled_event, error_event, feedback_recorded, queued_event
+from gateway.lifecycle import Caller, RequestLifecycle
+from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -60,7 +62,7 @@ class WebSocketSession:
 
     def queued(self, client_id: str, request_id: str) -> None:
         self.active[client_id] = request_id
-        self.send({"type": "queued", "id": client_id, "request_id": request_id})
+        self.send(queued_event(client_id, request_id))
 
     def ended(self, client_id: str) -> None:
         self.active.pop(client_id, None)
@@ -84,11 +86,12 @@ def offered_key(ws: WebSocket) -> str | None:
 
 class WebSocketDoor:
     def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
-                 stopping: Callable[[], bool]):
+                 lifecycle: RequestLifecycle, stopping: Callable[[], bool]):
         self.settings = settings
         self.protocol = protocol
         self.auth = auth
         self.admission = admission
+        self.lifecycle = lifecycle
         self.stopping = stopping  # True once the gateway itself shuts down (not a client leaving)
 
     async def serve(self, ws: WebSocket) -> None:
@@ -122,7 +125,7 @@ class WebSocketDoor:
         # A client that leaves may come back with `resume` (to any gateway) within the grace time;
         # after it, its requests stop: queued ones never run, running ones free their slot.
         for rid in list(session.active.values()):
-            self.admission.hold_for_resume(rid, session)
+            self.lifecycle.hold_for_resume(rid, session)
         session.active.clear()
 
     async def _on_frame(self, session: WebSocketSession, frame: str | bytes) -> None:
@@ -143,7 +146,7 @@ class WebSocketDoor:
             session.send(err.event())
         except Exception:  # a bug must cost this one message, not the connection and its other requests
             log.exception("event=frame_failed")
-            session.send({"type": "error", "code": "internal_error", "message": "the gateway failed on this message"})
+            session.send(error_event("internal_error", "the gateway failed on this message"))
 
     async def _generate(self, session: WebSocketSession, cmd: Generate) -> None:
         if cmd.id in session.active:
@@ -170,17 +173,17 @@ class WebSocketDoor:
         rid = session.active.pop(client_id, None)
         if rid is None:
             return
-        self.admission.cancel(rid, session)
+        self.lifecycle.cancel(rid, session)
         log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
-        session.send(done_event(client_id, "cancelled", None, None))
+        session.send(cancelled_event(client_id))
 
     async def _resume(self, session: WebSocketSession, cmd: Resume) -> None:
         rid = cmd.id
         if rid in session.active or rid in session.active.values():
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
-        if not await self.admission.resume(rid, session.caller, session, cmd.after_index):
+        if not await self.lifecycle.resume(rid, session.caller, session, cmd.after_index):
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
-            session.send(done_event(rid, "cancelled", None, None))
+            session.send(cancelled_event(rid))
             return
         # Its replayed events come on a later turn of the loop, and find it active by then.
         session.active[rid] = rid
@@ -199,4 +202,4 @@ class WebSocketDoor:
             raise ProtocolError("unavailable", "the feedback could not be recorded; try again shortly", cmd.id) from None
         log.info("event=cache_feedback client_id=%s entry=%s verdict=%s evicted=%s", cmd.id, entry_id, cmd.verdict,
                  evicted)
-        session.send({"type": "feedback_recorded", "id": cmd.id, "entry": entry_id, "evicted": evicted})
+        session.send(feedback_recorded(cmd.id, entry_id, evicted))

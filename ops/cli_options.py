@@ -9,13 +9,12 @@ commands: BRIGADE_CACHE_REDIS_URL, else BRIGADE_REDIS_URL), BRIGADE_GATEWAY_HOST
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import traceback
 
 from ops.core.redaction import redact, secrets_in_argv
-from ops.core.settings import get_settings
+from ops.core.settings import Settings
 
 CONNECTION_OPTIONS = ("--url", "--api-key", "--redis-url")
 
@@ -81,21 +80,18 @@ def add_connection_options(parser: argparse.ArgumentParser, *, gateway: str | No
                            help=REDIS_HELP[redis])
 
 
-def resolve_connection(args: argparse.Namespace) -> None:
-    """Give every command `args.url` and `args.api_key` (flag, else environment, else None), and make
-    a --redis-url the setting itself for this process."""
-    for field in REDIS_HELP:
-        value = getattr(args, _REDIS_DEST + field, None)
-        if value:
-            # The flag stands for its variable: every reader of the settings in this process sees
-            # it, the Celery app that `dlq retry` sends through included (ops.core.queue.sender(),
-            # built from the settings on first use).
-            os.environ[f"BRIGADE_{field.upper()}"] = value
-            get_settings.cache_clear()
+def resolve_connection(args: argparse.Namespace, settings: Settings) -> Settings:
+    """Give every command `args.url` and `args.api_key` (flag, else environment, else None); the
+    settings returned hold a --redis-url as the setting it stands for, and the command is given them
+    (and hands them on: the Celery app that `dlq retry` sends through is built from them)."""
+    overrides = {field: value for field in REDIS_HELP if (value := getattr(args, _REDIS_DEST + field, None))}
+    if overrides:
+        settings = settings.model_copy(update=overrides)
     if not hasattr(args, "url"):
         args.url = None
     if not getattr(args, "api_key", None):
-        args.api_key = get_settings().api_key.get_secret_value() or None
+        args.api_key = settings.api_key.get_secret_value() or None
+    return settings
 
 
 def command_name(args: argparse.Namespace) -> str:

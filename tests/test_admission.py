@@ -13,17 +13,19 @@ import uuid
 
 import pytest
 
-from gateway.admission import Admission, Caller, RequestContext
 from gateway.api_keys import KeyStore
 from gateway.background import BackgroundTasks
 from gateway.content_guards import GuardInput
+from gateway.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.limits import KeyLimiter
-from gateway.load import LoadMonitor
 from gateway.protocol import ProtocolError
 from gateway.replies import ReplyIntake
+from gateway.request_store import RequestStore
 from gateway.router import ReplyRouter, Route
+from gateway.shadows import Shadows
 from ops.core import keys
 from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.queue import QueueSender
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
 
@@ -50,8 +52,10 @@ async def admission_on(url: str, **overrides):
     router = ReplyRouter()
     delivered: list = []
     intake = ReplyIntake(settings, router, client, "brigade:reply:test", delivered.append, background.spawn)
-    admission = Admission(settings, client, router, intake, LoadMonitor(client, settings), KeyStore(client),
-                          KeyLimiter(client), [], "brigade:reply:test", background.spawn, delivered.append)
+    store = RequestStore(settings, client, QueueSender(settings))
+    shadows = Shadows(settings, router, store, background.spawn)
+    admission = RequestLifecycle(settings, client, router, intake, store, shadows, KeyStore(client),
+                                 KeyLimiter(client), [], background.spawn)
     try:
         yield admission, background
     finally:
@@ -60,7 +64,7 @@ async def admission_on(url: str, **overrides):
         await client.aclose()
 
 
-def routed(admission: Admission, sink: Sink) -> Route:
+def routed(admission: RequestLifecycle, sink: Sink) -> Route:
     rid = uuid.uuid4().hex
     context = RequestContext(Caller(None, "ws"), GuardInput(rid, "m", "a prompt", None))
     route = Route(rid, "c1", sink, context=context)
@@ -198,14 +202,14 @@ def test_a_batch_line_is_followed_again_only_while_its_request_has_a_replay_log(
 # ---- shadows ------------------------------------------------------------------------------------
 
 
-def _shadow_routes(admission: Admission, served_text: list[str], shadow_text: list[str]):
-    from gateway.admission import ShadowContext, ShadowPair, ShadowSink
+def _shadow_routes(admission: RequestLifecycle, served_text: list[str], shadow_text: list[str]):
     from gateway.catalog import Choice
+    from gateway.shadows import ShadowContext, ShadowPair, ShadowSink
 
     served = routed(admission, Sink())
     served.keep_text, served.chunks = True, list(served_text)
     served.context.choice, served.context.shadows = Choice("m", "v1", "stable"), ["v3"]
-    admission._shadow_pairs[served.request_id] = ShadowPair(shadows=1)
+    admission.shadows.pairs[served.request_id] = ShadowPair(shadows=1)
     shadow = Route(uuid.uuid4().hex, "s", ShadowSink(), keep_text=True, chunks=list(shadow_text),
                    context=ShadowContext(served.request_id, Choice("m", "v3", "shadow")))
     return served, shadow
@@ -230,7 +234,7 @@ def test_a_shadow_is_compared_with_the_served_answer_whichever_ends_first(redis_
             for route, reply in ends if shadow_first else ends[::-1]:
                 admission.settle(route, reply)
             await background.drain(timeout_s=5)
-            return admission._shadow_pairs
+            return admission.shadows.pairs
 
     client = redis_server.client
     client.delete(keys.outcomes("m", "v3"), keys.outcomes("m", "v1"))

@@ -105,7 +105,7 @@ def test_cancel_is_parsed(protocol):
 
 
 def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
-    from gateway.protocol import cached_events
+    from gateway.events import cached_events
 
     events = cached_events("r1", ["Par", "is."], "stop", {"completion_tokens": 2}, "semantic", 0.91234, 0.004)
     assert [e["type"] for e in events] == ["token", "done"]

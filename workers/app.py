@@ -1,18 +1,42 @@
 """The worker's Celery app: the queue's configuration (ops/core/queue.py) plus its tasks and its
 broker transport (workers/transport.py, kombu's Redis transport kept alive across a broker restart;
-its Sentinel variant when BRIGADE_REDIS_URL is a `redis+sentinel://` URL).
+its Sentinel variant when the Redis URL is a `redis+sentinel://` URL).
+
+`brigade worker` builds its app from the settings of the version it serves (`worker_app`). The
+module's `app` is the same built from the environment, on first use: what `celery -A workers.app`
+and whoever imports it for its app (Flower's task names, tests) find.
 
 Importing this module loads no model and no torch. The model is loaded once per worker process
-by the worker_init hook in workers/tasks.py.
+by `workers.tasks.load_model`, or by its worker_init hook.
 """
 from __future__ import annotations
 
+import functools
+
+from celery import Celery
+
 from ops.core.queue import make_app
 from ops.core.redis_address import is_sentinel
-from ops.core.settings import get_settings
+from ops.core.settings import Settings
+from workers import tasks
 
 TRANSPORT = "workers.transport:Transport"
 SENTINEL_TRANSPORT = "workers.transport:SentinelTransport"
 
-app = make_app(include=["workers.tasks"],
-               transport=SENTINEL_TRANSPORT if is_sentinel(get_settings().redis_url) else TRANSPORT)
+
+def worker_app(settings: Settings) -> Celery:
+    app = make_app(include=["workers.tasks"], settings=settings,
+                   transport=SENTINEL_TRANSPORT if is_sentinel(settings.redis_url) else TRANSPORT)
+    tasks.register(app)
+    return app
+
+
+@functools.cache
+def _environment_app() -> Celery:
+    return worker_app(Settings())
+
+
+def __getattr__(name: str):
+    if name == "app":  # built on first use, so that `brigade worker` builds only its own
+        return _environment_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

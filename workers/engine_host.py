@@ -29,8 +29,7 @@ from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
 from ops.core.queue import enqueue
 from workers.claims import ClaimStore
-# EngineUnavailable stays importable from here: ops/cli.py names it so.
-from workers.engine_loading import EngineUnavailable, load_engine  # noqa: F401
+from workers.engine_loading import load_engine
 from workers.inflight import InFlight, done_event, engine_request, token_event
 from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
 from workers.publisher import TokenPublisher

@@ -25,7 +25,7 @@ from ops.core import keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
-from ops.core.queue import enqueue
+from ops.core.queue import QueueSender
 from workers.claims import ClaimStore
 
 log = logging.getLogger("brigade.reaper")
@@ -36,6 +36,7 @@ class Reaper:
         self.settings = settings
         self.redis = client or redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
+        self.sender = QueueSender(settings)
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
         self._run_id: str | None = None  # the Redis server that answered the last pass
         # Canaries are stepped by whichever controller holds their lease: a gateway's, or this one,
@@ -68,7 +69,7 @@ class Reaper:
                 if queued is None:
                     log.warning("event=reaped_without_request request_id=%s", rid)
                     continue
-                enqueue(queued)  # to its own version's queue (QueuedRequest.version)
+                self.sender.send(queued)  # to its own version's queue (QueuedRequest.version)
                 log.info("event=reaped request_id=%s dead_owner=%s outcome=%s served=%s", rid, owner, outcome,
                          keys.served(queued.model, queued.version))
             else:
@@ -116,7 +117,7 @@ class Reaper:
                 self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # look again later
                 continue
             if self.claims.take_unclaimed(rid, cutoff):
-                enqueue(queued)
+                self.sender.send(queued)
                 done[rid] = "unclaimed"
                 log.info("event=unclaimed_requeued request_id=%s served=%s receiver=%s", rid,
                          keys.served(queued.model, queued.version),

@@ -3,6 +3,10 @@
 The worker runs the threads pool: there is no fork, so the model is loaded once in the main
 process, before Celery starts (load_model; or in `worker_init`, before the consumer, when Celery is
 started some other way), and shared by every task thread through one EngineHost.
+
+The settings are the worker's, given once by the command that starts it (`load_model`): the
+version it serves is in them. Started some other way (`celery -A workers.app worker`), the
+worker reads them from the environment.
 """
 from __future__ import annotations
 
@@ -11,26 +15,41 @@ import os
 import socket
 import threading
 
+from celery import Celery
 from celery.signals import task_received, worker_init, worker_shutdown, worker_shutting_down
 
 from engine import Engine
 from ops.core.messages import QueuedRequest
 from ops.core.queue import BATCH_TASK, GENERATE_TASK
-from ops.core.settings import get_settings
-from workers.app import app
+from ops.core.settings import Settings
 from workers.engine_host import EngineHost
 from workers.engine_loading import EngineUnavailable, load_engine
 
 log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None
 _engine: Engine | None = None  # loaded by load_model() before Celery starts
+_settings: Settings | None = None  # the worker's, from load_model()
 
 
-def load_model() -> None:
+def load_model(settings: Settings) -> None:
     """Load the engine before Celery starts the worker; raises EngineUnavailable. `brigade worker`
     calls it first, so a worker that cannot hold its model exits before it joins the queue."""
-    global _engine
-    _engine = load_engine(get_settings())
+    global _engine, _settings
+    _settings = settings
+    _engine = load_engine(settings)
+
+
+def _worker_settings() -> Settings:
+    global _settings
+    if _settings is None:  # started by Celery's own command: the environment's
+        _settings = Settings()
+    return _settings
+
+
+def register(app: Celery) -> None:
+    """The worker's tasks, on the app that runs them (workers/app.py builds it)."""
+    app.task(name=BATCH_TASK)(generate_batch_line)
+    app.task(name=GENERATE_TASK)(generate)
 
 
 @worker_init.connect
@@ -38,7 +57,7 @@ def _load_engine(sender=None, **_):
     global _host
     name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
     try:
-        _host = EngineHost.start(get_settings(), name, _engine)
+        _host = EngineHost.start(_worker_settings(), name, _engine)
     except EngineUnavailable as exc:
         # Celery logs and ignores an Exception from a signal handler, and would then consume with
         # no engine; SystemExit ends the worker before its consumer starts.
@@ -63,7 +82,7 @@ def _drain(sig=None, how=None, **_):
     # Sent on SIGTERM/SIGINT before Celery's warm shutdown waits for running tasks: the drain
     # ends every task within drain_seconds (finished, or handed back), so that wait is bounded.
     if _host is not None and how == "Warm":
-        threading.Thread(target=_host.drain, args=(get_settings().drain_seconds,), name="drain", daemon=True).start()
+        threading.Thread(target=_host.drain, args=(_worker_settings().drain_seconds,), name="drain", daemon=True).start()
 
 
 @worker_shutdown.connect
@@ -72,12 +91,10 @@ def _close_engine(**_):
         _host.close()
 
 
-@app.task(name=BATCH_TASK)
 def generate_batch_line(payload: dict) -> dict:
     return generate(payload)
 
 
-@app.task(name=GENERATE_TASK)
 def generate(payload: dict) -> dict:
     queued = QueuedRequest.model_validate(payload)
     if _host is None:

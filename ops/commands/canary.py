@@ -9,7 +9,7 @@ import re
 from datetime import datetime, timezone
 
 from ops.cli_options import add_connection_options
-from ops.core.settings import get_settings
+from ops.core.settings import Settings
 
 _DURATION = re.compile(r"^(?P<value>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s|m|h)?$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -151,7 +151,7 @@ def _abort(client, args) -> int:
 _COMMANDS = {"start": _start, "status": _status, "promote": _promote, "abort": _abort}
 
 
-def run(args) -> int:
+def run(args, settings: Settings) -> int:
     from ops.commands.models import run_registry_command
     from ops.core.slo import InvalidObjective
 
@@ -163,7 +163,7 @@ def run(args) -> int:
     logging.getLogger("brigade.canary").setLevel(logging.WARNING)
 
     # An objective that does not parse is the user's to fix, as a registry refusal is (exit 2).
-    return run_registry_command(f"canary {args.canary_command}", command, args, get_settings(),
+    return run_registry_command(f"canary {args.canary_command}", command, args, settings,
                                 user_errors=(InvalidObjective,))
 
 

@@ -9,7 +9,6 @@ to its stable version (gateway/catalog.py).
 from __future__ import annotations
 
 import json
-import sys
 from datetime import datetime, timezone
 
 from ops.cli_options import add_connection_options

@@ -1,7 +1,7 @@
 """The sending side of the queue: task names, queues, priorities, and `enqueue`.
 
 The gateway, the reaper and a draining worker put requests on a model's queue through here, so
-none of them imports workers/ to send. The Celery configuration lives here too, once: the worker
+none of them imports workers/ to send: each holds a `QueueSender` built from its own settings. The Celery configuration lives here too, once: the worker
 app (workers/app.py) is this configuration plus its tasks and its broker transport.
 Importing this module loads no model and no torch.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import ssl
 import uuid
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
 from ops.core.redis_address import is_sentinel, kombu_broker, kombu_ssl, parse_sentinel
-from ops.core.settings import get_settings
+from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.queue")
 
@@ -43,9 +44,10 @@ BATCH_PRIORITY = BATCH_STEP
 
 
 def make_app(redis_url: str | None = None, include: list[str] | None = None, transport: str | None = None,
-             set_as_current: bool = True) -> Celery:
-    """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time."""
-    settings = get_settings()
+             set_as_current: bool = True, settings: Settings | None = None) -> Celery:
+    """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time.
+    `settings`: the caller's; without them, the environment's (a test's, a one-off's)."""
+    settings = settings if settings is not None else Settings()
     broker = redis_url or settings.redis_url
     transport_options: dict = {}
     sentinel = parse_sentinel(broker) if is_sentinel(broker) else None
@@ -86,22 +88,49 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
     return app
 
 
+class QueueSender:
+    """Puts requests on their model's queue, through an app built on first use from these
+    settings, never the process's current app: in a worker process the worker's own app (with its
+    tasks) stays the one Celery resolves."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._app: Celery | None = None
+        self._building = threading.Lock()  # sends come from several threads (asyncio.to_thread)
+
+    @property
+    def app(self) -> Celery:
+        with self._building:
+            if self._app is None:
+                self._app = make_app(settings=self.settings, set_as_current=False)
+            return self._app
+
+    def send(self, queued: QueuedRequest, first: bool = False) -> None:
+        """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
+        Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
+        rid = queued.request_id
+        shown = {} if self.settings.flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
+        batch = queued.lane == "batch"
+        self.app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
+                           queue=interactive_queue(queued.model, queued.version),
+                           task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                           priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
+
+
 @functools.cache
+def _environment_sender() -> QueueSender:
+    return QueueSender(Settings())
+
+
 def sender() -> Celery:
-    """The app that sends: built on first use, and never the process's current app, so that in a
-    worker process the worker's own app (with its tasks) stays the one Celery resolves."""
-    return make_app(set_as_current=False)
+    """The environment's sending app, for code that holds no settings yet (see `enqueue`)."""
+    return _environment_sender().app
 
 
 def enqueue(queued: QueuedRequest, first: bool = False) -> None:
-    """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
-    Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
-    rid = queued.request_id
-    shown = {} if get_settings().flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
-    batch = queued.lane == "batch"
-    sender().send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
-                       queue=interactive_queue(queued.model, queued.version), task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
-                       priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
+    """`QueueSender.send` on the environment's settings: left for workers/engine_host.py, which is
+    being split apart and will hold its worker's sender; everything else sends through its own."""
+    _environment_sender().send(queued, first)
 
 
 def task_summary(queued: QueuedRequest) -> str:

@@ -1,0 +1,58 @@
+"""A batch job's output lines: one per input line, in the shapes OpenAI's batch API writes.
+
+A line's response is what the HTTP API would have answered its request (a completion, or an error
+body with its status), or an error of its own when the line itself was invalid and skipped.
+Identical deterministic lines of one job share one answer (`dedup_key`, `copy_result`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from gateway import openai_schema as oa
+from gateway.batch_input import BadLine, BatchLine
+
+
+@dataclass
+class LineResult:
+    number: int
+    line: dict  # the output line
+    kind: str  # completed | failed (the request's answer was an error) | invalid (a skipped bad line)
+    output_tokens: int = 0
+
+
+BLANK = LineResult(0, {}, "blank")  # a blank input line: nothing to write
+
+
+def output_line(job_id: str, line: BatchLine | BadLine, response: dict | None, error: dict | None) -> dict:
+    return {"id": f"batch_req_{job_id.removeprefix('batch_')}_{line.number}", "custom_id": line.custom_id,
+            "response": response, "error": error}
+
+
+def request_failed(job_id: str, line: BatchLine, rid: str | None, code: str, message: str,
+                   param: str | None = None) -> LineResult:
+    """The request was refused or failed: its line says what the HTTP API would have answered."""
+    response = {"status_code": oa.status_of(code), "request_id": rid, "body": oa.error_body(code, message, param)}
+    return LineResult(line.number, output_line(job_id, line, response, None), "failed")
+
+
+def invalid_result(job_id: str, bad: BadLine) -> LineResult:
+    return LineResult(bad.number, output_line(job_id, bad, None, {"code": "invalid_line", "message": bad.reason}),
+                      "invalid")
+
+
+def copy_result(job_id: str, line: BatchLine, first: LineResult) -> LineResult:
+    """An identical line's answer for this line: its own id and custom_id, the same response."""
+    return LineResult(line.number, output_line(job_id, line, first.line["response"], first.line["error"]), first.kind,
+                      first.output_tokens)
+
+
+def dedup_key(job_id: str, line: BatchLine) -> str | None:
+    """Lines of one job whose answer is determined by their request (greedy or seeded) share one
+    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. Greedy or not is the
+    resolved temperature's (a line without one takes the model's default), not the body's."""
+    params = line.command.params
+    if params.temperature > 0 and params.seed is None:
+        return None
+    return hashlib.sha256(json.dumps([job_id, line.url, line.body], sort_keys=True).encode()).hexdigest()

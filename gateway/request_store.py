@@ -1,0 +1,66 @@
+"""What this gateway writes about a request in Redis: its place on the queue, its stop, its outcome.
+
+A request goes on the queue as three writes: its record (for a resume, a reaper, a continuing
+worker), its unclaimed mark (the reaper's way to find a message lost before its claim), then the
+message itself. Stopping a request marks it cancelled everywhere (queued, it never runs; running,
+its worker frees the slot). Each answer's outcome goes into its version's stream, which canaries
+compare (ops/core/outcomes.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import redis.asyncio as aioredis
+
+from gateway.catalog import Choice
+from ops.core import keys, outcomes
+from ops.core.messages import QueuedRequest
+from ops.core.queue import SEND_ERRORS, QueueSender
+from ops.core.redis_clients import through_failover
+from ops.core.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+
+class RequestStore:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, sender: QueueSender):
+        self.settings = settings
+        self.redis = redis
+        self.sender = sender
+
+    async def put(self, queued: QueuedRequest) -> None:
+        """The record, the unclaimed mark, then the message (see the module's note)."""
+        rid = queued.request_id
+
+        async def put() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
+            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            if self.settings.confirmations:
+                # On a replica before the message goes: should a failover lose the message, the
+                # record and the mark survive it, and the reaper sends the request again.
+                pipe.execute_command("WAIT", self.settings.confirmations, self.settings.confirm_ms)
+            await pipe.execute()
+            await asyncio.to_thread(self.sender.send, queued, True)
+
+        # Through a Sentinel failover the request waits for the new primary instead of failing; a
+        # second message after a send that failed late is a duplicate delivery, which the claim skips.
+        await through_failover(put, self.settings.failover_budget_s, SEND_ERRORS)
+
+    async def stop(self, rid: str) -> None:
+        """Cancel a request everywhere: queued, it never runs; running, it frees its slot."""
+        try:
+            await self.redis.set(keys.cancelled(rid), "1", ex=keys.cancelled_ttl_s(self.settings))
+            await self.redis.zrem(keys.UNCLAIMED, rid)
+            await self.redis.publish(keys.CANCEL_CHANNEL, rid)
+        except aioredis.RedisError as exc:
+            log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
+
+    async def record(self, choice: Choice, outcome: outcomes.Outcome) -> None:
+        """One outcome in its version's stream, which canaries compare (ops/core/outcomes.py)."""
+        try:
+            await outcomes.record(self.redis, self.settings, choice.model, choice.version, outcome)
+        except aioredis.RedisError as exc:
+            log.debug("event=outcome_not_recorded model=%s error=%r", choice.served, exc)
