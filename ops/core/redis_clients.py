@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
@@ -90,9 +90,12 @@ def one_line(exc: Exception) -> str:
     return text.split(" : <", 1)[0]
 
 
-def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float) -> dict:
-    # A sentinel that is down must not hold up the search for the primary among the others.
-    return {"socket_timeout": connect_timeout_s, "socket_connect_timeout": connect_timeout_s,
+def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float, retry) -> dict:
+    # A sentinel that is down must not hold up the search for the primary among the others: one
+    # try each (redis-py's default retried each with a backoff of seconds, and the client's own
+    # retry around the search multiplied it: 16 s before `brigade status` could say that no
+    # sentinel answers). The client's retry and the failover budget try the search again.
+    return {"socket_timeout": connect_timeout_s, "socket_connect_timeout": connect_timeout_s, "retry": retry,
             **address.sentinel_kwargs()}
 
 
@@ -103,7 +106,8 @@ def client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S,
                    retry=Retry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
     if is_sentinel(url):
         address = parse_sentinel(url)
-        watch = redis.sentinel.Sentinel(list(address.sentinels), sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s))
+        watch = redis.sentinel.Sentinel(list(address.sentinels),
+                                        sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s, Retry(NoBackoff(), 0)))
         return watch.master_for(address.master, redis_class=redis.Redis, **options, **address.node_kwargs())
     return redis.Redis.from_url(url, **options)
 
@@ -121,7 +125,8 @@ def async_client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S, connect_
                    retry=AsyncRetry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
     if is_sentinel(url):
         address = parse_sentinel(url)
-        watch = aiosentinel.Sentinel(list(address.sentinels), sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s))
+        watch = aiosentinel.Sentinel(list(address.sentinels),
+                                     sentinel_kwargs=_sentinel_kwargs(address, connect_timeout_s, AsyncRetry(NoBackoff(), 0)))
         return watch.master_for(address.master, redis_class=aioredis.Redis, connection_pool_class=_BlockingSentinelPool,
                                 **options, **address.node_kwargs())
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **options))
