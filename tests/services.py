@@ -134,6 +134,7 @@ class BrigadeProcess:
     def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None):
         self.env, self.log_path = env, log_path
         self.log = open(log_path, "w")
+        self._asked = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", part, *(extra or [])],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
@@ -156,9 +157,15 @@ class BrigadeProcess:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM, once (a second one makes uvicorn skip its graceful shutdown)."""
+        if self.proc.poll() is None and not self._asked:
+            self.proc.terminate()
+            self._asked = True
+
     def stop(self, timeout: float = 20) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.ask_to_stop()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -408,7 +415,11 @@ class Stack:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Stop every process, the last started first, then the Redis the stack owns."""
+        """Stop every process, then the Redis the stack owns. All are asked at once, the last
+        started first, and then waited for: one by one, each worker's drain and each gateway's
+        shutdown added up to 10-17 s of a module's teardown."""
+        for p in reversed(self.started):
+            p.ask_to_stop()
         for p in reversed(self.started):
             p.stop()
         if self.own_redis:

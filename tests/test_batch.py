@@ -205,6 +205,7 @@ def test_cancel_stops_a_running_job_and_keeps_what_it_finished(stack, tmp_path):
                30, what="the cancelled lines to leave the workers")
 
 
+@pytest.mark.long
 def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
     requests = [line(i, max_tokens=64) for i in range(30)]
     source = write_lines(tmp_path / "kill.jsonl", requests)
@@ -223,6 +224,7 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
     stack.wait_ready()  # the replacement worker beats
 
 
+@pytest.mark.long
 def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_written_once(stack, tmp_path):
     requests = [line(i, max_tokens=20) for i in range(30)]
     source = write_lines(tmp_path / "gw.jsonl", requests)
@@ -240,6 +242,7 @@ def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_wri
     assert "event=batch_job_taken job=" + job_id in stack.gateway.log_path.read_text()
 
 
+@pytest.mark.long
 def test_a_redis_restart_mid_job_with_the_append_only_file_loses_nothing(stack, tmp_path):
     requests = [line(i, max_tokens=16, chat=False) for i in range(30)]
     source = write_lines(tmp_path / "redis.jsonl", requests)

@@ -21,6 +21,9 @@ from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, wait_until
 from tests.streams import PROMPTS, assert_complete, busiest, stream_clients as streams, uninterrupted
 
+# Every test here runs on one fleet that is killed, stopped, frozen and cut from Redis: `make test-long`.
+pytestmark = pytest.mark.long
+
 HEARTBEAT_TTL_S = 3.0
 # The tiny model's steps take about as long as the real one's: a few hundred tokens keep every
 # stream going through a fault, and its context (4096) holds them.

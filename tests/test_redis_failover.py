@@ -19,6 +19,9 @@ from tests.streams import assert_complete, busiest, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
 
+# Redis primaries killed and demoted under load, a worker killed: `make test-long`.
+pytestmark = pytest.mark.long
+
 HEARTBEAT_TTL_S = 3.0
 MAX_TOKENS = 64
 

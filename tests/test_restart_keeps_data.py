@@ -1,17 +1,23 @@
 """Data survives a restart of `brigade up` and a crash of its Redis, on real processes: `brigade up`
 (its own Redis with the append-only file in BRIGADE_DATA_DIR, the gateway with keys required, a
-worker with the tiny model: what is kept does not depend on the words, a reaper), a real API key, a cached answer and a finished batch job;
-then Redis is SIGKILLed, `up` stops, and a new `brigade up` finds them all."""
+worker with the tiny model, since what is kept does not depend on the words, a reaper), a real API
+key, a cached answer and a finished batch job; then Redis is SIGKILLed, `up` stops, and a new
+`brigade up` finds them all."""
 from __future__ import annotations
 
 import json
 import signal
+
+import pytest
 
 import httpx
 from openai import OpenAI
 
 from tests.brigade_up import BrigadeUp, still_running
 from tests.services import create_key, free_port, service_env, wait_until
+
+# Redis SIGKILLed under `brigade up`, and `up` started again: `make test-long`.
+pytestmark = pytest.mark.long
 
 QUESTION = "What is the capital of France?"
 MODEL = "smollm2-135m-instruct"

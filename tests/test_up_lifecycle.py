@@ -84,6 +84,7 @@ def stop(up: BrigadeUp, case: str) -> None:
                              "sigkill": signal.SIGKILL}[case])
 
 
+@pytest.mark.long
 def test_a_second_up_on_the_same_data_folder_refuses_to_start_a_redis_there(ups):
     """Two Redis servers writing one append-only folder would corrupt it."""
     import redis
@@ -100,6 +101,7 @@ def test_a_second_up_on_the_same_data_folder_refuses_to_start_a_redis_there(ups)
         redis.Redis.from_url(redis_url, socket_connect_timeout=1).ping()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", CASES)
 def test_every_process_up_started_ends_when_up_is_stopped(ups, case):
     up = ups[case]
@@ -249,6 +251,7 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
     ending.stop()
 
 
+@pytest.mark.long
 def test_up_with_redis_ha_serves_through_a_killed_primary_and_stops_every_part(tmp_path, tiny_model_dir):
     """`brigade up --redis-ha`: a primary, two replicas and three sentinels instead of one Redis,
     every part on their redis+sentinel:// URL; SIGKILL the primary and the service answers again

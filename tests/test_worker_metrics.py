@@ -317,6 +317,7 @@ def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_
 
 # ---- failover (kills a worker: keep these last) ------------------------------------------------------------
 
+@pytest.mark.long
 def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(fleet):
     client = fleet.redis.client
     before = fleet.scrape()
