@@ -2,7 +2,8 @@
 reaper, real gateways and WebSocket clients. Faults are real signals: SIGKILL, SIGTERM,
 SIGSTOP/SIGCONT, and a Redis restart. The tiny model answers (what is proven is the mechanics of
 continuing a stream, with answers long enough for a fault to land mid-stream); the real model's
-own SIGKILL failover is in tests/test_redis_failover.py, on its real-model stack."""
+own SIGKILL failover is in tests/test_redis_failover.py, on its real-model stack. Every test here
+runs on the one fleet these faults break: all are `make test-long`'s."""
 from __future__ import annotations
 
 import asyncio
@@ -21,13 +22,10 @@ from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, wait_until
 from tests.streams import PROMPTS, assert_complete, busiest, stream_clients as streams, uninterrupted
 
-# Every test here runs on one fleet that is killed, stopped, frozen and cut from Redis: `make test-long`.
 pytestmark = pytest.mark.long
 
 HEARTBEAT_TTL_S = 3.0
-# The tiny model's steps take about as long as the real one's: a few hundred tokens keep every
-# stream going through a fault, and its context (4096) holds them.
-MAX_TOKENS = 300
+MAX_TOKENS = 300  # the tiny model's steps take about as long as the real one's: every stream outlasts a fault
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +36,7 @@ def fleet(tiny_model_dir, tmp_path_factory):
         BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_DRAIN_SECONDS="1", BRIGADE_RESUME_GRACE_S="30", BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         BRIGADE_UNCLAIMED_AFTER_S="3",
-        # Deterministic mode in the default precision: a continued answer must equal the
-        # uninterrupted one token for token (engine/batch_invariance.py).
+        # Deterministic: a continued answer equals the uninterrupted one (engine/batch_invariance.py).
         BRIGADE_BATCH_INVARIANT="true",
     ) as f:
         f.start_gateway()
