@@ -182,6 +182,9 @@ def test_a_client_that_resumes_before_its_old_connection_closes_keeps_its_reques
 
 
 BAD_FRAMES = {
+    # First: a frame is handled only after the one before it, so `good` is surely still running.
+    # Later, behind the 10 MB frame, a short answer could have ended (then `good` may be reused).
+    "duplicate id": (json.dumps({"type": "generate", "id": "good", "prompt": "again"}), "duplicate_id"),
     "not json": ("{oops", "invalid_json"),
     "unknown type": (json.dumps({"type": "dance", "id": "b1"}), "unknown_type"),
     "missing prompt": (json.dumps({"type": "generate", "id": "b2"}), "missing_field"),
@@ -190,7 +193,6 @@ BAD_FRAMES = {
     "10 MB prompt": (json.dumps({"type": "generate", "id": "b5", "prompt": "x" * 10_000_000}), "prompt_too_long"),
     "binary frame": (b"\x00\xff binary", "binary_frame"),
     "cancel of unknown id": (json.dumps({"type": "cancel", "id": "nobody"}), "unknown_id"),
-    "duplicate id": (json.dumps({"type": "generate", "id": "good", "prompt": "again"}), "duplicate_id"),
     # Passes the gateway's character limit but not the model's context: refused by the worker.
     "over the context": (json.dumps({"type": "generate", "id": "b6", "prompt": "word " * 12_000, "max_tokens": 64}),
                          "context_overflow"),
