@@ -19,7 +19,8 @@ from ops.core.messages import ReplyEvent
 
 
 class Sink(Protocol):
-    """Where a route's client events go (in the WebSocket protocol's shapes)."""
+    """Where a route's client events go (in the WebSocket protocol's shapes). A sink that needs
+    neither notice below subclasses this and keeps them as the no-ops they are here."""
 
     def send(self, event: dict) -> None: ...
 
@@ -30,7 +31,7 @@ class Sink(Protocol):
         """The request's last event was sent (or it was stopped): this sink no longer waits for it."""
 
 
-class AnswerQueue:
+class AnswerQueue(Sink):
     """The sink of one answer its door reads in order (an HTTP response, a batch line): its
     events wait in a queue for that reader."""
 
@@ -39,12 +40,6 @@ class AnswerQueue:
 
     def send(self, event: dict) -> None:
         self.events.put_nowait(event)
-
-    def queued(self, client_id: str, request_id: str) -> None:
-        pass
-
-    def ended(self, client_id: str) -> None:
-        pass
 
 
 @dataclass

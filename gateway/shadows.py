@@ -18,7 +18,7 @@ from typing import Callable
 from gateway import metrics
 from gateway.catalog import Choice
 from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route
+from gateway.router import ReplyRouter, Route, Sink
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
@@ -34,16 +34,10 @@ class ShadowContext:
     choice: Choice
 
 
-class ShadowSink:
+class ShadowSink(Sink):
     """Where a shadow's events go: nowhere. Its answer is only measured."""
 
     def send(self, event: dict) -> None:
-        pass
-
-    def queued(self, client_id: str, request_id: str) -> None:
-        pass
-
-    def ended(self, client_id: str) -> None:
         pass
 
 

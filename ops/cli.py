@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -102,52 +103,18 @@ def cmd_chat(args, settings: Settings) -> int:
         return INTERRUPTED
 
 
-def cmd_bench(args, settings: Settings) -> int:
-    from ops.bench.command import run
-
-    return run(args, settings)
-
-
-def cmd_cache(args, settings: Settings) -> int:
-    from ops.commands.cache import run
-
-    return run(args, settings)
-
-
-def cmd_keys(args, settings: Settings) -> int:
-    from ops.commands.keys import run
-
-    return run(args, settings)
-
-
-def cmd_batch(args, settings: Settings) -> int:
-    from ops.commands.batch import run
-
-    return run(args, settings)
+def _run_of(module: str):
+    """A command whose module's `run(args, settings)` does the work, imported only when it runs
+    (building the parser imports no service, model or benchmark)."""
+    def command(args, settings: Settings) -> int:
+        return importlib.import_module(module).run(args, settings)
+    return command
 
 
 def cmd_status(args, settings: Settings) -> int:
     from ops.commands.status import run
 
     return run(settings, args.json)
-
-
-def cmd_models(args, settings: Settings) -> int:
-    from ops.commands.models import run
-
-    return run(args, settings)
-
-
-def cmd_route(args, settings: Settings) -> int:
-    from ops.commands.route import run
-
-    return run(args, settings)
-
-
-def cmd_distill(args, settings: Settings) -> int:
-    from ops.commands.distill import run
-
-    return run(args, settings)
 
 
 def cmd_capacity(args, settings: Settings) -> int:
@@ -214,19 +181,19 @@ def _add_client_parsers(sub) -> None:
     p.set_defaults(fn=cmd_chat)
     from ops.bench.command import add_bench_parser
 
-    add_bench_parser(sub).set_defaults(fn=cmd_bench)
+    add_bench_parser(sub).set_defaults(fn=_run_of("ops.bench.command"))
     from ops.commands.cache import add_parser
 
     add_parser(sub)
-    sub.choices["cache"].set_defaults(fn=cmd_cache)
+    sub.choices["cache"].set_defaults(fn=_run_of("ops.commands.cache"))
     from ops.commands.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub)
-    sub.choices["keys"].set_defaults(fn=cmd_keys)
+    sub.choices["keys"].set_defaults(fn=_run_of("ops.commands.keys"))
     from ops.commands.batch import add_parser as add_batch_parser
 
     add_batch_parser(sub)
-    sub.choices["batch"].set_defaults(fn=cmd_batch)
+    sub.choices["batch"].set_defaults(fn=_run_of("ops.commands.batch"))
     p = sub.add_parser("status", help="one screen: workers, queue, cache, dead letters (read from Redis)")
     p.add_argument("--json", action="store_true", help="the same as JSON")
     add_connection_options(p, redis="redis_url")
@@ -236,9 +203,9 @@ def _add_client_parsers(sub) -> None:
     from ops.commands.route import add_parser as add_route_parser
 
     add_models_parser(sub)
-    sub.choices["models"].set_defaults(fn=cmd_models)
+    sub.choices["models"].set_defaults(fn=_run_of("ops.commands.models"))
     add_route_parser(sub)
-    sub.choices["route"].set_defaults(fn=cmd_route)
+    sub.choices["route"].set_defaults(fn=_run_of("ops.commands.route"))
     # canaries: `brigade canary ...` (ops/commands/canary.py)
     from ops.commands.canary import add_parser as add_canary_parser
 
@@ -247,7 +214,7 @@ def _add_client_parsers(sub) -> None:
     from ops.commands.distill import add_parser as add_distill_parser
 
     add_distill_parser(sub)
-    sub.choices["distill"].set_defaults(fn=cmd_distill)
+    sub.choices["distill"].set_defaults(fn=_run_of("ops.commands.distill"))
     from ops.commands.load_flags import add_capacity_parser
 
     add_capacity_parser(sub).set_defaults(fn=cmd_capacity)
