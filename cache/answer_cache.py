@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Coroutine
@@ -16,12 +17,14 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
+from cache.evidence import BAR_MARGIN, Learned, Observation, answers_agree, learn, same_text
 from cache.guards import conflicts
-from cache.hit_rule import Candidate, OperatingPoint, choose
-from cache.index import VectorIndex
+from cache.hit_rule import Candidate, OperatingPoint, choose, point_from, proposals
+from cache.index import Item, VectorIndex
 from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
-from cache.store import AlreadyStored, CorruptEntry, Entry, EntryStore, decode_vector, new_entry_id
+from cache.store import (AlreadyStored, CorruptEntry, Entry, EntryStore, Sample, answer_digest, decode_vector,
+                         new_entry_id)
 from ops.core import keys
 from ops.core.redis_clients import CACHE_TIMEOUT_S, async_client
 from ops.core.settings import Settings
@@ -41,6 +44,8 @@ class Hit:
 class Lookup:
     hit: Hit | None
     vector: np.ndarray | None = None  # the question's embedding, reused when the answer is stored
+    pool: str | None = None  # a sampled entry whose pool is short: the model's answer joins it
+    near: Candidate | None = None  # a proposal not served: the model's answer is compared with its
 
 
 class AnswerCache:
@@ -53,6 +58,8 @@ class AnswerCache:
             settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
         )
         self.pair_model = pair_model if pair_model is not None else self._load_pair_model()
+        self.learned: Learned | None = None
+        self.rng = random.Random()
         self.indexes: dict[str, VectorIndex] = {}
         self.namespace_of: dict[str, str] = {}  # entry id -> namespace, for deletes that name none
         self._rebuilding: set[str] = set()
@@ -91,88 +98,112 @@ class AnswerCache:
 
     @property
     def operating_point(self) -> OperatingPoint | None:
-        """The semantic rule's numbers: the pair model's tuned ones (or the conservative cosine
-        rule's), each overridable from settings; None when the semantic layer is off."""
+        """The semantic rule's trained numbers (stored with the pair model; the cosine rule's without
+        one), each overridable from settings; None when the semantic layer is off. Evidence then
+        moves them (`point`)."""
         s = self.settings
         if self.semantic_mode == "pair":
-            tuned = OperatingPoint(**self.pair_model.info.get("operating_point", {"threshold": 0.9}))
-            return replace(
-                tuned,
-                threshold=s.cache_threshold if s.cache_threshold is not None else tuned.threshold,
-                min_cosine=s.cache_min_cosine if s.cache_min_cosine is not None else tuned.min_cosine,
-                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else tuned.ambiguity,
-            )
+            return point_from(self.pair_model.info.get("operating_point", {}), s)
         if self.semantic_mode == "cosine":
-            return OperatingPoint(
-                threshold=s.cache_threshold if s.cache_threshold is not None else s.cache_cosine_threshold,
-                ambiguity=s.cache_ambiguity if s.cache_ambiguity is not None else s.cache_cosine_ambiguity,
-            )
+            serve = s.cache_serve_cosine if s.cache_serve_cosine is not None else s.cache_cosine_threshold
+            return OperatingPoint(serve_cosine=serve, band_cosine=serve)
         return None
+
+    @property
+    def point(self) -> OperatingPoint | None:
+        """The operating point serving now: the trained one as the evidence moved it."""
+        return self.learned.point if self.learned is not None else self.operating_point
+
+    async def relearn(self) -> Learned | None:
+        """Read the evidence and move the thresholds (every sweep; any gateway reads the same list)."""
+        trained = self.operating_point
+        if trained is None or self.store is None:
+            return None
+        observations = await self.store.observations()
+        self.learned = learn(observations, trained, self.settings.cache_max_error)
+        return self.learned
 
     # ---- lookup ----------------------------------------------------------------------------
 
     async def lookup(self, query: CacheQuery) -> Lookup:
-        if query.mode == "off" or not query.storable:
+        if query.mode == "off":
             return Lookup(None)
         vector = None
         try:
             entry = await self.store.get_exact(query.exact_key)
             if entry is not None:
-                self._later(self._record(entry.entry_id, "exact"))
-                return Lookup(Hit(entry, "exact", 1.0))
+                return await self._serve(entry, Hit(entry, "exact", 1.0), vector)
             if query.mode == "exact" or not query.question or self.semantic_mode == "off":
                 self._later(self._count("misses"))
                 return Lookup(None)
             vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
-            hit = await self._semantic(query, vector)
-            self._later(self._record(hit.entry.entry_id, "semantic") if hit else self._count("misses"))
-            return Lookup(hit, vector)
+            hit, near = await self._semantic(query, vector)
+            if hit is None:
+                self._later(self._count("misses"))
+                return Lookup(None, vector, near=near)
+            return await self._serve(hit.entry, hit, vector)
         except (RedisError, OSError, CorruptEntry) as exc:
             log.warning("event=cache_lookup_failed error=%r", exc)
             return Lookup(None, vector)
+
+    async def _serve(self, entry: Entry, hit: Hit, vector: np.ndarray | None) -> Lookup:
+        """A stored answer, or one of a full pool's; a short pool is a miss that the model fills."""
+        if entry.sampled:
+            if entry.pool < self.settings.cache_samples:
+                self._later(self._count("pool_fills"))
+                return Lookup(None, vector, pool=entry.entry_id)
+            sample = await self.store.pick_sample(entry.entry_id, self.rng)
+            if sample is None:  # the pool expired in between
+                return Lookup(None, vector)
+            hit.entry = replace(entry, chunks=sample.chunks, finish_reason=sample.finish_reason,
+                                completion_tokens=sample.completion_tokens)
+        self._later(self._record(entry.entry_id, hit.layer))
+        return Lookup(hit, vector)
 
     def candidates(self, index: VectorIndex | None, question: str, vector: np.ndarray) -> list[Candidate]:
         """The nearest stored questions above the cosine floor, with the guards' vetoes (cheap)."""
         if index is None:
             return []
-        return [Candidate(n.entry_id, n.question, n.similarity, tuple(conflicts(question, n.question)))
+        return [Candidate(n.entry_id, n.question, n.similarity, tuple(conflicts(question, n.question)),
+                          answer=n.item.answer, bar=n.item.bar)
                 for n in index.search(vector, self.settings.cache_candidates)
                 if n.similarity >= self.settings.cache_min_similarity]
 
-    def scored(self, question: str, candidates: list[Candidate], min_cosine: float = 0.0) -> list[Candidate]:
-        """The pair model's say on the contenders: unvetoed, at or above the cosine floor (slow:
-        about 5-10 ms a candidate on one core, so run it off the event loop). The others are no
-        contenders for the rule and are not scored."""
-        open_ = [c for c in candidates if c.contends(min_cosine)]
-        if self.pair_model is None or not open_:
+    def scored(self, question: str, candidates: list[Candidate], point: OperatingPoint) -> list[Candidate]:
+        """The pair model's say on the (at most two) proposals (slow: about 5-10 ms each on one
+        core, so run it off the event loop); the other candidates are left unscored."""
+        asked = proposals(candidates, point)
+        if self.pair_model is None or not asked:
             return candidates
-        scores = iter(self.pair_model.score(question, [c.question for c in open_]).tolist())
-        return [replace(c, score=next(scores)) if c.contends(min_cosine) else c for c in candidates]
+        scores = dict(zip((c.entry_id for c in asked),
+                          self.pair_model.score(question, [c.question for c in asked]).tolist()))
+        return [replace(c, score=scores[c.entry_id]) if c.entry_id in scores else c for c in candidates]
 
     def point_for(self, query: CacheQuery) -> OperatingPoint | None:
-        point = self.operating_point
+        point = self.point
         if point is not None and query.threshold is not None:
-            point = replace(point, threshold=query.threshold)
+            point = replace(point, serve_cosine=query.threshold).clamped()
         return point
 
-    async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> Hit | None:
+    async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> tuple[Hit | None, Candidate | None]:
+        """The hit, or the best proposal that was not served (a near miss, to learn from)."""
         point = self.point_for(query)
         candidates = self.candidates(self.indexes.get(query.namespace), query.question, vector)
-        if point is None or not any(c.contends(point.min_cosine) for c in candidates):
-            return None
+        if point is None or not proposals(candidates, point):
+            return None, None
         try:
-            candidates = await asyncio.to_thread(self.scored, query.question, candidates, point.min_cosine)
+            candidates = await asyncio.to_thread(self.scored, query.question, candidates, point)
         except Exception as exc:  # the pair model failed: no semantic hit rather than an unverified one
             log.error("event=pair_model_failed error=%r", exc)
-            return None
+            return None, None
         chosen = choose(candidates, point)
         if chosen is None:
-            return None
-        entry = await self.store.get(chosen.entry_id)
+            return None, proposals(candidates, point)[0]
+        entry = await self.store.get_served(chosen.entry_id)
         if entry is None:  # expired in Redis before the sweep reached it
             self._forget(chosen.entry_id)
-            return None
-        return Hit(entry, "semantic", chosen.cosine, chosen.score)
+            return None, None
+        return Hit(entry, "semantic", chosen.cosine, chosen.score), None
 
     async def _record(self, entry_id: str, layer: str) -> None:
         try:
@@ -188,32 +219,85 @@ class AnswerCache:
 
     # ---- store -------------------------------------------------------------------------------
 
-    async def insert(self, query: CacheQuery, vector: np.ndarray | None, chunks: list[str], finish_reason: str,
+    async def insert(self, query: CacheQuery, lookup: Lookup | None, chunks: list[str], finish_reason: str,
                      prompt_tokens: int, completion_tokens: int) -> str | None:
-        """Store a finished answer; returns the entry id (None when not stored)."""
-        if query.mode == "off" or not query.storable:
+        """Store a finished answer (the model's, after `lookup` missed); returns the entry id it went
+        to (None when not stored). A short pool gets it as one more sample; a near miss learns from it."""
+        if query.mode == "off":
             return None
-        # The same request gets the same deterministic answer, so the exact layer keeps any
-        # finished one; only answers fit to serve to a rewording get a vector (the semantic layer):
-        # not a loop, and (through the namespace) only for the same max_tokens.
-        if not reusable_for_rewordings("".join(chunks), finish_reason):
+        lookup = lookup or Lookup(None)
+        answer = "".join(chunks)
+        try:
+            if lookup.pool is not None:
+                sample = Sample(chunks, finish_reason, completion_tokens)
+                await self.store.add_sample(lookup.pool, sample, exact_key=query.exact_key)
+                return lookup.pool
+            alias_of = await self._learn_from_near_miss(lookup.near, answer, query.sampled)
+        except (RedisError, OSError, CorruptEntry) as exc:
+            log.warning("event=cache_insert_failed error=%r", exc)
+            return None
+        # The same request gets the same answer, so the exact layer keeps any finished one; only
+        # answers fit to serve to a rewording get a vector (the semantic layer): not a loop, and
+        # (through the namespace) only for the same max_tokens.
+        vector = lookup.vector
+        if not reusable_for_rewordings(answer, finish_reason):
             vector = None
         elif vector is None and query.question:
             vector = await asyncio.to_thread(self.embedder.embed_one, query.question)
         try:
             entry = Entry(new_entry_id(), query.question, chunks, finish_reason, prompt_tokens, completion_tokens,
-                          query.namespace, query.exact_key, vector)
+                          query.namespace, query.exact_key, vector, sampled=query.sampled,
+                          answer_digest=answer_digest(answer), alias_of=alias_of or "")
             evicted = await self.store.insert(entry)
         except AlreadyStored:
+            if query.sampled:  # another gateway stored this question first: the answer joins its pool
+                return await self._join_pool(query, chunks, finish_reason, completion_tokens)
             return None
         except (RedisError, OSError) as exc:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
         if vector is not None and query.question:
-            self._add(query.namespace, entry.entry_id, vector, query.question)
+            self._add(query.namespace, entry.entry_id, Item(vector, query.question, entry.answer_digest))
         for entry_id in evicted:
             self._forget(entry_id)
         return entry.entry_id
+
+    async def _join_pool(self, query: CacheQuery, chunks: list[str], finish_reason: str,
+                         completion_tokens: int) -> str | None:
+        try:
+            entry = await self.store.get_exact(query.exact_key)
+            if entry is None or not entry.sampled or entry.pool >= self.settings.cache_samples:
+                return None
+            await self.store.add_sample(entry.entry_id, Sample(chunks, finish_reason, completion_tokens))
+            return entry.entry_id
+        except (RedisError, OSError, CorruptEntry) as exc:
+            log.warning("event=cache_insert_failed error=%r", exc)
+            return None
+
+    async def _learn_from_near_miss(self, near: Candidate | None, answer: str, sampled: bool) -> str | None:
+        """Compare the model's answer with the near miss's stored one: evidence for the thresholds.
+        The same text word for word (a greedy answer) makes the new entry an alias of the old:
+        both hold one answer, so neither is the other's rival. Returns the id to alias."""
+        if near is None:
+            return None
+        stored = await self.store.get_served(near.entry_id)
+        if stored is None:
+            return None
+        agreed = await asyncio.to_thread(answers_agree, stored.answer, answer, self.embedder,
+                                         self.settings.cache_answer_agreement)
+        await self.observe(Observation(near.cosine, near.score, agreed, "near_miss", near.entry_id))
+        return near.entry_id if not sampled and same_text(stored.answer, answer) else None
+
+    async def observe(self, observation: Observation) -> None:
+        """Keep one piece of evidence; a wrong answer raises its entry's bar above its cosine."""
+        try:
+            await self.store.add_observation(observation)
+            if not observation.agreed:
+                bar = round(observation.cosine + BAR_MARGIN, 6)
+                await self.store.set_bar(observation.entry, bar)
+                self._set_bar(observation.entry, bar)
+        except (RedisError, OSError) as exc:
+            log.warning("event=cache_evidence_not_recorded error=%r", exc)
 
     async def forget(self, entry_id: str, asked: str | None = None) -> bool:
         """A user said this entry's answer was wrong: evict it everywhere, learn from it."""
@@ -224,13 +308,18 @@ class AnswerCache:
 
     # ---- the local indexes -------------------------------------------------------------------
 
-    def _add(self, namespace: str, entry_id: str, vector: np.ndarray, question: str) -> None:
+    def _add(self, namespace: str, entry_id: str, item: Item) -> None:
         index = self.indexes.get(namespace)
         if index is None:
             index = self.indexes[namespace] = VectorIndex(self.embedder.dim, hnsw_from=self.settings.cache_hnsw_from)
-        index.add(entry_id, vector, question)
+        index.add(entry_id, item)
         self.namespace_of[entry_id] = namespace
         self._maybe_rebuild(namespace, index)
+
+    def _set_bar(self, entry_id: str, bar: float) -> None:
+        namespace = self.namespace_of.get(entry_id)
+        if namespace is not None and namespace in self.indexes:
+            self.indexes[namespace].set_bar(entry_id, bar)
 
     def _forget(self, entry_id: str) -> None:
         namespace = self.namespace_of.pop(entry_id, None)
@@ -276,8 +365,8 @@ class AnswerCache:
         self._log_cursor = last[0][0] if last else "0-0"
         self.indexes, self.namespace_of = {}, {}
         n = 0
-        async for entry_id, namespace, question, vector in self.store.scan_entries():
-            self._add(namespace, entry_id, vector, question)
+        async for entry_id, namespace, item in self.store.scan_entries():
+            self._add(namespace, entry_id, item)
             n += 1
         log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.indexes))
         return n
@@ -301,7 +390,10 @@ class AnswerCache:
 
     def _apply(self, event: dict) -> None:
         if event.get("op") == "add" and event.get("vector"):
-            self._add(event["namespace"], event["id"], decode_vector(event["vector"]), event.get("question", ""))
+            self._add(event["namespace"], event["id"], Item(decode_vector(event["vector"]), event.get("question", ""),
+                                                            event.get("answer", ""), float(event.get("bar") or 0.0)))
+        elif event.get("op") == "bar":
+            self._set_bar(event["id"], float(event["bar"]))
         elif event.get("op") == "del":
             self._forget(event["id"])
 
@@ -326,6 +418,7 @@ class AnswerCache:
             await asyncio.sleep(self.settings.cache_sweep_interval_s)
             try:
                 await self.sweep()
+                await self.relearn()
             except (RedisError, OSError) as exc:
                 log.warning("event=cache_sweep_failed error=%r", exc)
 
@@ -333,6 +426,7 @@ class AnswerCache:
         """Rebuild, then follow the log and sweep in the background (the gateway calls this)."""
         try:
             await self.rebuild()
+            await self.relearn()
         except (RedisError, OSError) as exc:
             log.warning("event=cache_rebuild_failed error=%r", exc)
         return [asyncio.create_task(self.follow()), asyncio.create_task(self.sweep_forever())]

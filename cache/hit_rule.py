@@ -1,33 +1,51 @@
-"""The rule that turns scored candidates into a semantic hit or a miss: plain numbers in, a choice out.
+"""The rule that turns a look-up's candidates into a semantic hit or a miss: plain numbers in, a choice out.
 
 Live lookups and `brigade cache eval` both call `choose`, so what eval measures is what serves.
-Contenders are the candidates that no guard vetoed and whose cosine reaches the floor (the
-pair model scores only those: it costs milliseconds a candidate). Each gets a value:
-- the pair model's probability, its log-odds moved by `cosine_weight` x (cosine - 0.85): the
-  embedding was trained on far more text than the pair model and adds what the pair model
-  misses (on held-out duplicate questions the fusion gained about 0.1 precision at equal
-  recall); the cosine itself, when no pair model decides;
-- or 1.0 when the embedding finds the two very close (`rescue_cosine`) and the pair model does
-  not object (`rescue_score`): the pair model learned on short questions and is unsure of long
-  reworded statements, which the embedding finds well. Two signals, each covering the other.
-The best contender is served when its value reaches the threshold and no other contender, with
-different text, reaches the ambiguity limit: then the cache cannot tell which stored answer
-applies, and the model answers instead.
+
+The embedding proposes, the checks only veto. The stored questions nearest the asked one, best
+cosine first, are proposals once they reach the band's floor (`band_cosine`) and their entry's
+own bar (an entry that once served a wrong answer at cosine c asks more than c from then on:
+cache/evidence.py). A proposal is served
+- at or above `serve_cosine` when no check objects: no guard vetoes it (cache/guards.py) and the
+  pair model does not score it below `objection`;
+- in the band below, only when the pair model agrees (`agree` or more).
+The pair model sees at most two proposals, the best and the best whose stored answer differs (a
+decision stays within tens of milliseconds). When both pass and their answers differ, the cache
+cannot tell which answer applies and the model answers instead; a second entry holding the same
+answer is no rival (an alias, or the same question stored twice).
+
+Why not one fused score (the rule before): it asked the pair model for 0.99 at cosine 0.85 and
+for 0.996 at 0.80, and the pair model read every reworded question as a different one, so most
+rewordings missed. Here a close embedding is enough unless something specific objects.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    threshold: float
-    min_cosine: float = 0.0
-    ambiguity: float = 1.01  # above any value: the rule is off
-    rescue_cosine: float = 1.01  # above any cosine: no rescue
-    rescue_score: float = 0.0
-    cosine_weight: float = 0.0
+    serve_cosine: float = 0.9  # at or above: served unless a check objects
+    band_cosine: float = 0.8  # from here to serve_cosine: served when the pair model agrees
+    agree: float = 0.5  # the pair model's probability that counts as agreeing in the band
+    objection: float = 0.0  # below this probability the pair model objects even above serve_cosine
+
+    def clamped(self) -> "OperatingPoint":
+        """A band that ends where serving on the embedding alone starts (a per-request
+        `cache_threshold` below the band's floor moves the floor with it)."""
+        return OperatingPoint(self.serve_cosine, min(self.band_cosine, self.serve_cosine), self.agree,
+                              self.objection)
+
+
+def point_from(tuned: dict, settings) -> OperatingPoint:
+    """The trained numbers (stored with the pair model), each replaced by its setting when set
+    (BRIGADE_CACHE_SERVE_COSINE, _BAND_COSINE, _AGREE, _OBJECTION)."""
+    try:
+        point = OperatingPoint(**tuned)
+    except TypeError:  # a pair model tuned for another rule: its numbers mean nothing here
+        point = OperatingPoint()
+    chosen = {name: getattr(settings, f"cache_{name}") for name in ("serve_cosine", "band_cosine", "agree", "objection")}
+    return OperatingPoint(**{**point.__dict__, **{k: v for k, v in chosen.items() if v is not None}}).clamped()
 
 
 @dataclass(frozen=True)
@@ -36,54 +54,42 @@ class Candidate:
     question: str
     cosine: float
     vetoes: tuple[str, ...] = ()
-    score: float | None = None  # the pair model's probability; None when it did not decide
+    score: float | None = None  # the pair model's probability; None when it was not asked
+    answer: str = ""  # the stored answer's digest ("" when unknown: every such entry is its own answer)
+    bar: float = 0.0  # this entry's own cosine floor, raised by evidence of a wrong answer
 
-    @property
-    def value(self) -> float:
-        return self.score if self.score is not None else self.cosine
+    def proposed(self, point: OperatingPoint) -> bool:
+        """No guard vetoed it and it reaches the band and its own bar: the pair model may be asked."""
+        return not self.vetoes and self.cosine >= max(point.band_cosine, self.bar)
 
-    def contends(self, min_cosine: float) -> bool:
-        """No guard vetoed it and it reaches the cosine floor: the rule considers it."""
-        return not self.vetoes and self.cosine >= min_cosine
-
-
-def same_text(a: str, b: str) -> bool:
-    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+    def same_answer(self, other: "Candidate") -> bool:
+        return bool(self.answer) and self.answer == other.answer
 
 
-COSINE_CENTRE = 0.85
+def proposals(candidates: list[Candidate], point: OperatingPoint) -> list[Candidate]:
+    """The best proposal and the best one whose answer differs: what the pair model scores."""
+    ranked = sorted((c for c in candidates if c.proposed(point)), key=lambda c: c.cosine, reverse=True)
+    if not ranked:
+        return []
+    best = ranked[0]
+    rival = next((c for c in ranked[1:] if not c.same_answer(best)), None)
+    return [best] if rival is None else [best, rival]
 
 
-def value(c: Candidate, point: OperatingPoint) -> float:
-    if c.score is None:
-        return c.cosine
-    if c.cosine >= point.rescue_cosine and c.score >= point.rescue_score:
-        return 1.0
-    if not point.cosine_weight:
-        return c.score
-    p = min(max(c.score, 1e-7), 1 - 1e-7)
-    z = math.log(p / (1 - p)) + point.cosine_weight * (c.cosine - COSINE_CENTRE)
-    return 1.0 / (1.0 + math.exp(-z))
-
-
-def ranked(candidates: list[Candidate], point: OperatingPoint) -> list[tuple[float, Candidate]]:
-    """The contenders with their values: unvetoed, at or above the cosine floor, best first."""
-    return sorted(((value(c, point), c) for c in candidates if c.contends(point.min_cosine)),
-                  key=lambda vc: vc[0], reverse=True)
-
-
-def best_and_rival(candidates: list[Candidate], point: OperatingPoint) -> tuple[float, Candidate | None, float]:
-    """The best contender's value and itself, and the best value among rivals of different text."""
-    contenders = ranked(candidates, point)
-    if not contenders:
-        return -1.0, None, -1.0
-    best_value, best = contenders[0]
-    rival = next((v for v, c in contenders[1:] if not same_text(c.question, best.question)), -1.0)
-    return best_value, best, rival
+def passes(c: Candidate, point: OperatingPoint) -> bool:
+    if not c.proposed(point):
+        return False
+    if c.cosine >= point.serve_cosine:
+        return c.score is None or c.score >= point.objection
+    return c.score is not None and c.score >= point.agree
 
 
 def choose(candidates: list[Candidate], point: OperatingPoint) -> Candidate | None:
-    best_value, best, rival = best_and_rival(candidates, point)
-    if best is None or best_value < point.threshold or rival >= point.ambiguity:
+    """The proposal to serve, or None. `candidates` carry the pair model's scores for
+    `proposals(candidates, point)` (no others are needed)."""
+    passing = [c for c in proposals(candidates, point) if passes(c, point)]
+    if not passing:
         return None
-    return best
+    if len(passing) == 2 and not passing[0].same_answer(passing[1]):
+        return None  # two stored answers fit: the cache cannot tell which
+    return passing[0]

@@ -13,18 +13,31 @@ offline users (eval) call `compact` to do all three at once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import faiss
 import numpy as np
 
 
 @dataclass(frozen=True)
+class Item:
+    """What the index keeps of an entry: its question's vector and what the hit rule reads."""
+
+    vector: np.ndarray
+    question: str
+    answer: str = ""  # digest of the stored answer (hit_rule: a rival must hold another answer)
+    bar: float = 0.0  # the entry's own cosine floor (cache/evidence.py)
+
+
+@dataclass(frozen=True)
 class Neighbour:
     entry_id: str
     similarity: float
-    question: str
-    vector: np.ndarray
+    item: Item
+
+    @property
+    def question(self) -> str:
+        return self.item.question
 
 
 class VectorIndex:
@@ -33,7 +46,7 @@ class VectorIndex:
         self.hnsw_from = hnsw_from
         self.hnsw_m = hnsw_m
         self.ef_search = ef_search
-        self.live: dict[str, tuple[np.ndarray, str]] = {}  # entry id -> (vector, question)
+        self.live: dict[str, Item] = {}
         self.install([], self.build(dim, [], hnsw_from, hnsw_m, ef_search))
 
     @property
@@ -47,7 +60,7 @@ class VectorIndex:
         return entry_id in self.live
 
     def _reset(self, entry_ids: list[str]) -> None:
-        self.install(entry_ids, self.build(self.dim, [self.live[e][0] for e in entry_ids], self.hnsw_from,
+        self.install(entry_ids, self.build(self.dim, [self.live[e].vector for e in entry_ids], self.hnsw_from,
                                            self.hnsw_m, self.ef_search))
 
     @staticmethod
@@ -64,7 +77,7 @@ class VectorIndex:
 
     def snapshot(self) -> tuple[list[str], list[np.ndarray]]:
         ids = list(self.live)
-        return ids, [self.live[e][0] for e in ids]
+        return ids, [self.live[e].vector for e in ids]
 
     def install(self, entry_ids: list[str], index) -> None:
         """Swap in an index built from `entry_ids`' vectors; entries added or removed since are applied."""
@@ -74,7 +87,7 @@ class VectorIndex:
         self.label_of: dict[str, int] = {e: i for i, e in enumerate(entry_ids) if e in self.live}
         late = [e for e in self.live if e not in self.label_of]
         if late:
-            self.index.add(np.stack([self.live[e][0] for e in late]))
+            self.index.add(np.stack([self.live[e].vector for e in late]))
             for e in late:
                 self.label_of[e] = len(self.labels)
                 self.labels.append(e)
@@ -90,13 +103,18 @@ class VectorIndex:
         if self.rebuild_due:
             self._reset(list(self.live))
 
-    def add(self, entry_id: str, vector: np.ndarray, question: str) -> None:
+    def add(self, entry_id: str, item: Item) -> None:
         if entry_id in self.live:
             return
-        self.live[entry_id] = (vector, question)
-        self.index.add(vector.reshape(1, -1))
+        self.live[entry_id] = item
+        self.index.add(item.vector.reshape(1, -1))
         self.label_of[entry_id] = len(self.labels)
         self.labels.append(entry_id)
+
+    def set_bar(self, entry_id: str, bar: float) -> None:
+        item = self.live.get(entry_id)
+        if item is not None:
+            self.live[entry_id] = replace(item, bar=bar)
 
     def remove(self, entry_id: str) -> None:
         if self.live.pop(entry_id, None) is None:
@@ -116,8 +134,7 @@ class VectorIndex:
             entry_id = self.labels[label]
             if entry_id is None:
                 continue
-            vec, question = self.live[entry_id]
-            out.append(Neighbour(entry_id, float(score), question, vec))
+            out.append(Neighbour(entry_id, float(score), self.live[entry_id]))
             if len(out) == k:
                 break
         return out

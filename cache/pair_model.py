@@ -30,6 +30,14 @@ def _frozen(name: str) -> bool:
     return name.startswith("bert.embeddings.")
 
 
+def stored_info(path: Path = PAIR_WEIGHTS) -> dict:
+    """What training wrote beside the weights (steps, the operating point), without loading them."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as f:
+        return json.loads((f.metadata() or {}).get("info", "{}"))
+
+
 class PairModel:
     def __init__(self, model, tokenizer, info: dict | None = None):
         import torch

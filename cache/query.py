@@ -6,6 +6,10 @@
 - The namespace is the same digest with the user's last question replaced by a placeholder:
   entries only match within the same model, system prompt, earlier turns and sampling fields.
 - The question is the text that is embedded: the last user message, or the raw prompt.
+
+Every request may use the cache. A greedy or seeded one has one answer, stored once. A sampled one
+(temperature above 0, no seed) has many: the cache keeps a pool of up to `cache_samples` of them
+per question, filled by the model while it is short, then served one at random (cache/answer_cache.py).
 """
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ class CacheQuery:
     exact_key: str
     namespace: str
     question: str
-    storable: bool  # deterministic output: worth storing, safe to reuse
+    sampled: bool  # temperature above 0 and no seed: answers form a pool
     mode: str  # auto | exact | off
-    threshold: float | None = None  # per-request override of the verifier threshold
+    threshold: float | None = None  # per-request override of the cosine that serves (hit_rule.serve_cosine)
 
 
 class PromptRenderer:
@@ -88,12 +92,11 @@ def make_query(
             context = renderer.render(masked)
     else:
         rendered, question, context = prompt or "", prompt or "", "raw:" + _PLACEHOLDER
-    storable = params.temperature == 0 or params.seed is not None
     return CacheQuery(
         exact_key=_digest(model, rendered, fields),
         namespace=_digest(model, context, fields),
         question=question.strip(),
-        storable=storable,
+        sampled=params.temperature > 0 and params.seed is None,
         mode=mode,
         threshold=threshold,
     )

@@ -9,7 +9,9 @@ asked of ops/core/keys.py; record_hit is ops/core/lua/record_hit.lua.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,13 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
+from cache.evidence import Observation
+from cache.index import Item
 from ops.core import keys, scripts
 from ops.core.settings import Settings
 
 
 # What a hit needs (not the embedding, which only index rebuilds read).
 _SERVED_FIELDS = ("question", "chunks", "finish_reason", "prompt_tokens", "completion_tokens", "namespace",
-                  "exact_key", "hits")
+                  "exact_key", "hits", "sampled", "answer", "bar", "alias_of")
 
 
 @dataclass
@@ -38,10 +42,33 @@ class Entry:
     exact_key: str
     vector: np.ndarray | None
     hits: int = 0
+    sampled: bool = False  # a sampled question: its answers are a pool (keys.cache_samples)
+    answer_digest: str = ""  # of the first answer (hit_rule: rivals holding the same answer do not block)
+    bar: float = 0.0  # the entry's own cosine floor (cache/evidence.py)
+    alias_of: str = ""  # stored because its answer equals this entry's (a rewording, not a rival)
+    pool: int = 0  # answers in the pool when it was read (sampled entries)
 
     @property
     def answer(self) -> str:
         return "".join(self.chunks)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer of a sampled question's pool."""
+
+    chunks: list[str]
+    finish_reason: str
+    completion_tokens: int
+
+    def to_json(self) -> str:
+        return json.dumps({"chunks": self.chunks, "finish_reason": self.finish_reason,
+                           "completion_tokens": self.completion_tokens})
+
+
+def answer_digest(text: str) -> str:
+    """The same answer, up to case and spacing."""
+    return hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()[:16]
 
 
 class CorruptEntry(ValueError):
@@ -73,6 +100,11 @@ def _entry(entry_id: str, raw: dict) -> Entry:
             exact_key=raw["exact_key"],
             vector=decode_vector(raw["vector"]) if raw.get("vector") else None,
             hits=int(raw.get("hits", 0)),
+            sampled=raw.get("sampled") == "1",
+            answer_digest=raw.get("answer", ""),
+            bar=float(raw.get("bar") or 0.0),
+            alias_of=raw.get("alias_of", ""),
+            pool=int(raw.get("pool", 0)),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptEntry(f"cache entry {entry_id} is corrupted: {exc!r}") from None
@@ -85,6 +117,9 @@ class EntryStore:
         self.max_entries = keys.cache_max_entries(settings)
         self.log_maxlen = keys.cache_log_maxlen(settings)
         self.hard_negatives_max = keys.cache_hard_negatives_max(settings)
+        self.samples_max = keys.cache_samples_max(settings)
+        self.evidence_max = keys.cache_evidence_max(settings)
+        self.evidence_ttl_s = keys.cache_evidence_ttl_s(settings)
         self._record_hit = scripts.register(client, "record_hit")
 
     async def get(self, entry_id: str) -> Entry | None:
@@ -98,10 +133,56 @@ class EntryStore:
         entry_id = await self.redis.get(keys.cache_exact(exact_key))
         if entry_id is None:
             return None
-        values = await self.redis.hmget(keys.cache_entry(entry_id), list(_SERVED_FIELDS))
+        return await self.get_served(entry_id)
+
+    async def get_served(self, entry_id: str) -> Entry | None:
+        """What a hit needs, and how full a sampled entry's pool is."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.cache_entry(entry_id), list(_SERVED_FIELDS))
+        pipe.llen(keys.cache_samples(entry_id))
+        values, pool = await pipe.execute()
         if not any(values):
             return None
-        return _entry(entry_id, {f: v for f, v in zip(_SERVED_FIELDS, values) if v is not None})
+        return _entry(entry_id, {**{f: v for f, v in zip(_SERVED_FIELDS, values) if v is not None}, "pool": pool})
+
+    async def pick_sample(self, entry_id: str, rng: random.Random) -> Sample | None:
+        """One answer of a full pool, at random."""
+        rows = await self.redis.lrange(keys.cache_samples(entry_id), 0, self.samples_max - 1)
+        if not rows:
+            return None
+        try:
+            d = json.loads(rng.choice(rows))
+            return Sample(list(d["chunks"]), str(d["finish_reason"]), int(d["completion_tokens"]))
+        except (ValueError, KeyError, TypeError):
+            raise CorruptEntry(f"a sample of cache entry {entry_id} is corrupted") from None
+
+    async def add_sample(self, entry_id: str, sample: Sample, exact_key: str | None = None) -> int:
+        """Add an answer to a pool that is not full (two gateways may race: the pool is trimmed to
+        its size either way); returns the pool's size. `exact_key`: a rewording's exact key, from
+        now on pointing at this pool too."""
+        key = keys.cache_samples(entry_id)
+        ttl = await self.redis.ttl(keys.cache_entry(entry_id))
+        if ttl is None or ttl <= 0:  # expired (or never had one): nothing to add to
+            return 0
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.rpush(key, sample.to_json())
+        pipe.ltrim(key, 0, self.samples_max - 1)
+        pipe.expire(key, ttl)
+        if exact_key:
+            pipe.set(keys.cache_exact(exact_key), entry_id, ex=ttl, nx=True)
+        pipe.hincrby(keys.CACHE_STATS, "samples", 1)
+        pipe.llen(key)
+        return (await pipe.execute())[-1]
+
+    async def set_bar(self, entry_id: str, bar: float) -> None:
+        """Raise an entry's own cosine floor (every gateway's index follows the log)."""
+        if not await self.redis.exists(keys.cache_entry(entry_id)):
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.cache_entry(entry_id), "bar", bar)
+        pipe.xadd(keys.CACHE_LOG, {"op": "bar", "id": entry_id, "bar": bar}, maxlen=self.log_maxlen,
+                  approximate=True)
+        await pipe.execute()
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
         await self._record_hit(keys=[keys.cache_entry(entry_id), keys.CACHE_LRU, keys.CACHE_STATS],
@@ -126,6 +207,18 @@ class EntryStore:
             await self.add_hard_negative(asked, stored, entry_id)
         return removed
 
+    async def add_observation(self, observation: Observation) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lpush(keys.CACHE_EVIDENCE, observation.to_json())
+        pipe.ltrim(keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
+        pipe.expire(keys.CACHE_EVIDENCE, self.evidence_ttl_s)
+        pipe.hincrby(keys.CACHE_STATS, f"evidence_{observation.source}", 1)
+        await pipe.execute()
+
+    async def observations(self) -> list[Observation]:
+        rows = await self.redis.lrange(keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
+        return [o for o in map(Observation.from_json, rows) if o is not None]
+
     async def count(self, counter: str, n: int = 1) -> None:
         await self.redis.hincrby(keys.CACHE_STATS, counter, n)
 
@@ -142,19 +235,28 @@ class EntryStore:
             "prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens,
             "namespace": entry.namespace, "exact_key": entry.exact_key, "created": now, "hits": 0,
             "vector": encode_vector(entry.vector) if entry.vector is not None else "",
+            "sampled": int(entry.sampled), "answer": entry.answer_digest, "bar": entry.bar,
+            "alias_of": entry.alias_of,
         }
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.cache_entry(entry.entry_id), mapping=mapping)
         pipe.expire(keys.cache_entry(entry.entry_id), self.ttl_s)
+        if entry.sampled:
+            samples = keys.cache_samples(entry.entry_id)
+            pipe.rpush(samples, Sample(entry.chunks, entry.finish_reason, entry.completion_tokens).to_json())
+            pipe.expire(samples, self.ttl_s)
         pipe.set(keys.cache_exact(entry.exact_key), entry.entry_id, ex=self.ttl_s)
         pipe.zadd(keys.CACHE_LRU, {entry.entry_id: now})
         pipe.zadd(keys.CACHE_EXPIRY, {entry.entry_id: now + self.ttl_s})
         pipe.sadd(keys.cache_namespace(entry.namespace), entry.entry_id)
         pipe.hset(keys.CACHE_ENTRY_NAMESPACE, entry.entry_id, entry.namespace)
         pipe.xadd(keys.CACHE_LOG, {"op": "add", "id": entry.entry_id, "namespace": entry.namespace,
-                                   "question": entry.question, "vector": mapping["vector"]},
+                                   "question": entry.question, "vector": mapping["vector"],
+                                   "answer": entry.answer_digest, "bar": entry.bar},
                   maxlen=self.log_maxlen, approximate=True)
         pipe.hincrby(keys.CACHE_STATS, "inserts", 1)
+        if entry.alias_of:
+            pipe.hincrby(keys.CACHE_STATS, "aliases", 1)
         pipe.zcard(keys.CACHE_LRU)
         size = (await pipe.execute())[-1]
         if size <= self.max_entries:
@@ -178,7 +280,7 @@ class EntryStore:
         # An expired entry's hash is gone already: its namespace is still on record here.
         namespace = namespace or await self.redis.hget(keys.CACHE_ENTRY_NAMESPACE, entry_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.cache_entry(entry_id))
+        pipe.delete(keys.cache_entry(entry_id), keys.cache_samples(entry_id))
         pipe.hdel(keys.CACHE_ENTRY_NAMESPACE, entry_id)
         pipe.zrem(keys.CACHE_EXPIRY, entry_id)
         pipe.zrem(keys.CACHE_LRU, entry_id)
@@ -198,12 +300,13 @@ class EntryStore:
         return await self.redis.zrangebyscore(keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
 
     async def scan_entries(self):
-        """Every entry as (id, namespace, question, vector), for rebuilding an index."""
+        """Every entry as (id, namespace, index item), for rebuilding an index."""
         prefix = len(keys.cache_entry(""))
         async for key in self.redis.scan_iter(match=keys.CACHE_ENTRY_PATTERN, count=1000):
-            ns, question, vector = await self.redis.hmget(key, ["namespace", "question", "vector"])
+            ns, question, vector, answer, bar = await self.redis.hmget(key, ["namespace", "question", "vector",
+                                                                              "answer", "bar"])
             if ns and vector:
-                yield key[prefix:], ns, question, decode_vector(vector)
+                yield key[prefix:], ns, Item(decode_vector(vector), question, answer or "", float(bar or 0.0))
 
     async def clear(self, namespace: str | None = None) -> int:
         if namespace is None:

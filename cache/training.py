@@ -7,9 +7,8 @@
    Each example is shown in a random order of its two texts.
 3. Fine-tune the cross-encoder (cache/pair_model.py): AdamW, linear warm-up and decay, batches
    of similar length (little padding), fixed seeds. Checkpoints every `checkpoint_every` steps.
-4. The operating point (hit_rule.OperatingPoint: threshold, cosine floor, ambiguity limit,
-   cosine weight, rescue) is chosen on the tune splits with the eval counting
-   (cache/evaluation.py); the test splits are reported.
+4. The operating point (hit_rule.OperatingPoint) is chosen on the tune splits and the chat
+   pairs' tune file (cache/tuning.py); the test splits are reported.
 """
 from __future__ import annotations
 
@@ -17,15 +16,12 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from cache.evaluation import Outcome, evaluate, score_pairs
-from cache.hit_rule import OperatingPoint, best_and_rival
 from cache.lookalikes import generate
-from cache.pairs import Pair, read_pairs, split_for, split_of
+from cache.pairs import Pair, read_pairs, split_of
+from cache.tuning import Targets, tune
 from ops.core import keys, redis_clients
 
 log = logging.getLogger("brigade.cache")
@@ -115,90 +111,6 @@ def fine_tune(pair_model, examples: list[Example], steps: int, batch_size: int =
             "train_seconds": round(time.time() - started, 1)}
 
 
-@dataclass
-class RuleArrays:
-    """Per look-up: the best contender's value, whether it is the look-up's own q1, and the best
-    rival's value; the rule (hit_rule.choose) then vectorises over thresholds and ambiguity."""
-
-    best: np.ndarray
-    own: np.ndarray
-    rival: np.ndarray
-    duplicate: np.ndarray
-
-    @classmethod
-    def of(cls, outcomes: list[Outcome], point: OperatingPoint) -> "RuleArrays":
-        """For `point`'s floor and rescue (threshold and ambiguity are left to `served`)."""
-        rows = []
-        for o in outcomes:
-            best_value, best, rival = best_and_rival(o.candidates, point)
-            rows.append((best_value, best is not None and best.entry_id == o.own_id, rival, o.duplicate))
-        cols = list(zip(*rows)) if rows else [[]] * 4
-        best, own, rival, duplicate = (np.array(c) for c in cols)
-        return cls(best, own.astype(bool), rival, duplicate.astype(bool))
-
-    def served(self, threshold: float, ambiguity: float) -> np.ndarray:
-        """hit_rule.choose for every look-up."""
-        return (self.best >= threshold) & (self.rival < ambiguity)
-
-
-FLOORS = (0.0, 0.6, 0.7, 0.8)
-RESCUES = [(1.01, 0.0)] + [(c, s) for c in (0.85, 0.9, 0.93, 0.96) for s in (0.05, 0.1, 0.2)]
-COSINE_WEIGHTS = (0.0, 5.0, 10.0, 20.0, 30.0)
-THRESHOLDS = [round(float(x), 3) for x in np.arange(0.3, 0.996, 0.01)] + [0.997, 0.999]
-AMBIGUITIES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
-
-
-@dataclass(frozen=True)
-class Targets:
-    """What the operating point must keep on the tune splits."""
-
-    min_precision: float = 0.87  # duplicates
-    max_served_different: float = 0.03  # look-alikes that mean something else
-    min_paraphrase_recall: float = 0.62  # paraphrases (when given)
-    max_paraphrase_wrong: float = 0.025
-
-
-def choose_operating_point(dup: list[Outcome], look: list[Outcome], para: list[Outcome] | None,
-                           targets: Targets) -> tuple[OperatingPoint, dict]:
-    """The point with the most duplicate recall among those that keep every target on the tune
-    splits; ties go to higher precision. Without a point that keeps them all, the paraphrase
-    targets are dropped (and the report says so)."""
-    for use_para in ([True, False] if para else [False]):
-        best, best_key = None, None
-        for shape in (OperatingPoint(0.0, f, 1.01, rc, rs, w) for f in FLOORS for rc, rs in RESCUES
-                      for w in COSINE_WEIGHTS):
-            arrays = [RuleArrays.of(o, shape) for o in (dup, look, para if use_para else [])]
-            for t in THRESHOLDS:
-                for amb in AMBIGUITIES:
-                    key = _keeps(arrays, t, amb, targets)
-                    if key is not None and (best_key is None or key > best_key):
-                        best, best_key = replace(shape, threshold=t, ambiguity=amb), key
-        if best is not None:
-            return best, {"tune_recall": best_key[0], "tune_precision": round(best_key[1], 4),
-                          "paraphrase_targets_kept": use_para}
-    return OperatingPoint(0.999, 0.85, 0.5), {"tune_recall": None, "tune_precision": None,
-                                               "paraphrase_targets_kept": False}
-
-
-def _keeps(arrays: list[RuleArrays], t: float, amb: float, targets: Targets) -> tuple[float, float] | None:
-    dup, look, para = arrays
-    hits = dup.served(t, amb)
-    correct = int((hits & dup.own & dup.duplicate).sum())
-    precision = correct / hits.sum() if hits.sum() else 1.0
-    if precision < targets.min_precision:
-        return None
-    different = ~look.duplicate
-    if (look.served(t, amb) & different).sum() / max(1, different.sum()) > targets.max_served_different:
-        return None
-    if len(para.best):
-        served = para.served(t, amb)
-        if (served & para.own).mean() < targets.min_paraphrase_recall:
-            return None
-        if (served & ~para.own).mean() > targets.max_paraphrase_wrong:
-            return None
-    return round(correct / max(1, int(dup.duplicate.sum())), 4), precision
-
-
 def hard_negatives_from_redis(settings) -> list[Pair]:
     """Answers users reported wrong, if the cache's Redis answers (training needs no Redis)."""
     import redis
@@ -219,12 +131,22 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
     return pairs
 
 
+CHAT_TUNE = str(Path(__file__).resolve().parents[1] / "ops" / "data" / "chat_pairs_tune.jsonl")
+CHAT_TEST = str(Path(__file__).resolve().parents[1] / "ops" / "data" / "chat_pairs_test.jsonl")
+
+
+def tuning_files(files: dict[str, list[Pair]], chat_tune_file: str, chat_test_file: str) -> dict:
+    """What the operating point is tuned on (and reported with): the labelled files, and the chat
+    pairs' tune and test files (split by source question, never trained on)."""
+    return {**files, "chat": {"tune": read_pairs(chat_tune_file), "test": read_pairs(chat_test_file)}}
+
+
 def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: int, out: Path,
                    paraphrases_file: str | None = None, hard_negatives_file: str | None = None,
                    targets: Targets = Targets(), skip_training: bool = False, threads: int = 2,
+                   chat_tune_file: str = CHAT_TUNE, chat_test_file: str = CHAT_TEST,
                    init: Path | None = None, lr: float = 5e-5) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
-    from cache.answer_cache import AnswerCache
     from cache.pair_model import PairModel
 
     started = time.time()
@@ -234,23 +156,12 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
     hard = read_pairs(hard_negatives_file) if hard_negatives_file else hard_negatives_from_redis(settings)
     report: dict = {"files": {"duplicates": duplicates_file, "lookalikes": lookalikes_file,
                               "paraphrases": paraphrases_file}, "hard_negatives": len(hard)}
-    if skip_training:
-        pm = PairModel.load(out, threads=threads)
-    else:
+    if not skip_training:
         examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard)
         pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
         report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
                                        seed=1 if init else 0)
-    cache = AnswerCache(settings.model_copy(update={"cache_threshold": None, "cache_min_cosine": None,
-                                                    "cache_ambiguity": None}), pair_model=pm, connect=False)
-    split = {kind: {name: [p for p in pairs if split_for(kind)(p) == name] for name in ("tune", "test")}
-             for kind, pairs in files.items()}
-    tune = {kind: score_pairs(cache, parts["tune"]).outcomes for kind, parts in split.items()}
-    point, tuned = choose_operating_point(tune["duplicates"], tune["lookalikes"], tune.get("paraphrases"), targets)
-    pm.info = {**pm.info, "operating_point": point.__dict__, "tuned": tuned, "targets": targets.__dict__}
-    pm.save(out)
-    log.info("event=operating_point point=%s tuned=%s", point, tuned)
-    report.update(operating_point=point.__dict__, tune=tuned,
-                  test=evaluate(cache, {kind: parts["test"] for kind, parts in split.items()}),
-                  seconds=round(time.time() - started, 1))
+        pm.save(out)
+    report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_file, chat_test_file), targets)
+    report["seconds"] = round(time.time() - started, 1)
     return report

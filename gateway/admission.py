@@ -25,6 +25,8 @@ import redis.asyncio as aioredis
 
 from cache.query import PromptRenderer, make_query
 from gateway import metrics
+from cache.evidence import Observation
+from gateway.audits import Audits
 from gateway.catalog import Catalog, Choice
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.events import cached_events
@@ -65,8 +67,8 @@ class Admitted:
 class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
                  limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str, spawn: Callable,
-                 deliver: Callable, *, store: RequestStore, shadows: Shadows, lifecycle: RequestLifecycle,
-                 catalog: Catalog | None = None):
+                 deliver: Callable, *, store: RequestStore, shadows: Shadows, audits: Audits,
+                 lifecycle: RequestLifecycle, catalog: Catalog | None = None):
         self.settings = settings
         self.catalog = catalog
         self.redis = redis
@@ -77,6 +79,7 @@ class Admission:
         self.reply_channel = reply_channel
         self.store = store
         self.shadows = shadows
+        self.audits = audits  # a share of semantic hits asked again of the model (gateway/audits.py)
         self.lifecycle = lifecycle  # a refused or failed request's slot is freed, a cache hit settled
         self._spawn = spawn  # the gateway's: background work it waits for at shutdown
         self._deliver = deliver  # the gateway's: a routed event to its client
@@ -92,9 +95,13 @@ class Admission:
     def caching(self) -> bool:
         return self.cache is not None
 
-    async def forget(self, entry_id: str, asked: str) -> bool:
-        """A client's feedback that a cached answer was wrong for what it asked; True if evicted."""
-        return await self.cache.forget(entry_id, asked)
+    async def forget(self, hit, asked: str) -> bool:
+        """A client's feedback that a cached answer (`hit`) was wrong for what it asked; True if evicted.
+        A semantic hit's is evidence against its cosine too (cache/evidence.py)."""
+        evicted = await self.cache.forget(hit.entry.entry_id, asked)
+        if hit.layer == "semantic":
+            await self.cache.observe(Observation(hit.similarity, hit.score, False, "feedback", hit.entry.entry_id))
+        return evicted
 
     async def admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str = "interactive",
                     store_answer: bool = True) -> Admitted:
@@ -191,7 +198,7 @@ class Admission:
             return None
         lookup = await self.cache.lookup(query)
         metrics.CACHE_LOOKUPS.labels(cmd.model, choice.version).inc()
-        context.cache_query, context.cache_vector = query, lookup.vector
+        context.cache_query, context.cache_lookup = query, lookup
         hit = lookup.hit
         if hit is None:
             return None
@@ -209,6 +216,11 @@ class Admission:
         log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
                  hit.layer, hit.similarity, entry.entry_id)
         self._spawn(self.lifecycle.settle_usage(context.key_id, rid, usage, cache_hit=True))
+        if self.audits.due(hit):
+            audit = uuid.uuid4().hex
+            # No deadline: an audit waits behind interactive work for as long as it takes.
+            queued = self._queued(cmd, audit, audit, choice, None, "batch").model_copy(update={"deadline_at": None})
+            self._spawn(self.audits.start(queued, hit, choice))
         self._spawn(self.store.record(choice, outcomes.Outcome(at=time.time(), cached=True)))
         return Admitted(cached=events, hit=hit, asked=query.question, hit_request_id=rid, model=choice.model,
                         version=choice.version)
@@ -271,21 +283,25 @@ class Admission:
         return any(s.get("model") == choice.model and (s.get("version") or "") == choice.version
                    and not s.get("draining") for s in statuses)
 
-    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> QueuedRequest:
+    def _queued(self, cmd: Generate, rid: str, client_id: str, choice: Choice, key_id: str | None,
+                lane: str) -> QueuedRequest:
         params = cmd.params
         if params.temperature > 0 and params.seed is None:
             # Drawn here, once: a worker that continues this request after a crash samples the
             # same random stream, so the answer is the one an uninterrupted run would give.
             params = params.model_copy(update={"seed": secrets.randbits(63)})
         now = time.time()
+        return QueuedRequest(
+            request_id=rid, client_id=client_id, reply_channel=self.reply_channel, enqueued_at=now,
+            model=choice.model, version=choice.version, prompt=cmd.prompt, messages=cmd.messages, params=params,
+            deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
+            api_key=key_id, lane=lane,
+        )
+
+    async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> QueuedRequest:
         key = context.caller.key
         choice = context.choice
-        queued = QueuedRequest(
-            request_id=rid, client_id=cmd.id, reply_channel=self.reply_channel, enqueued_at=now, model=choice.model,
-            version=choice.version, prompt=cmd.prompt, messages=cmd.messages, params=params,
-            deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
-            api_key=key.id if key else None, lane=lane,
-        )
+        queued = self._queued(cmd, rid, cmd.id, choice, key.id if key else None, lane)
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
         if self.catalog is not None and not cmd.version:

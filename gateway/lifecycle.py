@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import redis.asyncio as aioredis
 
 from cache.query import CacheQuery
 from gateway import metrics
 from gateway.api_keys import ApiKey, KeyStore
+from gateway.audits import AuditContext, Audits
 from gateway.catalog import Choice
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal
 from gateway.events import stream_error
@@ -41,7 +41,7 @@ from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
-    from cache.answer_cache import AnswerCache
+    from cache.answer_cache import AnswerCache, Lookup
 
 log = logging.getLogger("brigade.gateway")
 
@@ -61,7 +61,7 @@ class RequestContext:
     caller: Caller
     guard_input: GuardInput
     cache_query: CacheQuery | None = None
-    cache_vector: np.ndarray | None = None
+    cache_lookup: Lookup | None = None  # what the cache found (the vector, a short pool, a near miss)
     key_id: str | None = None  # the key charged at the end (the caller's, or the resumed request's)
     settled: bool = False
     store_answer: bool = True  # into the answer cache when it ends (batch lines without --warm-cache: no)
@@ -86,13 +86,14 @@ def output_refusal(guards: list[NamedGuard], data: GuardInput, answer: str, new_
 class RequestLifecycle:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, intake: ReplyIntake,
                  store: RequestStore, shadows: Shadows, key_store: KeyStore, limiter: KeyLimiter,
-                 guards: list[NamedGuard], spawn: Callable):
+                 guards: list[NamedGuard], spawn: Callable, audits: Audits | None = None):
         self.settings = settings
         self.redis = redis
         self.router = router
         self.intake = intake
         self.store = store
         self.shadows = shadows
+        self.audits = audits
         self.key_store = key_store
         self.limiter = limiter
         self.guards = guards
@@ -210,6 +211,9 @@ class RequestLifecycle:
         if isinstance(context, ShadowContext):
             self.shadows.ended(route, reply)
             return
+        if isinstance(context, AuditContext):
+            self.audits.ended(route, reply)
+            return
         if not isinstance(context, RequestContext) or context.settled:
             return
         context.settled = True
@@ -226,7 +230,7 @@ class RequestLifecycle:
             usage = {"prompt_tokens": 0, "completion_tokens": route.next_index}
         if done and context.cache_query is not None and self.cache is not None \
                 and context.store_answer and reply.finish_reason in ("stop", "length"):
-            self._spawn(self.cache.insert(context.cache_query, context.cache_vector, route.chunks, reply.finish_reason,
+            self._spawn(self.cache.insert(context.cache_query, context.cache_lookup, route.chunks, reply.finish_reason,
                                           usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
         self._spawn(self.settle_usage(context.key_id, route.request_id, usage, cache_hit=False))
 

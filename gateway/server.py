@@ -41,6 +41,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway import metrics
 from gateway.admission import Admission
+from gateway.audits import Audits
 from gateway.api_keys import AuthError, KeyStore, bearer_key
 from gateway.auth import Authenticator
 from gateway.background import BackgroundTasks
@@ -103,11 +104,12 @@ class Gateway:
         limiter, guards = KeyLimiter(self.redis), configured(settings)
         store = RequestStore(settings, self.redis, QueueSender(settings))
         shadows = Shadows(settings, self.router, store, spawn)
+        self.audits = Audits(settings, self.router, store, spawn)
         self.lifecycle = RequestLifecycle(settings, self.redis, self.router, self.intake, store, shadows,
-                                          self.key_store, limiter, guards, spawn)
+                                          self.key_store, limiter, guards, spawn, audits=self.audits)
         self.admission = Admission(settings, self.redis, self.router, self.load, limiter, guards, reply_channel, spawn,
-                                   self.deliver, store=store, shadows=shadows, lifecycle=self.lifecycle,
-                                   catalog=self.catalog)
+                                   self.deliver, store=store, shadows=shadows, audits=self.audits,
+                                   lifecycle=self.lifecycle, catalog=self.catalog)
         self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
         self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle, self.catalog)
@@ -244,6 +246,7 @@ class Gateway:
         cache = AnswerCache(self.settings, spawn=self.background.spawn)
         self.admission.use_cache(cache, renderer)
         self.lifecycle.use_cache(cache)
+        self.audits.use_cache(cache)
         return cache
 
     def app(self) -> Starlette:

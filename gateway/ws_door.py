@@ -45,8 +45,9 @@ class WebSocketSession:
         self.served_from_cache: OrderedDict = OrderedDict()
         self._closing: asyncio.Task | None = None
 
-    def remember_cached(self, client_id: str, entry_id: str, asked: str) -> None:
-        self.served_from_cache[client_id] = (entry_id, asked)
+    def remember_cached(self, client_id: str, hit, asked: str) -> None:
+        """`hit`: cache.answer_cache.Hit (its entry, layer and cosine are what feedback learns from)."""
+        self.served_from_cache[client_id] = (hit, asked)
         self.served_from_cache.move_to_end(client_id)
         while len(self.served_from_cache) > SERVED_FROM_CACHE_KEPT:
             self.served_from_cache.popitem(last=False)
@@ -167,7 +168,7 @@ class WebSocketDoor:
         if admitted.request_id is None:
             for event in admitted.cached:
                 session.send(event)
-            session.remember_cached(cmd.id, admitted.hit.entry.entry_id, admitted.asked)
+            session.remember_cached(cmd.id, admitted.hit, admitted.asked)
 
     def _cancel(self, session: WebSocketSession, client_id: str) -> None:
         rid = session.active.pop(client_id, None)
@@ -193,9 +194,10 @@ class WebSocketDoor:
         if served is None or not self.admission.caching:
             raise ProtocolError("unknown_request", f"no cached answer to {cmd.id!r} on this connection "
                                 "(feedback names the id of a request answered from the cache)", cmd.id, "id")
-        entry_id, asked = served
+        hit, asked = served
+        entry_id = hit.entry.entry_id
         try:
-            evicted = await self.admission.forget(entry_id, asked)
+            evicted = await self.admission.forget(hit, asked)
         except Exception as exc:  # Redis down: say so; the client may send it again
             session.served_from_cache[cmd.id] = served
             log.warning("event=cache_feedback_failed client_id=%s entry=%s error=%r", cmd.id, entry_id, exc)

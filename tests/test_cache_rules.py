@@ -1,5 +1,5 @@
 """The answer cache's rules and their evaluation, without Redis, the embedding model or FAISS in the
-test process: the hit rule (best contender, vetoes, floors, ambiguity, rescue), the evaluation's
+test process: the hit rule (proposals, vetoes, the band, bars, rivals), the evidence bound, the evaluation's
 metrics, `brigade cache eval` run offline as a subprocess, and the generated lookalikes and
 rewordings. The cache itself on real Redis and real models is tests/test_cache.py."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
         seen("3", False, ("3", 0.95)),  # a pair labelled different, served: false
         seen("4", True, ("4", 0.2)),  # below the threshold: a miss
     ]
-    point = OperatingPoint(0.5)
+    point = OperatingPoint(serve_cosine=0.95, band_cosine=0.8, agree=0.5)  # cosine 0.9: the pair model decides
     m = duplicate_metrics(outcomes, point)
     assert (m["hits"], m["precision"], m["recall"]) == (3, 0.3333, 0.3333)
     assert (m["false_hits_on_duplicates"], m["false_hits_on_non_duplicates"]) == (1, 1)
@@ -61,23 +61,38 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     assert missing.returncode == 2 and "--duplicates" in missing.stderr
 
 
-def test_hit_rule_serves_the_best_contender_unless_vetoed_below_the_bar_or_ambiguous():
-    from cache.hit_rule import Candidate, OperatingPoint, choose
+def test_the_embedding_proposes_and_the_checks_only_veto():
+    from cache.hit_rule import Candidate, OperatingPoint, choose, proposals
 
-    point = OperatingPoint(threshold=0.8, min_cosine=0.7, ambiguity=0.6)
-    good = Candidate("a", "How far is the Moon?", 0.92, score=0.95)
-    assert choose([good], point) is good
-    assert choose([Candidate("b", "x", 0.95, ("order",), 0.99), good], point) is good  # vetoed never serves
-    assert choose([Candidate("a", "q", 0.92, score=0.7)], point) is None  # below the threshold
-    assert choose([Candidate("a", "q", 0.65, score=0.99)], point) is None  # below the cosine floor
-    rival = Candidate("c", "How distant is the Moon from Earth?", 0.9, score=0.65)
-    assert choose([good, rival], point) is None  # two different stored questions both match
-    same_text = Candidate("d", "how far is the moon?", 0.9, score=0.65)
-    assert choose([good, same_text], point) is good  # the same question stored twice is no rival
-    rescued = OperatingPoint(threshold=0.8, min_cosine=0.7, rescue_cosine=0.9, rescue_score=0.1)
-    long_statement = Candidate("e", "A long reworded statement", 0.93, score=0.3)
-    assert choose([long_statement], point) is None and choose([long_statement], rescued) is long_statement
-    assert choose([Candidate("e", "s", 0.93, score=0.05)], rescued) is None  # the pair model objects
+    point = OperatingPoint(serve_cosine=0.9, band_cosine=0.8, agree=0.6, objection=0.05)
+    close = Candidate("a", "How far is the Moon?", 0.93, score=0.3, answer="A")
+    assert choose([close], point) is close  # high cosine: served unless a check objects
+    assert choose([Candidate("a", "q", 0.93, score=0.01, answer="A")], point) is None  # the pair model objects
+    assert choose([Candidate("a", "q", 0.93, ("order",), 0.9, "A")], point) is None  # a guard vetoes
+    assert choose([Candidate("b", "x", 0.95, ("order",), 0.99, "B"), close], point) is close  # the vetoed is no proposal
+    band = Candidate("c", "How distant is the Moon?", 0.85, score=0.7, answer="C")
+    assert choose([band], point) is band  # in the band: served when the pair model agrees
+    assert choose([Candidate("c", "q", 0.85, score=0.5, answer="C")], point) is None
+    assert choose([Candidate("c", "q", 0.75, score=0.99, answer="C")], point) is None  # below the band
+    assert choose([Candidate("c", "q", 0.93, score=0.9, answer="C", bar=0.95)], point) is None  # its own bar
+
+
+def test_a_rival_blocks_only_with_another_answer_and_at_most_two_are_scored():
+    from cache.hit_rule import Candidate, OperatingPoint, choose, proposals
+
+    point = OperatingPoint(serve_cosine=0.9, band_cosine=0.8, agree=0.6)
+    best = Candidate("a", "How far is the Moon?", 0.95, score=0.9, answer="A")
+    rival = Candidate("b", "How far is the Sun?", 0.92, score=0.9, answer="B")
+    alias = Candidate("c", "What is the distance to the Moon?", 0.93, score=0.9, answer="A")
+    assert choose([best, rival], point) is None  # two stored answers fit: the model answers
+    assert choose([best, alias], point) is best  # the same answer twice is no rival
+    assert [c.entry_id for c in proposals([best, alias, rival], point)] == ["a", "b"]  # the alias is skipped
+    weak_rival = Candidate("b", "How far is the Sun?", 0.85, score=0.2, answer="B")
+    assert choose([best, weak_rival], point) is best  # a rival the checks reject does not block
+    unknown = Candidate("d", "q", 0.92, score=0.9)  # an answer not known: counted as another one
+    assert choose([best, unknown], point) is None
+    many = [Candidate(str(i), f"q{i}", 0.99 - i / 100, score=0.9, answer=str(i)) for i in range(4)]
+    assert len(proposals(many, point)) == 2
 
 
 def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
@@ -101,3 +116,32 @@ def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
     assert all(g.q1 != g.q2 for g in made)
     assert made == generate(["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
                              "Should I learn Python or Java?"], negatives=6, positives=3, seed=1)  # reproducible
+
+
+def test_thresholds_move_only_where_the_evidence_bounds_the_error():
+    from cache.evidence import Observation, learn, served_error, wilson
+    from cache.hit_rule import OperatingPoint
+
+    trained = OperatingPoint(serve_cosine=0.9, band_cosine=0.8, agree=0.6)
+
+    def seen(cosines, wrong_every=0, score=None, source="near_miss"):
+        return [Observation(c, score, not (wrong_every and i % wrong_every == 0), source, f"e{i}")
+                for i, c in enumerate(cosines)]
+
+    agreeing = seen([0.82 + i * 0.0002 for i in range(300)])
+    assert learn(agreeing[:20], trained, 0.01).point == trained  # too few to bound the error at 1%
+    low = learn(agreeing, trained, 0.01)
+    assert low.point.serve_cosine == 0.82 and low.why["serve_cosine"] == "evidence_lower"
+    assert learn(agreeing[:20], trained, 0.2).point.serve_cosine == 0.82  # a looser bound needs less
+    # One wrong answer in ten at 0.91-0.93: the threshold rises above them, to where 300 agree.
+    bad = seen([0.91 + i * 0.0001 for i in range(200)], wrong_every=10, source="audit")
+    good = seen([0.97 + i * 0.0001 for i in range(300)], source="audit")
+    high = learn(bad + good, trained, 0.01)
+    assert high.why["serve_cosine"] == "evidence_higher" and 0.929 < high.point.serve_cosine <= 0.97
+    # The band's pair-model bar moves the same way, on the probabilities of band observations
+    # (here the pair model objects to them at 0.3, so serving on the cosine alone does not move).
+    band = learn(seen([0.85] * 300, score=0.3), OperatingPoint(0.9, 0.8, agree=0.6, objection=0.4), 0.01)
+    assert (band.point.agree, band.point.serve_cosine) == (0.3, 0.9)
+    lo, hi = wilson(20, 500)
+    assert lo < 0.04 < hi and served_error(bad + good)["audited"] == 500
+    assert served_error(bad + good)["wrong"] == 20

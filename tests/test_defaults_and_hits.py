@@ -6,7 +6,7 @@
 
 What a request leaves unset is filled at the gateway, so it shows in the exact-cache key (a
 request that spells the defaults out hits the entry an unset one stored), in what is cached at all
-(a sampled default is not stored) and in the answer's length."""
+(a sampled default fills a pool of answers, then is served from it) and in the answer's length."""
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +55,11 @@ def stack(redis_server, model_dir, tmp_path_factory):
         # The model's own defaults: the test stacks' greedy pin (tests/services.py) removed. Batch
         # jobs go to whichever gateway takes their lease first: this one looks only at its start,
         # so that the batch test's job runs on `pinned`, with its defaults.
-        s.start_gateway("model", BRIGADE_DEFAULT_TEMPERATURE=None, BRIGADE_BATCH_POLL_S="3600")
-        s.start_gateway("pinned", BRIGADE_DEFAULT_MAX_TOKENS="3", BRIGADE_DEFAULT_TEMPERATURE="0")
+        s.start_gateway("model", BRIGADE_DEFAULT_TEMPERATURE=None, BRIGADE_BATCH_POLL_S="3600",
+                        BRIGADE_CACHE_SAMPLES="2")
+        # Every semantic hit here is audited: asked again of the model in the batch lane.
+        s.start_gateway("pinned", BRIGADE_DEFAULT_MAX_TOKENS="3", BRIGADE_DEFAULT_TEMPERATURE="0",
+                        BRIGADE_CACHE_AUDIT_SHARE="1")
         s.start_worker("w1@defaults")
         s.wait_ready()
         yield s
@@ -98,14 +101,37 @@ def test_an_unset_max_tokens_is_the_models_256_in_the_exact_cache_key(stack):
     stored_after(stack, before, 2)  # `other` is stored too: the next test counts from here
 
 
-def test_an_unset_temperature_samples_at_the_models_0_2_and_is_not_cached_unless_seeded(stack):
-    question = [{"role": "user", "content": "Name a color of the rainbow."}]
-    before = stack.entries()
-    for i in range(2):  # sampled (the model's temperature) and unseeded: nothing is stored, nothing hit
+def sampled_entry(stack: DefaultsStack, question: str) -> str | None:
+    for entry_id in stack.redis.client.zrange(keys.CACHE_LRU, 0, -1):
+        fields = stack.redis.client.hmget(keys.cache_entry(entry_id), ["question", "sampled"])
+        if fields == [question, "1"]:
+            return entry_id
+    return None
+
+
+def test_an_unset_temperature_samples_at_the_models_0_2_and_a_repeat_is_served_from_a_pool_of_k(stack):
+    text = "Name a color of the rainbow."
+    question = [{"role": "user", "content": text}]
+    generated = set()
+
+    def served_from_pool(i: int) -> bool:
         answer = ws_ask(stack, stack.model, f"sampled-{i}", messages=question, max_tokens=6)
-        assert answer.end["type"] == "done" and answer.end.get("cached") is None, answer.end
-    time.sleep(0.5)  # no positive event to wait for: give a wrongful store its chance to land
-    assert stack.entries() == before
+        assert answer.end["type"] == "done", answer.end
+        if answer.end.get("cached") is None:
+            generated.add(answer.text)
+        return answer.end.get("cached") == "exact"
+
+    # The pool (BRIGADE_CACHE_SAMPLES=2 here) fills from the model first: the first two are generated.
+    assert not served_from_pool(0) and not served_from_pool(1)
+    asked = iter(range(2, 100))
+    wait_until(lambda: served_from_pool(next(asked)), 60, what="the pool full and served")
+    served = [ws_ask(stack, stack.model, f"again-{i}", messages=question, max_tokens=6) for i in range(6)]
+    assert all(a.end.get("cached") == "exact" and a.text in generated for a in served), [a.end for a in served]
+    entry_id = sampled_entry(stack, text)
+    assert entry_id is not None and stack.redis.client.llen(keys.cache_samples(entry_id)) == 2
+    assert 0 < stack.redis.client.ttl(keys.cache_samples(entry_id)) <= 86_400
+    # A seeded request has one answer, stored once, as before.
+    before = stack.entries()
     seeded = ws_ask(stack, stack.model, "seeded", messages=question, max_tokens=6, seed=11)
     stored_after(stack, before)
     spelled = ws_ask(stack, stack.model, "spelled", messages=question, max_tokens=6, seed=11, temperature=0.2,
@@ -208,3 +234,12 @@ def test_an_answer_cut_by_max_tokens_serves_a_rewording_asked_with_the_same_max_
     assert same.end.get("cached") == "semantic" and same.text == first.text, same.end
     # Asked for more tokens, the rewording is another request: the cut answer is not served to it.
     assert elsewhere.end.get("cached") is None
+    # This gateway audits every semantic hit: the model answers the rewording in the batch lane and
+    # the two answers are compared, evidence for the thresholds (cache/evidence.py).
+    def audited() -> list[dict]:
+        rows = [json.loads(r) for r in stack.redis.client.lrange(keys.CACHE_EVIDENCE, 0, -1)]
+        return [r for r in rows if r["source"] == "audit" and r["entry"] == same.end["entry"]]
+
+    wait_until(audited, 120, what="the audit of the semantic hit")
+    assert abs(audited()[0]["cosine"] - same.end["similarity"]) < 1e-3
+    assert 0 < stack.redis.client.ttl(keys.CACHE_EVIDENCE) <= 86_400

@@ -17,7 +17,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from cache.answer_cache import AnswerCache
-from cache.index import VectorIndex
+from cache.index import Item, VectorIndex
 from cache.pairs import read_pairs
 from cache.query import PromptRenderer, make_query
 from ops.core.messages import ChatMessage, GenerateParams
@@ -96,7 +96,7 @@ def lookup_cost(sizes: list[int], queries: int = 200, dim: int = 384, seed: int 
             index = VectorIndex(dim, hnsw_from=hnsw_from)
             started = time.perf_counter()
             for i in range(size):
-                index.add(str(i), vectors[i], "")
+                index.add(str(i), Item(vectors[i], ""))
             build = time.perf_counter() - started
             times = []
             for q in probes:

@@ -33,7 +33,8 @@ async def stats(settings: Settings) -> dict:
     sampled = [await r.memory_usage(k) or 0 for k in sample]
     memory = int(sum(sampled) / len(sampled) * entries) if sampled else 0
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)
-    lookups = hits + counters.get("misses", 0)
+    lookups = hits + counters.get("misses", 0) + counters.get("pool_fills", 0)
+    evidence = await _evidence(settings)
     await r.aclose()
     return {
         "entries": entries,
@@ -41,11 +42,33 @@ async def stats(settings: Settings) -> dict:
         "hits": {"exact": counters.get("exact_hits", 0), "semantic": counters.get("semantic_hits", 0)},
         "misses": counters.get("misses", 0),
         "hit_rate": round(hits / lookups, 4) if lookups else 0.0,
+        "pool_fills": counters.get("pool_fills", 0),
         "inserts": counters.get("inserts", 0),
+        "samples": counters.get("samples", 0),
+        "aliases": counters.get("aliases", 0),
         "evictions": counters.get("evictions", 0),
         "expirations": counters.get("expirations", 0),
         "memory_bytes_estimate": memory,
+        "evidence": evidence,
     }
+
+
+async def _evidence(settings: Settings) -> dict:
+    """What the cache has learned: observations by source, the thresholds they support against the
+    trained ones, and the served hits' error rate with its interval (cache/evidence.py)."""
+    from cache.evidence import SOURCES, learn, served_error
+    from cache.hit_rule import point_from
+    from cache.pair_model import PAIR_WEIGHTS, stored_info
+
+    observations = await _store(settings).observations()
+    report: dict = {"observations": {s: sum(o.source == s for o in observations) for s in SOURCES},
+                    "max_error": settings.cache_max_error, "served_error": served_error(observations)}
+    path = Path(settings.cache_pair_model) if settings.cache_pair_model else PAIR_WEIGHTS
+    if settings.cache_verifier and path.exists():
+        trained = point_from(stored_info(path).get("operating_point", {}), settings)
+        learned = learn(observations, trained, settings.cache_max_error)
+        report.update(trained=trained.__dict__, serving=learned.point.__dict__, why=learned.why)
+    return report
 
 
 async def warm(settings: Settings, path: str, concurrency: int, url: str | None = None,
@@ -94,6 +117,8 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
 
 
 PAIR_WEIGHTS_DEFAULT = Path(__file__).resolve().parents[2] / "cache" / "pair_model.safetensors"
+CHAT_DATA = Path(__file__).resolve().parents[2] / "ops" / "data"
+CHAT_TUNE, CHAT_TEST = str(CHAT_DATA / "chat_pairs_tune.jsonl"), str(CHAT_DATA / "chat_pairs_test.jsonl")
 
 
 async def forget(settings: Settings, entries: list[str], asked: str | None) -> int:
@@ -148,10 +173,10 @@ def run(args, settings: Settings) -> int:
         from cache.training import Targets, train_verifier
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-        targets = Targets(args.min_precision, args.max_served_different, args.min_paraphrase_recall,
-                          args.max_paraphrase_wrong)
+        targets = Targets(args.max_lookalikes_served, args.max_paws_served, args.max_paraphrase_wrong)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
+                                chat_tune_file=args.chat_tune, chat_test_file=args.chat_test,
                                 init=Path(args.init) if args.init else None, lr=args.lr)
         print(json.dumps(report, indent=2))
     return 0
@@ -191,10 +216,13 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     t.add_argument("--init", help="start from this trained pair-model file instead of the base model "
                                   "(a second round)")
-    t.add_argument("--min-precision", type=float, default=0.87, help="duplicate precision the operating point keeps")
-    t.add_argument("--max-served-different", type=float, default=0.03,
-                   help="share of differing look-alikes the operating point may serve")
-    t.add_argument("--min-paraphrase-recall", type=float, default=0.62)
+    t.add_argument("--chat-tune", default=CHAT_TUNE, help="chat rewordings and look-alikes the operating point "
+                                                           "is tuned on (split from --chat-test by source question)")
+    t.add_argument("--chat-test", default=CHAT_TEST, help="chat rewordings and look-alikes reported")
+    t.add_argument("--max-lookalikes-served", type=float, default=0.02,
+                   help="share of chat look-alikes the operating point may serve (tune file)")
+    t.add_argument("--max-paws-served", type=float, default=0.05,
+                   help="share of PAWS pairs that mean something else it may serve (tune split)")
     t.add_argument("--max-paraphrase-wrong", type=float, default=0.025)
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))

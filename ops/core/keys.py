@@ -198,6 +198,25 @@ def cache_hard_negatives_max(settings: Settings) -> int:
 CACHE_ENTRY_PATTERN = f"{PREFIX}:cache:entry:*"
 
 
+def cache_samples(entry_id: str) -> str:
+    """A sampled question's pool of answers (list of JSON {chunks, finish_reason, completion_tokens}):
+    at most cache_samples_max, expiring with its entry."""
+    return f"{PREFIX}:cache:samples:{entry_id}"
+
+
+def cache_samples_max(settings: Settings) -> int:
+    return settings.cache_samples
+
+
+def cache_evidence_max(settings: Settings) -> int:
+    """Observations CACHE_EVIDENCE keeps (the newest); the list also expires when nothing is added."""
+    return settings.cache_evidence_max
+
+
+def cache_evidence_ttl_s(settings: Settings) -> int:
+    return settings.cache_ttl_s
+
+
 def cache_exact(digest: str) -> str:
     """Exact-layer key: digest of (model, rendered prompt, output-changing params) -> entry id."""
     return f"{PREFIX}:cache:exact:{digest}"
@@ -219,6 +238,10 @@ CACHE_ENTRY_NAMESPACE = f"{PREFIX}:cache:entry_namespace"
 # list of JSON {asked, stored, entry, at}: answers users reported wrong, capped at
 # cache_hard_negatives_max (below); read by `brigade cache train-verifier`.
 CACHE_HARD_NEGATIVES = f"{PREFIX}:cache:hard_negatives"
+# list of JSON {cosine, score, agreed, source, entry, at}: pairs whose answers were compared (near
+# misses answered anyway, audited hits, feedback), newest first, capped at cache_evidence_max and
+# expiring cache_evidence_ttl_s after the last one; cache/evidence.py learns the thresholds from it.
+CACHE_EVIDENCE = f"{PREFIX}:cache:evidence"
 
 
 # ---- API keys (gateway/api_keys.py, gateway/limits.py) -----------------------------------------

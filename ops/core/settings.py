@@ -217,27 +217,34 @@ class Settings(BaseSettings):
     cache_enabled: bool = True
     cache_ttl_s: int = 86_400
     cache_max_entries: int = 100_000
-    # Semantic layer: candidates from FAISS above a cosine floor; guards veto, then the pair model
-    # (a cross-encoder, cache/pair_model.safetensors) decides.
+    # Semantic layer: candidates from FAISS above a cosine floor; the embedding proposes, the
+    # guards and the pair model (a cross-encoder, cache/pair_model.safetensors) veto (cache/hit_rule.py).
     cache_candidates: int = 4
     cache_min_similarity: float = 0.55
-    # The pair model decides semantic hits. Off, or when its weights are missing or fail to load
+    # The pair model checks semantic hits. Off, or when its weights are missing or fail to load
     # (logged as event=pair_model_unavailable), `cache_fallback` decides instead.
     cache_verifier: bool = True
     cache_pair_model: str = ""  # a trained pair-model file; empty: the one shipped in cache/
-    # Without a pair model: "off" (exact hits only) or "cosine" (cosine + guards + ambiguity at
-    # cache_cosine_threshold / cache_cosine_ambiguity). "off" by default: no cosine threshold
-    # reached the required precision on held-out pairs (docs/cache.md).
+    # Without a pair model: "off" (exact hits only) or "cosine" (guards and a cosine of
+    # cache_cosine_threshold, no band). "off" by default: no cosine alone kept look-alikes out.
     cache_fallback: str = Field(default="off", pattern="^(off|cosine)$")
     # The rule's numbers (hit_rule.OperatingPoint). Empty: the values tuned with the pair model
-    # (stored in its file), or the cosine rule's below.
-    cache_threshold: float | None = None
-    cache_min_cosine: float | None = None
-    # Refuse a semantic hit when a second, different stored question also scores this high: the
-    # cache cannot tell which stored answer applies.
-    cache_ambiguity: float | None = None
+    # (stored in its file), then moved by evidence within cache_max_error (cache/evidence.py).
+    cache_serve_cosine: float | None = None
+    cache_band_cosine: float | None = None
+    cache_agree: float | None = None
+    cache_objection: float | None = None
     cache_cosine_threshold: float = 0.95
-    cache_cosine_ambiguity: float = 0.9
+    # The wrong-answer rate the learned thresholds keep under (delta; the bound's upper end at 95%).
+    cache_max_error: float = Field(default=0.01, gt=0, lt=1)
+    # Sampled requests (temperature > 0, no seed): up to this many different answers per question
+    # are generated and kept; a full pool serves one of them at random.
+    cache_samples: int = Field(default=4, ge=1)
+    # The share of semantic hits asked again of the model in the batch lane, to measure them.
+    cache_audit_share: float = Field(default=0.05, ge=0, le=1)
+    # Two answers agree when equal, or when their embeddings' cosine reaches this.
+    cache_answer_agreement: float = 0.9
+    cache_evidence_max: int = 5_000
     # Pairs reported wrong (feedback, `brigade cache forget --asked`) kept for train-verifier.
     cache_hard_negatives_max: int = 10_000
     cache_hnsw_from: int = 10_000

@@ -1,0 +1,158 @@
+"""Evidence that a stored answer fits a question, and the thresholds it supports under an error bound.
+
+An observation is a pair the cache could have served (a proposal of cache/hit_rule.py) whose two
+answers were compared: the stored answer and the model's own answer to the asked question. Three
+sources give them, as vCache (arXiv 2502.03771) learns from:
+- near misses: a proposal that was not served, so the model answered; its answer is compared
+  with the proposal's when it ends (cache/answer_cache.py, on insert);
+- audits: a share (`cache_audit_share`) of semantic hits asked again of the model in the batch
+  lane (gateway/audits.py); these are the unbiased sample of what is served;
+- feedback: a client or operator reporting a served answer wrong.
+
+Two answers agree when they are the same text up to case and spacing, or when their embeddings'
+cosine reaches `cache_answer_agreement` (the same content worded differently; sampled answers
+never repeat word for word).
+
+From the observations (capped and expiring in Redis, keys.CACHE_EVIDENCE) each gateway learns:
+- `serve_cosine`: the lowest cosine at which, among the observations at or above it that the pair
+  model did not object to, the error rate's upper bound (Wilson, one-sided 95%) is at most
+  `cache_max_error` (delta). Lower than the trained value only when the evidence proves it; higher
+  when the evidence at the trained value shows errors above delta (its lower bound exceeds it).
+- `agree`: the same over the pair model's probability, for the band below serve_cosine.
+- per entry: a wrong answer observed at cosine c raises that entry's bar above c
+  (hit_rule.Candidate.bar), so it is not served at that distance again. Per-entry thresholds are
+  only raised: lowering one entry's bar under delta = 1% would take about 270 agreeing
+  observations of that entry alone.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from cache.hit_rule import OperatingPoint
+
+Z_ONE_SIDED_95 = 1.645
+Z_TWO_SIDED_95 = 1.96
+BAR_MARGIN = 0.01  # how far above a wrong answer's cosine its entry's bar goes
+SOURCES = ("near_miss", "audit", "feedback")
+
+
+@dataclass(frozen=True)
+class Observation:
+    cosine: float
+    score: float | None  # the pair model's probability (None: not asked)
+    agreed: bool
+    source: str  # near_miss | audit | feedback
+    entry: str
+    at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "at": self.at or time.time()})
+
+    @classmethod
+    def from_json(cls, raw: str) -> "Observation | None":
+        try:
+            d = json.loads(raw)
+            score = d.get("score")
+            return cls(float(d["cosine"]), None if score is None else float(score), bool(d["agreed"]),
+                       str(d["source"]), str(d["entry"]), float(d.get("at", 0.0)))
+        except (ValueError, KeyError, TypeError):
+            return None  # one unreadable observation is skipped, not fatal
+
+
+def wilson(errors: int, n: int, z: float = Z_TWO_SIDED_95) -> tuple[float, float]:
+    """The Wilson score interval of a rate errors/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = errors / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def upper(errors: int, n: int) -> float:
+    return wilson(errors, n, Z_ONE_SIDED_95)[1]
+
+
+def lower(errors: int, n: int) -> float:
+    return wilson(errors, n, Z_ONE_SIDED_95)[0]
+
+
+def lowest_safe(values: np.ndarray, wrong: np.ndarray, delta: float, trained: float) -> tuple[float, str]:
+    """The threshold on `values` (cosines or probabilities) the evidence supports, and why.
+
+    Candidates are the observed values themselves: serving from value v means serving every
+    observation at or above v. The lowest v whose error's upper bound is within delta wins when it
+    is below the trained value; else the trained value stands unless the evidence at it shows an
+    error rate above delta (its lower bound exceeds delta), in which case the threshold rises to the
+    lowest value proven safe, or, with none proven yet, as little as the evidence allows."""
+    if not len(values):
+        return trained, "trained"
+    order = np.argsort(-values)
+    v, w = values[order], wrong[order].astype(int)
+    errors_above = np.cumsum(w)  # errors among the i+1 highest values
+    # Index i stands for serving from v[i]: only the last of a run of equal values counts.
+    ends = [i for i in range(len(v)) if i + 1 == len(v) or v[i + 1] != v[i]]
+    safe = next((float(v[i]) for i in reversed(ends) if upper(int(errors_above[i]), i + 1) <= delta), None)
+    if safe is not None and safe < trained:
+        return safe, "evidence_lower"
+    at_trained = v >= trained
+    n, e = int(at_trained.sum()), int(w[at_trained].sum())
+    if n and lower(e, n) > delta:
+        if safe is not None:
+            return safe, "evidence_higher"
+        # Nothing proven safe yet: the least raise the evidence does not refute.
+        refuted_not = (float(v[i]) for i in reversed(ends) if v[i] > trained
+                       and lower(int(errors_above[i]), i + 1) <= delta)
+        return next(refuted_not, float(v[0]) + 1e-6), "evidence_higher"
+    return trained, "trained"
+
+
+@dataclass(frozen=True)
+class Learned:
+    point: OperatingPoint
+    why: dict  # per threshold: trained | evidence_lower | evidence_higher
+    observations: int
+
+
+def learn(observations: list[Observation], trained: OperatingPoint, delta: float) -> Learned:
+    """The operating point the evidence supports (thresholds only move where it says so)."""
+    high = [o for o in observations if o.cosine >= trained.band_cosine
+            and (o.score is None or o.score >= trained.objection)]
+    serve, serve_why = lowest_safe(np.array([o.cosine for o in high]), np.array([not o.agreed for o in high]),
+                                   delta, trained.serve_cosine)
+    serve = max(serve, trained.band_cosine)
+    band = [o for o in observations if o.score is not None and trained.band_cosine <= o.cosine < serve]
+    agree, agree_why = lowest_safe(np.array([o.score for o in band]), np.array([not o.agreed for o in band]),
+                                   delta, trained.agree)
+    return Learned(replace(trained, serve_cosine=round(serve, 6), agree=round(agree, 6)),
+                   {"serve_cosine": serve_why, "agree": agree_why}, len(observations))
+
+
+def served_error(observations: list[Observation]) -> dict:
+    """The wrong-answer rate of served semantic hits, from audits (a random share of them) with its
+    95% interval; feedback reports (wrong answers users noticed) counted beside it."""
+    audits = [o for o in observations if o.source == "audit"]
+    wrong = sum(not o.agreed for o in audits)
+    lo, hi = wilson(wrong, len(audits))
+    return {"audited": len(audits), "wrong": wrong, "rate": round(wrong / len(audits), 4) if audits else None,
+            "interval_95": [round(lo, 4), round(hi, 4)],
+            "reported_wrong": sum(o.source == "feedback" for o in observations)}
+
+
+def same_text(a: str, b: str) -> bool:
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+
+
+def answers_agree(a: str, b: str, embedder, level: float) -> bool:
+    """The same answer: equal text, or the same content (embeddings' cosine at `level` or above)."""
+    if same_text(a, b):
+        return True
+    if not a.strip() or not b.strip():
+        return False
+    va, vb = embedder.embed([a, b])
+    return float(np.dot(va, vb)) >= level

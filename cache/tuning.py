@@ -1,0 +1,164 @@
+"""The operating point (hit_rule.OperatingPoint) chosen on tune splits: recall under a look-alike rate.
+
+Every look-up of the tune files is scored once (cache/evaluation.py scores every unvetoed
+candidate), then each point of the grid is replayed with numpy: for one band floor the best
+proposal and its rival are fixed, and `hit_rule.passes` is a comparison of arrays.
+
+The objective is the share of rewordings served their own answer (chat rewordings and Quora
+duplicates, equally weighted) among the points that keep look-alikes out: at most
+`max_lookalikes_served` of the chat look-alikes and `max_paws_served` of PAWS's (pairs that share
+almost every word and mean something else), and at most `max_paraphrase_wrong` of paraphrase
+look-ups served another entry. Quora's strict precision is reported, not targeted: a Quora pair
+labelled "not duplicate" is often a rewording of a stored question that another pair names
+(docs/cache.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.evaluation import Outcome
+from cache.hit_rule import OperatingPoint, proposals
+
+SERVE = [round(x, 3) for x in np.arange(0.80, 0.985, 0.01)]
+BANDS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85)
+AGREES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)  # 1.01: no band
+OBJECTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+
+
+@dataclass(frozen=True)
+class Targets:
+    max_lookalikes_served: float = 0.02  # chat look-alikes served any answer
+    max_paws_served: float = 0.05  # PAWS pairs that mean something else, served any answer
+    max_paraphrase_wrong: float = 0.025  # paraphrase look-ups served another entry's answer
+
+
+@dataclass
+class Replay:
+    """One file's look-ups at one band floor: the best proposal and its rival as arrays."""
+
+    best_cos: np.ndarray
+    best_score: np.ndarray
+    best_own: np.ndarray
+    rival_cos: np.ndarray
+    rival_score: np.ndarray
+    rival_own: np.ndarray
+    duplicate: np.ndarray
+
+    @classmethod
+    def of(cls, outcomes: list[Outcome], band: float) -> "Replay":
+        point = OperatingPoint(serve_cosine=1.01, band_cosine=band)
+        rows = []
+        for o in outcomes:
+            asked = proposals(o.candidates, point) + [None, None]
+            best, rival = asked[0], asked[1]
+            rows.append((*_fields(best, o.own_id), *_fields(rival, o.own_id), o.duplicate))
+        cols = [np.array(c) for c in zip(*rows)] if rows else [np.zeros(0)] * 7
+        return cls(cols[0], cols[1], cols[2].astype(bool), cols[3], cols[4], cols[5].astype(bool),
+                   cols[6].astype(bool))
+
+    def served(self, serve: float, agree: float, objection: float) -> tuple[np.ndarray, np.ndarray]:
+        """hit_rule.choose for every look-up: (served anything, served its own q1)."""
+        def passes(cos, score):
+            return (cos >= serve) & (score >= objection) | (cos < serve) & (score >= agree)
+
+        best, rival = passes(self.best_cos, self.best_score), passes(self.rival_cos, self.rival_score)
+        from_best, from_rival = best & ~rival, rival & ~best
+        return from_best | from_rival, from_best & self.best_own | from_rival & self.rival_own
+
+
+def _fields(c, own_id: str) -> tuple[float, float, bool]:
+    if c is None:
+        return -1.0, -1.0, False
+    return c.cosine, c.score if c.score is not None else 1.0, c.entry_id == own_id
+
+
+def measures(chat: Replay, dup: Replay | None, paws: Replay | None, para: Replay | None,
+             serve: float, agree: float, objection: float) -> dict:
+    out = {}
+    served, own = chat.served(serve, agree, objection)
+    out["chat_recall"] = float((own & chat.duplicate).sum() / max(1, chat.duplicate.sum()))
+    out["chat_lookalikes_served"] = float((served & ~chat.duplicate).sum() / max(1, (~chat.duplicate).sum()))
+    if dup is not None:
+        served, own = dup.served(serve, agree, objection)
+        correct = own & dup.duplicate
+        out["qqp_recall"] = float(correct.sum() / max(1, dup.duplicate.sum()))
+        out["qqp_precision"] = float(correct.sum() / served.sum()) if served.sum() else 1.0
+    if paws is not None:
+        served, _ = paws.served(serve, agree, objection)
+        out["paws_served"] = float((served & ~paws.duplicate).sum() / max(1, (~paws.duplicate).sum()))
+    if para is not None:
+        served, own = para.served(serve, agree, objection)
+        out["paraphrase_recall"] = float(own.mean()) if len(own) else 0.0
+        out["paraphrase_wrong"] = float((served & ~own).mean()) if len(own) else 0.0
+    return out
+
+
+def keeps(m: dict, targets: Targets) -> bool:
+    return (m["chat_lookalikes_served"] <= targets.max_lookalikes_served
+            and m.get("paws_served", 0.0) <= targets.max_paws_served
+            and m.get("paraphrase_wrong", 0.0) <= targets.max_paraphrase_wrong)
+
+
+def choose_operating_point(chat: list[Outcome], dup: list[Outcome] | None, paws: list[Outcome] | None,
+                           para: list[Outcome] | None, targets: Targets = Targets()) -> tuple[OperatingPoint, dict]:
+    """The point with the most rewording recall that keeps every target on the tune files; ties go
+    to fewer look-alikes served. None keeps them: the strictest point, said so in the report."""
+    best, best_key, best_m = None, None, None
+    for band in BANDS:
+        replays = [Replay.of(o, band) if o else None for o in (chat, dup, paws, para)]
+        for serve in SERVE:
+            if serve < band:
+                continue
+            for agree in AGREES:
+                for objection in OBJECTIONS:
+                    m = measures(*replays, serve, agree, objection)
+                    if not keeps(m, targets):
+                        continue
+                    recall = (m["chat_recall"] + m.get("qqp_recall", m["chat_recall"])) / 2
+                    key = (round(recall, 4), -m["chat_lookalikes_served"], serve)
+                    if best_key is None or key > best_key:
+                        best, best_key, best_m = OperatingPoint(serve, band, agree, objection), key, m
+    if best is None:
+        strict = OperatingPoint(0.98, 0.85, 0.99, 0.2)
+        return strict, {"targets_kept": False}
+    return best, {"targets_kept": True, **{k: round(v, 4) for k, v in best_m.items()}}
+
+
+def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = Targets(), save: bool = True) -> dict:
+    """Score the tune splits with the pair model at `pair_model_path`, choose the operating point,
+    write it into the file's info (what serving reads) and report the test splits.
+
+    `files` maps a kind to its pairs: chat (rewordings and look-alikes of chat questions; their
+    tune and test files are split by source question), duplicates (Quora), lookalikes (PAWS),
+    paraphrases (all rewordings). Quora and PAWS are split by content (cache/pairs.py)."""
+    from cache.answer_cache import AnswerCache
+    from cache.evaluation import evaluate, score_pairs
+    from cache.pair_model import PairModel
+    from cache.pairs import split_for
+
+    pm = PairModel.load(pair_model_path)
+    overrides = {f"cache_{k}": None for k in ("serve_cosine", "band_cosine", "agree", "objection")}
+    cache = AnswerCache(settings.model_copy(update=overrides), pair_model=pm, connect=False)
+    tune_sets, test_sets = {}, {}
+    for kind, pairs in files.items():
+        if kind == "chat":
+            tune_sets[kind], test_sets[kind] = pairs["tune"], pairs["test"]
+            continue
+        split = split_for(kind if kind == "paraphrases" else "duplicates")
+        tune_sets[kind] = [p for p in pairs if split(p) == "tune"]
+        test_sets[kind] = [p for p in pairs if split(p) == "test"]
+    scored = {kind: score_pairs(cache, pairs).outcomes for kind, pairs in tune_sets.items()}
+    point, tuned = choose_operating_point(scored["chat"], scored.get("duplicates"), scored.get("lookalikes"),
+                                          scored.get("paraphrases"), targets)
+    pm.info = {**pm.info, "operating_point": point.__dict__, "tuned": tuned, "targets": targets.__dict__}
+    if save:
+        pm.save(pair_model_path)
+    cache.pair_model = pm
+    test_kinds = {"chat": "lookalikes", "duplicates": "duplicates", "lookalikes": "lookalikes",
+                  "paraphrases": "paraphrases"}
+    report = {"operating_point": point.__dict__, "tune": tuned}
+    for kind, pairs in test_sets.items():
+        report[f"test_{kind}"] = evaluate(cache, {test_kinds[kind]: pairs})[test_kinds[kind]]
+    return report
