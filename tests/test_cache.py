@@ -457,3 +457,30 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
     assert after is not None and after.layer == "semantic" and after.entry.answer == "Speak every day."
     # The evidence is bounded: the newest cache_evidence_max, expiring when nothing is added.
     assert redis_server.client.llen(keys.CACHE_EVIDENCE) == 20 and redis_server.client.ttl(keys.CACHE_EVIDENCE) > 0
+
+
+def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with_its_interval(redis_server, embedder):
+    from ops.commands.cache import stats
+
+    redis_server.client.flushdb()
+    settings = Settings(redis_url=redis_server.url)
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        for i in range(12):  # audits: a random share of served hits, two of them wrong
+            await cache.observe(Observation(0.93, 0.8, i >= 2, "audit", f"e{i}"))
+        await cache.observe(Observation(0.85, 0.4, True, "near_miss", "e0"))
+        return await stats(settings)
+
+    evidence = run(main())["evidence"]
+    assert evidence["observations"] == {"near_miss": 1, "audit": 12, "feedback": 0}
+    served = evidence["served_error"]
+    assert (served["audited"], served["wrong"], served["rate"]) == (12, 2, 0.1667)
+    lo, hi = served["interval_95"]
+    assert 0.04 < lo < 0.1667 < hi < 0.5
+    # Two wrong in twelve at cosine 0.93 is an error rate above delta (1%) beyond doubt: the cosine
+    # that serves rises above them, and so does the band's pair-model bar (they scored 0.8).
+    assert evidence["trained"]["serve_cosine"] < 0.93 < evidence["serving"]["serve_cosine"]
+    assert evidence["why"] == {"serve_cosine": "evidence_higher", "agree": "evidence_higher"}
+    assert evidence["serving"]["agree"] > 0.8
+    assert evidence["max_error"] == 0.01

@@ -391,6 +391,11 @@ def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_nega
     assert not stack.redis.client.exists(keys.cache_entry(entry))
     negatives = [json.loads(x) for x in stack.redis.client.lrange(keys.CACHE_HARD_NEGATIVES, 0, -1)]
     assert {"asked": asked, "stored": stored, "entry": entry}.items() <= negatives[0].items()
+    # The verdict is evidence against serving at that cosine (cache/evidence.py).
+    evidence = [json.loads(x) for x in stack.redis.client.lrange(keys.CACHE_EVIDENCE, 0, -1)]
+    reported = [o for o in evidence if o["source"] == "feedback" and o["entry"] == entry]
+    assert len(reported) == 1 and reported[0]["agreed"] is False
+    assert reported[0]["cosine"] == pytest.approx(hit[-1]["similarity"], abs=1e-3)
     [again] = asyncio.run(_converse(stack.url, [("f2", _question(asked))]))
     assert "cached" not in again[-1] and any(e["type"] == "queued" for e in again)
 
