@@ -1,8 +1,10 @@
 """The answer cache as the gateway uses it: look up (exact, then semantic), store, stay in step.
 
 Lookups never fail a request: any cache problem (Redis down, a corrupted entry) is logged and
-counted as a miss. Each gateway keeps one FAISS index per namespace, rebuilt from Redis at start
-and then following the shared add/delete log; any gateway may sweep expired entries.
+counted as a miss. Each gateway keeps one FAISS index per namespace (cache/local_indexes.py),
+rebuilt from Redis at start and then following the shared log; any gateway may sweep expired
+entries. A miss whose answer the model gave is stored, added to a sampled question's pool, or
+compared with a near miss's stored answer: evidence for the thresholds (cache/evidence.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from cache.evidence import BAR_MARGIN, Learned, Observation, answers_agree, lear
 from cache.guards import conflicts
 from cache.hit_rule import Candidate, OperatingPoint, choose, point_from, proposals
 from cache.index import Item, VectorIndex
+from cache.local_indexes import LocalIndexes
 from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
 from cache.store import (AlreadyStored, CorruptEntry, Entry, EntryStore, Sample, answer_digest, decode_vector,
@@ -60,14 +63,12 @@ class AnswerCache:
         self.pair_model = pair_model if pair_model is not None else self._load_pair_model()
         self.learned: Learned | None = None
         self.rng = random.Random()
-        self.indexes: dict[str, VectorIndex] = {}
-        self.namespace_of: dict[str, str] = {}  # entry id -> namespace, for deletes that name none
-        self._rebuilding: set[str] = set()
         self._log_cursor = "0-0"
         # Bookkeeping writes and index rebuilds, kept off the hit path: in the gateway's background
         # tasks when it gives its `spawn` (it waits for them at shutdown), else in a set of our own.
         self._spawn = spawn
         self._pending: set[asyncio.Task] = set()
+        self.local = LocalIndexes(self.embedder.dim, settings.cache_hnsw_from, self._later)
 
     def _load_pair_model(self) -> PairModel | None:
         if not self.settings.cache_verifier:
@@ -188,7 +189,7 @@ class AnswerCache:
     async def _semantic(self, query: CacheQuery, vector: np.ndarray) -> tuple[Hit | None, Candidate | None]:
         """The hit, or the best proposal that was not served (a near miss, to learn from)."""
         point = self.point_for(query)
-        candidates = self.candidates(self.indexes.get(query.namespace), query.question, vector)
+        candidates = self.candidates(self.local.indexes.get(query.namespace), query.question, vector)
         if point is None or not proposals(candidates, point):
             return None, None
         try:
@@ -201,7 +202,7 @@ class AnswerCache:
             return None, proposals(candidates, point)[0]
         entry = await self.store.get_served(chosen.entry_id)
         if entry is None:  # expired in Redis before the sweep reached it
-            self._forget(chosen.entry_id)
+            self.local.forget(chosen.entry_id)
             return None, None
         return Hit(entry, "semantic", chosen.cosine, chosen.score), None
 
@@ -257,9 +258,9 @@ class AnswerCache:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
         if vector is not None and query.question:
-            self._add(query.namespace, entry.entry_id, Item(vector, query.question, entry.answer_digest))
+            self.local.add(query.namespace, entry.entry_id, Item(vector, query.question, entry.answer_digest))
         for entry_id in evicted:
-            self._forget(entry_id)
+            self.local.forget(entry_id)
         return entry.entry_id
 
     async def _join_pool(self, query: CacheQuery, chunks: list[str], finish_reason: str,
@@ -293,69 +294,18 @@ class AnswerCache:
         try:
             await self.store.add_observation(observation)
             if not observation.agreed:
-                bar = round(observation.cosine + BAR_MARGIN, 6)
-                await self.store.set_bar(observation.entry, bar)
-                self._set_bar(observation.entry, bar)
+                bar = await self.store.raise_bar(observation.entry, round(observation.cosine + BAR_MARGIN, 6))
+                if bar is not None:
+                    self.local.set_bar(observation.entry, bar)
         except (RedisError, OSError) as exc:
             log.warning("event=cache_evidence_not_recorded error=%r", exc)
 
     async def forget(self, entry_id: str, asked: str | None = None) -> bool:
         """A user said this entry's answer was wrong: evict it everywhere, learn from it."""
         removed = await self.store.forget(entry_id, asked)
-        self._forget(entry_id)
+        self.local.forget(entry_id)
         log.info("event=cache_entry_forgotten entry=%s removed=%s", entry_id, removed)
         return removed
-
-    # ---- the local indexes -------------------------------------------------------------------
-
-    def _add(self, namespace: str, entry_id: str, item: Item) -> None:
-        index = self.indexes.get(namespace)
-        if index is None:
-            index = self.indexes[namespace] = VectorIndex(self.embedder.dim, hnsw_from=self.settings.cache_hnsw_from)
-        index.add(entry_id, item)
-        self.namespace_of[entry_id] = namespace
-        self._maybe_rebuild(namespace, index)
-
-    def _set_bar(self, entry_id: str, bar: float) -> None:
-        namespace = self.namespace_of.get(entry_id)
-        if namespace is not None and namespace in self.indexes:
-            self.indexes[namespace].set_bar(entry_id, bar)
-
-    def _forget(self, entry_id: str) -> None:
-        namespace = self.namespace_of.pop(entry_id, None)
-        index = self.indexes.get(namespace) if namespace is not None else None
-        if index is None:
-            return
-        index.remove(entry_id)
-        if not len(index) and namespace not in self._rebuilding:
-            del self.indexes[namespace]  # every conversation makes a namespace: drop the empty ones
-        else:
-            self._maybe_rebuild(namespace, index)
-
-    def _maybe_rebuild(self, namespace: str, index: VectorIndex) -> None:
-        if not index.rebuild_due or namespace in self._rebuilding:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # offline (no event loop to keep responsive): rebuild here
-            index.compact()
-            return
-        self._rebuilding.add(namespace)
-        self._later(self._rebuild_index(namespace, index))
-
-    async def _rebuild_index(self, namespace: str, index: VectorIndex) -> None:
-        """Build on a worker thread (seconds at 100k entries) while lookups use the old index."""
-        try:
-            ids, vectors = index.snapshot()
-            built = await asyncio.to_thread(VectorIndex.build, index.dim, vectors, index.hnsw_from, index.hnsw_m,
-                                            index.ef_search)
-            index.install(ids, built)
-            log.info("event=cache_index_rebuilt_in_background namespace=%s entries=%d kind=%s", namespace[:12],
-                     len(index), index.kind)
-        finally:
-            self._rebuilding.discard(namespace)
-            if not len(index) and self.indexes.get(namespace) is index:
-                del self.indexes[namespace]
 
     # ---- staying in step with the other gateways ---------------------------------------------------
 
@@ -363,12 +313,12 @@ class AnswerCache:
         """Load every entry from Redis into fresh indexes; remember where the log stood."""
         last = await self.redis.xrevrange(keys.CACHE_LOG, count=1)
         self._log_cursor = last[0][0] if last else "0-0"
-        self.indexes, self.namespace_of = {}, {}
+        self.local.clear()
         n = 0
         async for entry_id, namespace, item in self.store.scan_entries():
-            self._add(namespace, entry_id, item)
+            self.local.add(namespace, entry_id, item)
             n += 1
-        log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.indexes))
+        log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.local.indexes))
         return n
 
     async def follow(self, block_ms: int = 1000) -> None:
@@ -390,12 +340,12 @@ class AnswerCache:
 
     def _apply(self, event: dict) -> None:
         if event.get("op") == "add" and event.get("vector"):
-            self._add(event["namespace"], event["id"], Item(decode_vector(event["vector"]), event.get("question", ""),
+            self.local.add(event["namespace"], event["id"], Item(decode_vector(event["vector"]), event.get("question", ""),
                                                             event.get("answer", ""), float(event.get("bar") or 0.0)))
         elif event.get("op") == "bar":
-            self._set_bar(event["id"], float(event["bar"]))
+            self.local.set_bar(event["id"], float(event["bar"]))
         elif event.get("op") == "del":
-            self._forget(event["id"])
+            self.local.forget(event["id"])
 
     async def _check_not_trimmed(self) -> None:
         # A gateway that fell further behind than the capped log reaches must start over.
@@ -410,7 +360,7 @@ class AnswerCache:
         for entry_id in await self.store.expired():
             if await self.store.delete(entry_id, "expirations"):
                 removed += 1
-            self._forget(entry_id)
+            self.local.forget(entry_id)
         return removed
 
     async def sweep_forever(self) -> None:
@@ -432,7 +382,7 @@ class AnswerCache:
         return [asyncio.create_task(self.follow()), asyncio.create_task(self.sweep_forever())]
 
     def size(self) -> int:
-        return sum(len(i) for i in self.indexes.values())
+        return self.local.size()
 
 
 def reusable_for_rewordings(answer: str, finish_reason: str) -> bool:

@@ -174,15 +174,20 @@ class EntryStore:
         pipe.llen(key)
         return (await pipe.execute())[-1]
 
-    async def set_bar(self, entry_id: str, bar: float) -> None:
-        """Raise an entry's own cosine floor (every gateway's index follows the log)."""
-        if not await self.redis.exists(keys.cache_entry(entry_id)):
-            return
+    async def raise_bar(self, entry_id: str, bar: float) -> float | None:
+        """Raise an entry's own cosine floor, never lower it (every gateway's index follows the
+        log); returns the bar now in force, None when the entry is gone."""
+        current = await self.redis.hget(keys.cache_entry(entry_id), "bar")
+        if current is None:
+            return None
+        if float(current or 0.0) >= bar:
+            return float(current)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.cache_entry(entry_id), "bar", bar)
         pipe.xadd(keys.CACHE_LOG, {"op": "bar", "id": entry_id, "bar": bar}, maxlen=self.log_maxlen,
                   approximate=True)
         await pipe.execute()
+        return bar
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
         await self._record_hit(keys=[keys.cache_entry(entry_id), keys.CACHE_LRU, keys.CACHE_STATS],

@@ -96,7 +96,7 @@ def test_questions_that_embed_close_but_differ_do_not_hit(settings, embedder, re
         await stored(cache, ask(renderer, stored_q))
         query = ask(renderer, asked_q)
         vector = embedder.embed_one(asked_q)
-        return await cache.lookup(query), cache.candidates(cache.indexes.get(query.namespace), asked_q, vector)
+        return await cache.lookup(query), cache.candidates(cache.local.indexes.get(query.namespace), asked_q, vector)
 
     lookup, candidates = run(main())
     assert lookup.hit is None
@@ -192,10 +192,10 @@ def test_expired_entries_leave_no_empty_index_behind(settings, embedder, rendere
         cache = AnswerCache(settings, embedder)
         ids = [await stored(cache, ask(renderer, f"Question number {n} about volcanoes?", system=f"turn {n}"))
                for n in range(3)]
-        namespaces = len(cache.indexes)
+        namespaces = len(cache.local.indexes)
         for entry_id in ids:
             await cache.forget(entry_id)
-        return namespaces, len(cache.indexes), cache.namespace_of
+        return namespaces, len(cache.local.indexes), cache.local.namespace_of
 
     before, after, namespace_of = run(main())
     assert before == 3 and after == 0 and namespace_of == {}
@@ -224,13 +224,13 @@ def test_index_rebuilds_happen_off_the_event_loop_and_lookups_go_on(settings, em
         query = ask(renderer, questions[0])
         index_kinds = []
         for q, v in zip(questions, vectors):
-            cache._add(query.namespace, q, Item(v, q))
-            index_kinds.append(cache.indexes[query.namespace].kind)
+            cache.local.add(query.namespace, q, Item(v, q))
+            index_kinds.append(cache.local.indexes[query.namespace].kind)
         # The 40th add made a rebuild due; it was handed to a thread, not done inside add().
-        building = query.namespace in cache._rebuilding
-        found_meanwhile = cache.candidates(cache.indexes[query.namespace], questions[5], vectors[5])
-        await wait_until_async(lambda: not cache._rebuilding, 60, interval=0.01, what="the rebuild to be swapped in")
-        index = cache.indexes[query.namespace]
+        building = query.namespace in cache.local.rebuilding
+        found_meanwhile = cache.candidates(cache.local.indexes[query.namespace], questions[5], vectors[5])
+        await wait_until_async(lambda: not cache.local.rebuilding, 60, interval=0.01, what="the rebuild to be swapped in")
+        index = cache.local.indexes[query.namespace]
         return index_kinds, building, found_meanwhile, index.kind, len(index), index.search(vectors[7], 1)
 
     kinds, building, found_meanwhile, kind, size, nearest = run(main())
@@ -299,7 +299,7 @@ def test_a_failing_pair_model_gives_a_miss_never_an_unverified_hit(settings, emb
 
 
 def indexed(cache: AnswerCache, entry_id: str) -> bool:
-    return any(entry_id in index for index in cache.indexes.values())
+    return any(entry_id in index for index in cache.local.indexes.values())
 
 
 def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_server, embedder, renderer):
@@ -329,7 +329,7 @@ def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_ser
     assert not redis_server.client.exists(keys.cache_entry(evicted))
     assert redis_server.client.zcard(keys.CACHE_LRU) == 3
     for cache in (a, b):
-        assert all(evicted not in index for index in cache.indexes.values())
+        assert all(evicted not in index for index in cache.local.indexes.values())
         assert cache.size() == 3
 
 
@@ -433,7 +433,7 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
         far, _ = await model_answers(cache, loose, "Read a book a week.")  # another answer
         evidence = await cache.store.observations()
         entries = {e: redis_server.client.hgetall(keys.cache_entry(e)) for e in (original, alias)}
-        index_bar = cache.indexes[ask(renderer, stored_q).namespace].live[far.near.entry_id].bar
+        index_bar = cache.local.indexes[ask(renderer, stored_q).namespace].live[far.near.entry_id].bar
         # Thresholds move with evidence: agreeing answers just below the serving cosine.
         probe = "What can I do to improve my spoken English?"
         cosine = float(embedder.embed_one(probe) @ embedder.embed_one(stored_q))
