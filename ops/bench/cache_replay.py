@@ -41,7 +41,7 @@ def default_pairs_path() -> Path:
 @dataclass(frozen=True)
 class ReplayConfig:
     url: str  # the gateway's WebSocket
-    pairs: str
+    pairs: str | None  # the pair file; None: the shipped one
     limit: int | None = None
     repeat_ratio: float = 0.3
     seed: int = 0
@@ -53,7 +53,7 @@ class ReplayConfig:
     api_key: str | None = None
 
     def to_json(self) -> dict:
-        return {"url": redact_url(self.url), "pairs": self.pairs, "limit": self.limit,
+        return {"url": redact_url(self.url), "pairs": self.pairs or f"shipped:{DEFAULT_PAIRS}", "limit": self.limit,
                 "repeat_ratio": self.repeat_ratio, "seed": self.seed, "concurrency": self.concurrency,
                 "max_tokens": self.max_tokens, "temperature": self.temperature,
                 "cache_threshold": self.cache_threshold, "store_timeout_s": self.store_timeout_s}
@@ -148,19 +148,19 @@ async def wait_stored(gateway: Gateway, sources: list[str], timeout_s: float) ->
     still not stored at the deadline are returned."""
     deadline = time.monotonic() + timeout_s
 
-    async def until_stored(slot: int, source: str) -> str | None:
-        pause = 0.02
-        for attempt in range(1_000_000):
-            reply = await gateway.ask(slot, f"{gateway.run_id}-probe-{slot}-{attempt}", source, "exact", hits_only=True)
-            if reply.cached == "exact":
+    async def until_stored(slot: int, item: tuple[int, str]) -> str | None:
+        number, source = item
+        pause, attempt = 0.02, 0
+        while True:
+            rid = f"{gateway.run_id}-stored-{number}-{attempt}"
+            if (await gateway.ask(slot, rid, source, "exact", hits_only=True)).cached == "exact":
                 return None
             if time.monotonic() + pause > deadline:
                 return source
             await asyncio.sleep(pause)  # the store is a background task of a few milliseconds
-            pause = min(pause * 2, 0.5)
-        return source
+            pause, attempt = min(pause * 2, 0.5), attempt + 1
 
-    missing = await _each(sources, gateway.config.concurrency, until_stored)
+    missing = await _each(list(enumerate(sources)), gateway.config.concurrency, until_stored)
     return [s for s in missing if s is not None]
 
 

@@ -172,7 +172,7 @@ def _cache_replay(args, settings: Settings) -> dict | int:
     if not pairs:
         print(f"brigade bench cache-replay: {path} holds no pairs", file=sys.stderr)
         return 2
-    config = ReplayConfig(target_urls("ws", args.url, settings)[0], path, args.limit, args.repeat_ratio, args.seed,
+    config = ReplayConfig(target_urls("ws", args.url, settings)[0], args.pairs, args.limit, args.repeat_ratio, args.seed,
                           args.concurrency, args.max_tokens, args.temperature, args.cache_threshold,
                           args.store_timeout, args.api_key)
     try:
