@@ -208,3 +208,81 @@ def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tm
     assert log.count("event=worker_ready") == 2, log[-3000:]
     assert log.count("event=request_done") == 6, log[-3000:]
     assert "stopping gateway, then worker, then reaper, then redis" in log
+
+
+
+# ---- bench cache-replay ---------------------------------------------------------------------------
+
+# Six sources, each with a rewording and a look-alike that means something else. Four look-alikes
+# passed every guard with a cosine of 0.83-0.89 to their source when written, so that a loose
+# threshold serves them.
+REPLAY_PAIRS = [
+    ("How do I make my dog stop barking at night?", "How can I get my dog to stop barking at night?",
+     "How do I make my dog start barking at night?"),
+    ("What are the health benefits of drinking green tea?", "What health benefits does drinking green tea have?",
+     "What are the health benefits of drinking black tea?"),
+    ("How do I remove a stain from a white shirt?", "How can I get a stain out of a white shirt?",
+     "How do I remove a stain from a white carpet?"),
+    ("Why is the sky blue during the day?", "Why does the sky look blue in the daytime?",
+     "Why is the sea blue during the day?"),
+    ("What is a good way to learn to cook at home?", "How can I learn cooking at home?",
+     "What is a good way to learn to cook at school?"),
+    ("How do I keep my houseplants alive in winter?", "How can I keep indoor plants alive during winter?",
+     "How do I keep my houseplants alive in summer?"),
+]
+
+
+def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack, tmp_path):
+    """bench cache-replay against the stack (tiny model; the real embedding and pair model in the
+    gateway), asked with threshold 0 so that look-alikes are served too. max_tokens 12 is a
+    namespace of its own: nothing the module's other tests stored can answer it."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
+                             for q1, reworded, lookalike in REPLAY_PAIRS
+                             for q2, dup in ((reworded, True), (lookalike, False))))
+    out = tmp_path / "replay.json"
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", stack, "--pairs",
+                           str(pairs), "--max-tokens", "12", "--cache-threshold", "0", "--repeat-ratio", "0.3",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert json.loads(done.stdout) == report
+    assert report["fill"]["stored"] == 6 and report["fill"]["not_stored"] == []
+    rows, kinds = report["per_request"], report["by_kind"]
+    # 12 q2s, and exact repeats making 30% of the whole: 5 of 17.
+    assert [kinds[k]["requests"] for k in ("repeat", "rewording", "lookalike")] == [5, 6, 6]
+    assert report["requests"] == len(rows) == 17 and report["errors"] == {}
+    for kind, k in kinds.items():
+        assert k["hits"] + k["misses"] + k["errors"] == k["requests"], kind
+        assert k["exact"] + k["semantic"] == k["hits"] == k["right"] + k["wrong"], kind
+        assert k["hits"] == sum(r["kind"] == kind and r["cached"] is not None for r in rows), kind
+    repeats = [r for r in rows if r["kind"] == "repeat"]
+    assert all(r["cached"] == "exact" and r["verdict"] == "right" for r in repeats), repeats
+    lookalike_hits = [r for r in rows if r["kind"] == "lookalike" and r["cached"]]
+    assert lookalike_hits and all(r["verdict"] == "wrong" for r in lookalike_hits), lookalike_hits
+    wrong = sum(r["verdict"] == "wrong" for r in rows)
+    hits = sum(r["cached"] is not None for r in rows)
+    assert report["wrong_hit_rate"]["count"] == wrong == len(report["wrong_hits"])
+    assert report["wrong_hit_rate"]["of"] == report["hit_rate"]["count"] == hits
+    lo, hi = report["wrong_hit_rate"]["wilson95"]
+    assert lo <= report["wrong_hit_rate"]["value"] <= hi
+    saved = report["compute_saved"]
+    assert saved["hit_tokens"] == sum(r["completion_tokens"] for r in rows if r["cached"]) > 0
+    assert saved["total_tokens"] == sum(r["completion_tokens"] for r in rows)
+    assert saved["share"] == round(saved["hit_tokens"] / saved["total_tokens"], 4)
+    assert report["latency_ms"]["exact_hit"]["count"] == sum(r["cached"] == "exact" for r in rows)
+
+
+def test_cache_replay_judges_a_hit_by_its_text_not_by_what_was_asked():
+    from cache.pairs import Pair
+    from ops.bench.cache_replay_judge import Reply, judge, plan_replay
+
+    pairs = [Pair("a?", "a, reworded?", True), Pair("b?", "b, reworded?", True), Pair("a?", "b?", False)]
+    asks = {a.question: a for a in plan_replay(pairs, 0.0, seed=1)}
+    fill = {"a?": Reply("answer a"), "b?": Reply("answer b")}
+    served = {"a, reworded?": Reply("answer b", cached="semantic"),  # another source's answer
+              "b, reworded?": Reply("answer b", cached="semantic"),
+              "b?": Reply("answer b", cached="exact")}  # a look-alike of a that is itself stored
+    verdicts = {j.ask.question: (j.verdict, j.served_family) for j in judge(fill, [(asks[q], r) for q, r in
+                                                                                  served.items()])}
+    assert verdicts == {"a, reworded?": ("wrong", "b?"), "b, reworded?": ("right", None), "b?": ("right", None)}

@@ -159,6 +159,8 @@ AFTER_THE_SUBCOMMAND = {
                  r"drop no-such-request: not in the dead-letter list"),
     "bench doors": (["bench", "doors", "--rounds", "1", "--max-tokens", "2", "--url", "{http}", "--api-key", "{key}"],
                     0, r'"http_sse": \{{\s*"ttft_p50_s"'),
+    "bench cache-replay": (["bench", "cache-replay", "--limit", "1", "--max-tokens", "2", "--url", "{http}",
+                            "--api-key", "{key}"], 0, r'"requests": 1,'),
     # bench serve's own --redis-url (count its commands) rides along.
     "bench serve": (["bench", "serve", "--num-requests", "2", "--max-tokens", "2", "--url", "{http}",
                      "--api-key", "{key}", "--redis-url", "{redis}"], 0, r'"completed": 2'),
@@ -313,18 +315,20 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
     targets = bench_targets()
-    assert sorted(targets) == ["cache", "doors", "engine", "quality", "scale", "serve", "soak"]
+    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "quality", "scale", "serve", "soak"]
     assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
     assert {"--clients", "--seconds", "--kill-every", "--kill-redis-primary"} <= flags(targets["soak"])
     assert {"--rate", "--slo", "--backend"} <= flags(targets["serve"]) & flags(targets["scale"])
     assert not {"--clients", "--rate", "--pairs", "--dtype"} & flags(targets["engine"])
     # Only the targets that talk to a running gateway take its connection options.
-    assert [name for name, p in sorted(targets.items()) if "--api-key" in flags(p)] == ["cache", "doors", "serve"]
+    assert [name for name, p in sorted(targets.items()) if "--api-key" in flags(p)] == ["cache", "cache-replay",
+                                                                                       "doors", "serve"]
     assert all("--json" in flags(p) for p in targets.values())
     # Each target's --max-tokens default is its own, said in its help.
     defaults = {name: targets[name].parse_args([]).max_tokens for name in ("engine", "quality", "soak", "doors",
-                                                                            "serve", "scale")}
-    assert defaults == {"engine": 128, "quality": 32, "soak": 16, "doors": 16, "serve": None, "scale": None}
+                                                                            "serve", "scale", "cache-replay")}
+    assert defaults == {"engine": 128, "quality": 32, "soak": 16, "doors": 16, "serve": None, "scale": None,
+                        "cache-replay": 48}
     for argv in (["bench", "soak", "--n", "1"], ["bench", "engine", "--clients", "3"], ["bench", "doors", "--rate", "1"]):
         with pytest.raises(SystemExit) as exited:
             build_parser().parse_args(argv)
@@ -333,7 +337,7 @@ def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
 
 DOCUMENTED = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "Makefile")
 # A mention runs to the end of its code span, table cell or line; `\|` is an alternative in a table.
-BENCH_MENTION = re.compile(r"brigade bench ([a-z]+)((?:\\\||[^`|\n])*)")
+BENCH_MENTION = re.compile(r"brigade bench ([a-z][a-z-]*)((?:\\\||[^`|\n])*)")
 
 
 def test_every_documented_bench_command_line_still_parses():

@@ -49,6 +49,24 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="1000,10000,100000", help="index sizes for lookup cost")
     add_connection_options(p, gateway="http", api_key=True)
 
+    p = targets.add_parser("cache-replay", parents=[report], help="the answer cache measured live: labelled "
+                           "pairs replayed through a running gateway (exact repeats, rewordings, look-alikes); hit "
+                           "rate, wrong hits, compute saved")
+    p.add_argument("--pairs", help="JSONL {q1, q2, duplicate}: duplicate q2s are asked as rewordings, the others as "
+                   "look-alikes (default: ops/data/chat_paraphrases.jsonl)")
+    p.add_argument("--limit", type=int, help="read only the first N pairs")
+    p.add_argument("--repeat-ratio", type=float, default=0.3, help="the share of the replay that repeats a q1 word "
+                   "for word (default 0.3)")
+    p.add_argument("--seed", type=int, default=0, help="the replay's order and which q1s repeat")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy answers, which the cache stores")
+    p.add_argument("--cache-threshold", type=float, help="sent as each replayed request's cache_threshold (the hit "
+                   "rule's threshold for that request; default: the gateway's)")
+    p.add_argument("--store-timeout", type=float, default=60, help="seconds to wait for the answers of the fill "
+                   "to be stored (default 60)")
+    _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
+    add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+
     p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
                            "its own, a worker SIGKILLed every --kill-every seconds")
     p.add_argument("--clients", type=int, default=200, help="concurrent WebSocket clients")
@@ -96,7 +114,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from ops.bench.serve import main as bench_serve
 
         return bench_serve(args, settings)
-    bench = {"engine": _engine, "cache": _cache, "soak": _soak, "doors": _doors, "scale": _scale,
+    bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "soak": _soak, "doors": _doors, "scale": _scale,
              "quality": _quality}[args.target]
     report = bench(args, settings)
     if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
@@ -132,6 +150,36 @@ def _cache(args, settings: Settings) -> dict | int:
     ws_url = target_urls("ws", args.url, settings)[0] if args.url else None  # any form of the gateway's URL
     return run(settings, args.repeats, args.pairs, args.semantic_pairs, [int(n) for n in args.sizes.split(",") if n],
                ws_url, args.api_key)
+
+
+def _cache_replay(args, settings: Settings) -> dict | int:
+    from cache.pairs import read_pairs
+    from ops.bench.cache_replay import ReplayConfig, default_pairs_path, run
+    from ops.bench.serve_backends import CannotReach
+    from ops.bench.serve_config import target_urls
+
+    if not 0 <= args.repeat_ratio < 1 or args.concurrency < 1 or (args.limit is not None and args.limit < 1):
+        print("brigade bench cache-replay: --repeat-ratio is from 0 up to (not including) 1, --concurrency and "
+              "--limit at least 1", file=sys.stderr)
+        return 2
+    path = args.pairs or str(default_pairs_path())
+    try:
+        pairs = read_pairs(path, args.limit)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"brigade bench cache-replay: {path} is not a pair file (one {{q1, q2, duplicate}} a line): {exc!r}",
+              file=sys.stderr)
+        return 2
+    if not pairs:
+        print(f"brigade bench cache-replay: {path} holds no pairs", file=sys.stderr)
+        return 2
+    config = ReplayConfig(target_urls("ws", args.url, settings)[0], args.pairs, args.limit, args.repeat_ratio, args.seed,
+                          args.concurrency, args.max_tokens, args.temperature, args.cache_threshold,
+                          args.store_timeout, args.api_key)
+    try:
+        return run(config, pairs)
+    except CannotReach as exc:
+        print(f"brigade bench cache-replay: {exc}", file=sys.stderr)
+        return 2
 
 
 def _soak(args, settings: Settings) -> dict:
