@@ -152,7 +152,10 @@ def run(args, settings: Settings) -> int:
                           args.max_paraphrase_wrong)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
-                                init=Path(args.init) if args.init else None, lr=args.lr)
+                                init=Path(args.init) if args.init else None, lr=args.lr,
+                                chat_pairs_file=args.chat_pairs, resume=Path(args.resume) if args.resume else None,
+                                checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
+                                train_only=args.train_only)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -191,6 +194,13 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     t.add_argument("--init", help="start from this trained pair-model file instead of the base model "
                                   "(a second round)")
+    t.add_argument("--chat-pairs", help="JSONL pairs trained on whole (already split by source: give the "
+                                        "train file, e.g. ops/data/chat_pairs_train.jsonl)")
+    t.add_argument("--max-duplicates", type=int, help="train on at most this many duplicate-file pairs")
+    t.add_argument("--resume", help="checkpoint folder: saved to every --checkpoint-every steps, and "
+                                    "continued from when it holds a checkpoint")
+    t.add_argument("--checkpoint-every", type=int, default=500)
+    t.add_argument("--train-only", action="store_true", help="train and save; leave the operating point alone")
     t.add_argument("--min-precision", type=float, default=0.87, help="duplicate precision the operating point keeps")
     t.add_argument("--max-served-different", type=float, default=0.03,
                    help="share of differing look-alikes the operating point may serve")
