@@ -34,3 +34,17 @@ def test_a_resumed_run_continues_the_steps_and_the_weights_of_the_stopped_one(tm
     assert state["step"] == 4 and state["scheduler"]["last_epoch"] == 4
     assert not torch.equal(head(second), after_two)  # trained on from step 2, not from scratch
     assert (folder / "pair_model.step2.safetensors").exists() and (folder / "pair_model.step4.safetensors").exists()
+def test_chat_pair_files_read_as_pairs_split_by_source():
+    import json
+
+    from cache.pairs import read_pairs
+
+    sources = {}
+    for name in ("train", "tune", "test"):
+        path = DATA / f"chat_pairs_{name}.jsonl"
+        pairs = read_pairs(path)
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        assert len(pairs) == len(rows) and sum(p.duplicate for p in pairs) == len(pairs) // 2
+        sources[name] = {r["source"] for r in rows}
+    assert not (sources["train"] & sources["tune"]) and not (sources["train"] & sources["test"])
+    assert not (sources["tune"] & sources["test"])
