@@ -43,11 +43,12 @@ class Example:
 
 def training_examples(duplicates: list[Pair], lookalikes: list[Pair], seed: int = 0,
                       generated_pairs: int = 15_000, hard_negatives: list[Pair] = (),
-                      chat_pairs: list[Pair] = (), max_duplicates: int | None = None) -> list[Example]:
+                      chat_pairs: list[Pair] = (), max_duplicates: int | None = None,
+                      chat_repeats: int = 4) -> list[Example]:
     """The train splits of `duplicates` (at most `max_duplicates` of them, drawn at random) and of
     `lookalikes` (twice: they are the hard part), matched generated pairs (one look-alike and one
     rewording of each training question), and `chat_pairs`, a file already split by source (its
-    train file, whole, four times: few, hand-written, and the kind of text the cache serves)."""
+    train file, whole, `chat_repeats` times: few, hand-written, and the kind of text the cache serves)."""
     rng = random.Random(seed)
     train_dup = [p for p in duplicates if split_of(p) == "train"]
     if max_duplicates is not None and len(train_dup) > max_duplicates:
@@ -58,7 +59,7 @@ def training_examples(duplicates: list[Pair], lookalikes: list[Pair], seed: int 
     rows = [(p.q1, p.q2, p.duplicate) for p in train_dup]
     rows += [(p.q1, p.q2, p.duplicate) for p in train_look] * 2
     rows += [(g.q1, g.q2, g.duplicate) for g in made]
-    rows += [(p.q1, p.q2, p.duplicate) for p in chat_pairs] * 4
+    rows += [(p.q1, p.q2, p.duplicate) for p in chat_pairs] * chat_repeats
     rows += [(p.q1, p.q2, False) for p in hard_negatives] * 3  # few, and each one a real mistake
     out = []
     for a, b, label in rows:
@@ -270,7 +271,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                    targets: Targets = Targets(), skip_training: bool = False, threads: int = 2,
                    init: Path | None = None, lr: float = 5e-5, chat_pairs_file: str | None = None,
                    resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
-                   train_only: bool = False) -> dict:
+                   train_only: bool = False, chat_repeats: int = 4) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
     from cache.answer_cache import AnswerCache
     from cache.pair_model import PairModel
@@ -288,7 +289,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
         chat = read_pairs(chat_pairs_file) if chat_pairs_file else []
         report["files"]["chat_pairs"] = chat_pairs_file
         examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard,
-                                     chat_pairs=chat, max_duplicates=max_duplicates)
+                                     chat_pairs=chat, max_duplicates=max_duplicates, chat_repeats=chat_repeats)
         pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
         report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
                                        seed=1 if init else 0, resume=resume, checkpoint_every=checkpoint_every)

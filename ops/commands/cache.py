@@ -155,7 +155,7 @@ def run(args, settings: Settings) -> int:
                                 init=Path(args.init) if args.init else None, lr=args.lr,
                                 chat_pairs_file=args.chat_pairs, resume=Path(args.resume) if args.resume else None,
                                 checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
-                                train_only=args.train_only)
+                                train_only=args.train_only, chat_repeats=args.chat_repeats)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -196,6 +196,7 @@ def add_parser(sub) -> None:
                                   "(a second round)")
     t.add_argument("--chat-pairs", help="JSONL pairs trained on whole (already split by source: give the "
                                         "train file, e.g. ops/data/chat_pairs_train.jsonl)")
+    t.add_argument("--chat-repeats", type=int, default=4, help="times each --chat-pairs pair is in the examples")
     t.add_argument("--max-duplicates", type=int, help="train on at most this many duplicate-file pairs")
     t.add_argument("--resume", help="checkpoint folder: saved to every --checkpoint-every steps, and "
                                     "continued from when it holds a checkpoint")
