@@ -6,10 +6,20 @@ Paris" (FACTS: a short run stayed at chance on look-alikes). From each training 
 derive:
 
 - look-alike negatives: the two ends of "from X to Y" (or "X to Y", "X than Y") swapped, a
-  number changed, a negation inserted or dropped, a word replaced by its antonym, a name or a
-  content word replaced by another one, two content words swapped;
-- meaning-keeping positives: lower case without punctuation, a polite or chatty prefix,
-  contractions made or undone, a typo, the two sides of "X or Y" / "X and Y" swapped.
+  number changed, a negation inserted or dropped, a word replaced by its antonym, an entity
+  replaced by another of its kind from a hand table (Paris -> Rome, Monday -> Friday), two
+  content words swapped;
+- meaning-keeping rewordings: a synonym from a hand table, "X's Y" <-> "the Y of X", a question
+  turned into "Tell me ...", a trailing clause moved to the front, digits <-> words, an acronym
+  <-> its expansion, lower case without punctuation, a polite or chatty prefix, contractions made
+  or undone, a typo, the two sides of "X or Y" / "X and Y" swapped.
+
+`generate` makes them in matched pairs: each question gives one look-alike and one rewording,
+so the model sees the same source change meaning under one edit and keep it under another, and
+learns that the edit, not rewording in general, is what matters. (An earlier version also
+replaced a random content word with any other word; the model learned from it that any new
+word means a different question, and read every rewording as a look-alike. Entities now change
+only within their kind.)
 
 Everything is drawn from a seeded generator, so `brigade cache train-verifier` reproduces it.
 """
@@ -102,33 +112,18 @@ def _flip_negation(q: str, rng: random.Random) -> str | None:
     return q[:m.end()] + " not" + q[m.end():]
 
 
+# Opposites that are as often particles ("work on AC", "set up", "over there"): the swap makes nonsense.
+_PARTICLES = {"on", "off", "up", "down", "over", "under"}
+
+
 def _antonym(q: str, rng: random.Random) -> str | None:
-    words = [m for m in _WORD.finditer(q) if m.group(0).lower() in OPPOSITE_OF]
+    words = [m for m in _WORD.finditer(q) if m.group(0).lower() in OPPOSITE_OF and m.group(0).lower() not in _PARTICLES]
     if not words:
         return None
     m = rng.choice(words)
     new = rng.choice(sorted(OPPOSITE_OF[m.group(0).lower()]))
     if m.group(0)[0].isupper():
         new = new.capitalize()
-    return q[:m.start()] + new + q[m.end():]
-
-
-def _replace_word(q: str, rng: random.Random, vocabulary: list[str], names: list[str]) -> str | None:
-    """A name for another name, or a content word for another content word: another subject."""
-    tokens = list(_WORD.finditer(q))
-    named = [m for i, m in enumerate(tokens) if i > 0 and m.group(0)[0].isupper() and m.group(0).lower() not in _STOP]
-    if named and names:
-        m = rng.choice(named)
-        pool = names
-    else:
-        content = [m for m in tokens if m.group(0).lower() not in _STOP and len(m.group(0)) > 3]
-        if not content or not vocabulary:
-            return None
-        m = rng.choice(content)
-        pool = vocabulary
-    new = rng.choice(pool)
-    if new.lower() == m.group(0).lower():
-        return None
     return q[:m.start()] + new + q[m.end():]
 
 
@@ -143,11 +138,55 @@ def _swap_words(q: str, rng: random.Random) -> str | None:
     return q[:a.start()] + b.group(0) + q[a.end():b.start()] + a.group(0) + q[b.end():]
 
 
+# Entities of one kind: one for another asks about something else. Kept to words that are rarely
+# anything but the entity, so the swap is a different question, never a rewording.
+_SIBLINGS = [
+    ["Paris", "London", "Rome", "Berlin", "Madrid", "Tokyo", "Sydney", "Chicago", "Toronto", "Dubai"],
+    ["France", "Germany", "Italy", "Spain", "Japan", "Canada", "Brazil", "India", "Mexico", "Australia"],
+    ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
+    ["January", "February", "March", "April", "June", "July", "August", "September", "October",
+     "November", "December"],
+    ["Python", "Java", "JavaScript", "Rust", "C++", "Ruby", "Go", "PHP"],
+    ["Windows", "Linux", "macOS", "Android", "iOS"],
+    ["dog", "cat", "rabbit", "hamster", "parrot"], ["dogs", "cats", "rabbits", "horses"],
+    ["chicken", "beef", "pork", "salmon", "tofu", "lamb"], ["rice", "pasta", "potatoes", "quinoa"],
+    ["coffee", "tea", "milk", "wine", "beer"], ["breakfast", "lunch", "dinner"],
+    ["apple", "banana", "orange", "mango"], ["apples", "bananas", "oranges", "strawberries"],
+    ["spring", "summer", "autumn", "winter"], ["morning", "afternoon", "evening", "night"],
+    ["iPhone", "Samsung", "Pixel"], ["Mars", "Venus", "Jupiter", "Saturn", "Mercury", "Neptune"],
+    ["heart", "liver", "kidney", "lungs", "brain"], ["diabetes", "asthma", "arthritis", "migraine"],
+    ["guitar", "piano", "violin", "drums"], ["football", "basketball", "tennis", "cricket", "baseball"],
+    ["euro", "dollar", "pound", "yen"], ["euros", "dollars", "pounds", "yen"],
+    ["kilometers", "miles", "meters", "feet"], ["grams", "ounces", "pounds", "kilograms"],
+    ["Celsius", "Fahrenheit", "Kelvin"], ["hours", "minutes", "days", "weeks"], ["year", "month", "week"],
+    ["capital", "population", "currency", "area"], ["husband", "wife", "son", "daughter"],
+    ["mother", "father", "sister", "brother"], ["Excel", "Word", "PowerPoint"],
+    ["Chrome", "Firefox", "Safari"], ["Amazon", "Google", "Apple", "Microsoft", "Netflix"],
+    ["Shakespeare", "Dickens", "Tolstoy"], ["Einstein", "Newton", "Darwin", "Tesla"],
+    ["oxygen", "nitrogen", "hydrogen", "carbon"], ["iron", "calcium", "magnesium", "zinc"],
+    ["vitamin D", "vitamin C", "vitamin B12"], ["protein", "fat", "sugar", "fiber"],
+    ["red", "blue", "green", "yellow", "black", "white"],
+]
+_SIBLING_OF = {w: [o for o in group if o != w] for group in _SIBLINGS for w in group}
+_SIBLING = re.compile(r"(?<![\w+])(" + "|".join(sorted((re.escape(w) for w in _SIBLING_OF), key=len, reverse=True))
+                      + r")(?![\w+])")
+
+
+def _sibling(q: str, rng: random.Random) -> str | None:
+    """An entity for another of its kind: "capital of France" -> "capital of Spain"."""
+    found = list(_SIBLING.finditer(q))
+    if not found:
+        return None
+    m = rng.choice(found)
+    return q[:m.start()] + rng.choice(_SIBLING_OF[m.group(0)]) + q[m.end():]
+
+
 NEGATIVE_MAKERS = {
     "swap_ends": _swap_from_to,
     "number": _change_number,
     "negation": _flip_negation,
     "antonym": _antonym,
+    "sibling": _sibling,
     "swap_words": _swap_words,
 }
 
@@ -197,41 +236,190 @@ def _swap_or(q: str, rng: random.Random) -> str | None:
     return None
 
 
+# Words and phrases that mean the same in a question, either way round.
+_SYNONYMS = [
+    ("buy", "purchase"), ("big", "large"), ("quick", "fast"), ("quickly", "fast"), ("begin", "start"),
+    ("car", "automobile"), ("help", "assist"), ("choose", "pick"), ("cheap", "inexpensive"), ("movie", "film"),
+    ("movies", "films"), ("doctor", "physician"), ("kids", "children"), ("child", "kid"), ("job", "occupation"),
+    ("use", "utilize"), ("fix", "repair"), ("get rid of", "remove"), ("find out", "discover"),
+    ("learn", "study"), ("mistake", "error"), ("mistakes", "errors"), ("shows", "indicates"), ("answer", "reply"),
+    ("hard", "difficult"), ("easy", "simple"), ("enough", "sufficient"), ("need", "require"), ("needs", "requires"),
+    ("about", "approximately"), ("around", "roughly"), ("so", "very"), ("house", "home"), ("town", "city"),
+    ("ill", "sick"), ("medicine", "medication"), ("tired", "exhausted"), ("happy", "glad"), ("maybe", "perhaps"),
+    ("smart", "clever"), ("rich", "wealthy"), ("cook", "prepare"), ("pay", "cover"), ("keep", "retain"),
+    ("build", "construct"), ("show", "display"), ("look for", "search for"),
+    ("set up", "configure"), ("main", "primary"), ("biggest", "largest"), ("tiny", "very small"),
+    ("often", "frequently"), ("mostly", "mainly"), ("money", "cash"), ("trip", "journey"), ("price", "cost"),
+    ("speed up", "accelerate"), ("explain", "describe"), ("meaning", "definition"), ("correct", "right"),
+    ("unwell", "ill"), ("hurt", "injure"), ("stomach", "belly"), ("sneakers", "running shoes"),
+    ("vacation", "holiday"), ("cellphone", "mobile phone"), ("laptop", "notebook computer"),
+]
+_SYNONYM_OF = {}
+for _a, _b in _SYNONYMS:
+    _SYNONYM_OF.setdefault(_a, _b)
+    _SYNONYM_OF.setdefault(_b, _a)
+_SYNONYM = re.compile(r"\b(" + "|".join(sorted((re.escape(w) for w in _SYNONYM_OF), key=len, reverse=True))
+                      + r")\b", re.I)
+_ACRONYMS = [
+    ("USA", "United States"), ("UK", "United Kingdom"), ("EU", "European Union"), ("UN", "United Nations"),
+    ("NYC", "New York City"), ("AI", "artificial intelligence"), ("ML", "machine learning"),
+    ("CPU", "central processing unit"), ("GPU", "graphics card"), ("RAM", "memory"), ("OS", "operating system"),
+    ("PC", "personal computer"), ("TV", "television"), ("ID", "identity card"), ("BMI", "body mass index"),
+    ("GDP", "gross domestic product"), ("VPN", "virtual private network"), ("API", "application programming interface"),
+    ("DIY", "do it yourself"), ("ETF", "exchange-traded fund"), ("ISP", "internet service provider"),
+    ("CEO", "chief executive officer"), ("DNA", "genetic code"), ("km", "kilometers"), ("kg", "kilograms"),
+    ("mph", "miles per hour"), ("WWII", "World War II"), ("WW2", "the Second World War"), ("HR", "human resources"),
+    ("IT", "information technology"), ("ASAP", "as soon as possible"), ("FAQ", "frequently asked questions"),
+    ("NASA", "the US space agency"), ("ATM", "cash machine"), ("PDF", "PDF file"), ("CV", "resume"),
+]
+_ACRONYM_OF = {}
+for _a, _b in _ACRONYMS:
+    _ACRONYM_OF.setdefault(_a, _b)
+    _ACRONYM_OF.setdefault(_b.lower(), _a)
+_ACRONYM = re.compile(r"\b(" + "|".join(sorted((re.escape(a) for a, _ in _ACRONYMS), key=len, reverse=True))
+                      + r")\b|\b(" + "|".join(sorted((re.escape(b) for _, b in _ACRONYMS), key=len, reverse=True))
+                      + r")\b", re.I)
+_DIGIT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_DIGIT_WORDS) + r"|\d{1,2})\b", re.I)
+_POSSESSIVE = re.compile(r"\b((?:[A-Z][\w-]*\s){0,2}[A-Z][\w-]*)'s ((?:[a-z]+ )?[a-z]+)\b")
+_THE_OF = re.compile(r"\bthe ([a-z]+(?: [a-z]+)?) of ((?:[A-Z][\w-]*\s){0,2}[A-Z][\w-]*)\b")
+_TELL_ME = [
+    (re.compile(r"^what (is|are|was|were) (.+?)\?*$", re.I), lambda m: f"Tell me what {m[2]} {m[1].lower()}."),
+    (re.compile(r"^how (?:do|can|should) i (.+?)\?*$", re.I), lambda m: f"Tell me how to {m[1]}."),
+    (re.compile(r"^(who|when|where|why|how) (is|are|was|were|did|does|do) (.+?)\?*$", re.I),
+     lambda m: f"Tell me {m[1].lower()} {m[2].lower()} {m[3]}."),
+    (re.compile(r"^(?:can|could) you (?:tell me|explain) (.+?)[?.]*$", re.I), lambda m: f"Tell me {m[1]}."),
+    (re.compile(r"^tell me (about .+?)[.!]*$", re.I), lambda m: f"What can you tell me {m[1]}?"),
+]
+_TRAILING_CLAUSE = re.compile(r"^(.+?),? ((?:in|on|during|for|at|after|before|when|if|while|without) [^,?]{3,40})\?$")
+_LEADING_CLAUSE = re.compile(r"^((?:In|On|During|For|At|After|Before|When|If|While|Without) [^,?]{3,40}), (.+?)\?$")
+
+
+def _cased(new: str, old: str) -> str:
+    return new[0].upper() + new[1:] if old[:1].isupper() and new[:1].islower() else new
+
+
+def _synonym(q: str, rng: random.Random) -> str | None:
+    found = list(_SYNONYM.finditer(q))
+    if not found:
+        return None
+    m = rng.choice(found)
+    return q[:m.start()] + _cased(_SYNONYM_OF[m.group(0).lower()], m.group(0)) + q[m.end():]
+
+
+def _possessive_of(q: str, rng: random.Random) -> str | None:
+    """"France's capital" <-> "the capital of France"."""
+    m = _POSSESSIVE.search(q)
+    if m:
+        return q[:m.start()] + f"the {m[2]} of {m[1]}" + q[m.end():]
+    m = _THE_OF.search(q)
+    if m:
+        return q[:m.start()] + f"{m[2]}'s {m[1]}" + q[m.end():]
+    return None
+
+
+def _tell_me(q: str, rng: random.Random) -> str | None:
+    """"What is X?" -> "Tell me what X is."; "Tell me about X" -> "What can you tell me about X?"."""
+    for pattern, build in _TELL_ME:
+        m = pattern.match(q.strip())
+        if m:
+            return build(m)
+    return None
+
+
+def _clause_to_front(q: str, rng: random.Random) -> str | None:
+    """"What should I eat before a run?" <-> "Before a run, what should I eat?"."""
+    q = q.strip()
+    m = _LEADING_CLAUSE.match(q)
+    if m:
+        body = m[2]
+        return body[0].upper() + body[1:] + " " + m[1][0].lower() + m[1][1:] + "?"
+    m = _TRAILING_CLAUSE.match(q)
+    if not m or len(m[1].split()) < 3:
+        return None
+    body = m[1] if m[1][:2].isupper() else m[1][0].lower() + m[1][1:]
+    return m[2][0].upper() + m[2][1:] + ", " + body + "?"
+
+
+def _digits_words(q: str, rng: random.Random) -> str | None:
+    """"3 eggs" <-> "three eggs" (up to twenty)."""
+    for m in _NUMBER_WORD.finditer(q):
+        word = m.group(0)
+        if word.isdigit():
+            if int(word) > 20:
+                continue
+            new = _DIGIT_WORDS[int(word)]
+        else:
+            if word.lower() == "one":  # "one" is as often a pronoun as a number
+                continue
+            new = str(_DIGIT_WORDS.index(word.lower()))
+        return q[:m.start()] + _cased(new, word) + q[m.end():]
+    return None
+
+
+def _acronym(q: str, rng: random.Random) -> str | None:
+    """"USA" <-> "United States", "AI" <-> "artificial intelligence"."""
+    for m in _ACRONYM.finditer(q):
+        if m.group(1):
+            if m.group(1) not in _ACRONYM_OF:  # case matters for acronyms ("it" is not IT)
+                continue
+            return q[:m.start()] + _ACRONYM_OF[m.group(1)] + q[m.end():]
+        return q[:m.start()] + _ACRONYM_OF[m.group(2).lower()] + q[m.end():]
+    return None
+
+
 POSITIVE_MAKERS = {
+    "synonym": _synonym,
+    "possessive": _possessive_of,
+    "tell_me": _tell_me,
+    "clause_front": _clause_to_front,
+    "digits": _digits_words,
+    "acronym": _acronym,
     "plain": _plain,
     "prefix": _prefixed,
     "contraction": _contract,
     "typo": _typo,
     "swap_or": _swap_or,
 }
+# Edits a chat user's look-alike makes most (another place, number, direction, opposite); negation
+# inserted by rule and word salad are cheap and easy, so they come less often.
+_NEGATIVE_WEIGHT = {"swap_ends": 3, "number": 3, "antonym": 3, "sibling": 3, "negation": 1, "swap_words": 1}
+# Rewordings a chat user writes are mostly of the first six kinds; the rest are cheap noise.
+_POSITIVE_WEIGHT = {"synonym": 3, "possessive": 2, "tell_me": 2, "clause_front": 2, "digits": 1, "acronym": 1,
+                    "plain": 1, "prefix": 1, "contraction": 1, "typo": 1, "swap_or": 1}
 
 
-def generate(questions: list[str], negatives: int, positives: int, seed: int = 0) -> list[GeneratedPair]:
-    """About `negatives` look-alike negatives and `positives` meaning-keeping positives."""
+def _one_of(makers: dict, q: str, rng: random.Random, weights: dict | None = None) -> tuple[str, str] | None:
+    """The first maker, in a random (weighted) order, that changes `q`."""
+    kinds = sorted(makers)
+    w = [(weights or {}).get(k, 1) for k in kinds]
+    order = []
+    while kinds:
+        k = rng.choices(kinds, w)[0]
+        i = kinds.index(k)
+        order.append(kinds.pop(i))
+        w.pop(i)
+    for kind in order:
+        new = makers[kind](q, rng)
+        if new and new.strip() and new.strip() != q.strip():
+            return kind, new
+    return None
+
+
+def generate(questions: list[str], pairs: int, seed: int = 0) -> list[GeneratedPair]:
+    """Up to `pairs` matched pairs: from each question one look-alike (duplicate=False) and one
+    rewording (duplicate=True), or nothing when either cannot be made."""
     rng = random.Random(seed)
-    vocabulary = sorted({w.lower() for q in questions for w in _WORD.findall(q)
-                         if w.lower() not in _STOP and len(w) > 3 and w.islower()})
-    names = sorted({w for q in questions for i, w in enumerate(_WORD.findall(q))
-                    if i > 0 and w[0].isupper() and w.lower() not in _STOP})
-    out: list[GeneratedPair] = []
     order = questions[:]
     rng.shuffle(order)
-
-    def draw(makers: dict, want: int, duplicate: bool) -> None:
-        made = 0
-        kinds = sorted(makers)
-        for q in order * 3:
-            if made >= want:
-                return
-            kind = kinds[made % len(kinds)] if rng.random() < 0.7 else rng.choice(kinds)
-            if kind == "replace":
-                new = _replace_word(q, rng, vocabulary, names)
-            else:
-                new = makers[kind](q, rng)
-            if new and new.strip() and new != q:
-                out.append(GeneratedPair(q, new, duplicate, kind))
-                made += 1
-
-    draw({**NEGATIVE_MAKERS, "replace": None}, negatives, False)
-    draw(POSITIVE_MAKERS, positives, True)
+    out: list[GeneratedPair] = []
+    for q in order:
+        if len(out) >= 2 * pairs:
+            break
+        negative = _one_of(NEGATIVE_MAKERS, q, rng, _NEGATIVE_WEIGHT)
+        positive = _one_of(POSITIVE_MAKERS, q, rng, _POSITIVE_WEIGHT)
+        if negative and positive:
+            out.append(GeneratedPair(q, negative[1], False, negative[0]))
+            out.append(GeneratedPair(q, positive[1], True, positive[0]))
     return out

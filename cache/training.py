@@ -2,11 +2,14 @@
 
 1. Split every labelled file by content hash: 80% train, 10% tune, 10% test (cache/pairs.py).
 2. Training examples: the train split of the duplicate-question pairs and of the look-alike
-   pairs (PAWS, shown twice: they are the hard part), plus look-alike negatives and
-   meaning-keeping positives generated from the training questions (cache/lookalikes.py).
+   pairs (PAWS, shown twice: they are the hard part), matched look-alikes and rewordings
+   generated from the training questions (cache/lookalikes.py), and the train file of the
+   hand-written chat pairs (ops/data/chat_pairs_train.jsonl, split by source, not by hash).
    Each example is shown in a random order of its two texts.
 3. Fine-tune the cross-encoder (cache/pair_model.py): AdamW, linear warm-up and decay, batches
-   of similar length (little padding), fixed seeds. Checkpoints every `checkpoint_every` steps.
+   of similar length (little padding), fixed seeds. With `--resume DIR`, a checkpoint every
+   `checkpoint_every` steps (weights, optimizer, scheduler, step, RNG) that a run started again
+   continues from.
 4. The operating point (hit_rule.OperatingPoint) is chosen on the tune splits and the chat
    pairs' tune file (cache/tuning.py); the test splits are reported.
 """
@@ -35,16 +38,24 @@ class Example:
 
 
 def training_examples(duplicates: list[Pair], lookalikes: list[Pair], seed: int = 0,
-                      generated_negatives: int = 20_000, generated_positives: int = 10_000,
-                      hard_negatives: list[Pair] = ()) -> list[Example]:
+                      generated_pairs: int = 15_000, hard_negatives: list[Pair] = (),
+                      chat_pairs: list[Pair] = (), max_duplicates: int | None = None,
+                      chat_repeats: int = 4) -> list[Example]:
+    """The train splits of `duplicates` (at most `max_duplicates` of them, drawn at random) and of
+    `lookalikes` (twice: they are the hard part), matched generated pairs (one look-alike and one
+    rewording of each training question), and `chat_pairs`, a file already split by source (its
+    train file, whole, `chat_repeats` times: few, hand-written, and the kind of text the cache serves)."""
     rng = random.Random(seed)
     train_dup = [p for p in duplicates if split_of(p) == "train"]
+    if max_duplicates is not None and len(train_dup) > max_duplicates:
+        train_dup = rng.sample(train_dup, max_duplicates)
     train_look = [p for p in lookalikes if split_of(p) == "train"]
-    questions = sorted({p.q1 for p in train_dup} | {p.q2 for p in train_dup})
-    made = generate(questions, generated_negatives, generated_positives, seed=seed)
+    questions = sorted({p.q1 for p in train_dup} | {p.q2 for p in train_dup} | {p.q1 for p in chat_pairs})
+    made = generate(questions, generated_pairs, seed=seed)
     rows = [(p.q1, p.q2, p.duplicate) for p in train_dup]
     rows += [(p.q1, p.q2, p.duplicate) for p in train_look] * 2
     rows += [(g.q1, g.q2, g.duplicate) for g in made]
+    rows += [(p.q1, p.q2, p.duplicate) for p in chat_pairs] * chat_repeats
     rows += [(p.q1, p.q2, False) for p in hard_negatives] * 3  # few, and each one a real mistake
     out = []
     for a, b, label in rows:
@@ -69,9 +80,30 @@ def _batches(examples: list[Example], batch_size: int, rng: random.Random):
         yield from batches
 
 
+RESUME_STATE = "state.pt"
+
+
+def _save_state(folder: Path, pair_model, opt, sched, step: int) -> None:
+    """What training needs to go on exactly where it stopped. The batch order is not saved: it is
+    replayed from the seed (cheap), so only the torch generator (dropout) is."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    trained = {n: p.detach().clone() for n, p in pair_model.model.named_parameters() if p.requires_grad}
+    state = {"step": step, "model": trained, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "torch_rng": torch.get_rng_state()}
+    tmp = folder / (RESUME_STATE + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(folder / RESUME_STATE)  # a run killed while saving keeps the previous state
+
+
 def fine_tune(pair_model, examples: list[Example], steps: int, batch_size: int = 32, lr: float = 5e-5,
               warmup: int = 300, seed: int = 0, checkpoint: Path | None = None, checkpoint_every: int = 1000,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, resume: Path | None = None) -> dict:
+    """Train `steps` optimizer steps. With `resume`, a folder: every `checkpoint_every` steps the
+    trainable tensors, optimizer, scheduler, step and RNG go there (and a copy of the model file,
+    `pair_model.step<N>.safetensors`, for scoring the curve); a run started again with the same
+    examples and folder continues from the last of them."""
     import torch
 
     if threads:
@@ -82,10 +114,21 @@ def fine_tune(pair_model, examples: list[Example], steps: int, batch_size: int =
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (steps - s) / max(1, steps - warmup)))
+    batches = _batches(examples, batch_size, rng)
+    done = 0
+    if resume is not None and (resume / RESUME_STATE).exists():
+        state = torch.load(resume / RESUME_STATE, weights_only=False)
+        pair_model.model.load_state_dict(state["model"], strict=False)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        done = state["step"]
+        for _ in range(done):  # the same batches, in the same order, as an unbroken run
+            next(batches)
+        torch.set_rng_state(state["torch_rng"])
+        log.info("event=pair_model_resumed step=%d folder=%s", done, resume)
     model = pair_model.model.train()
     started, running = time.time(), []
-    batches = _batches(examples, batch_size, rng)
-    for step in range(1, steps + 1):
+    for step in range(done + 1, steps + 1):
         batch = next(batches)
         logits = pair_model.logits([e.first for e in batch], [e.second for e in batch])
         target = torch.tensor([e.label for e in batch])
@@ -100,14 +143,18 @@ def fine_tune(pair_model, examples: list[Example], steps: int, batch_size: int =
             log.info("event=pair_model_step step=%d loss=%.4f seconds=%.0f", step, sum(running) / len(running),
                      time.time() - started)
             running = []
-        if checkpoint is not None and (step % checkpoint_every == 0 or step == steps):
+        if step % checkpoint_every == 0 or step == steps:
             pair_model.model.eval()
             pair_model.info = {"steps": step, "batch_size": batch_size, "lr": lr, "seed": seed,
                                "examples": len(examples)}
-            pair_model.save(checkpoint)
+            if checkpoint is not None:
+                pair_model.save(checkpoint)
+            if resume is not None:
+                _save_state(resume, pair_model, opt, sched, step)
+                pair_model.save(resume / f"pair_model.step{step}.safetensors")
             model.train()
     model.eval()
-    return {"steps": steps, "batch_size": batch_size, "examples": len(examples),
+    return {"steps": steps, "resumed_at": done, "batch_size": batch_size, "examples": len(examples),
             "train_seconds": round(time.time() - started, 1)}
 
 
@@ -145,7 +192,9 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                    paraphrases_file: str | None = None, hard_negatives_file: str | None = None,
                    targets: Targets = Targets(), skip_training: bool = False, threads: int = 2,
                    chat_tune_file: str = CHAT_TUNE, chat_test_file: str = CHAT_TEST,
-                   init: Path | None = None, lr: float = 5e-5) -> dict:
+                   init: Path | None = None, lr: float = 5e-5, chat_pairs_file: str | None = None,
+                   resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
+                   train_only: bool = False, chat_repeats: int = 4) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
     from cache.pair_model import PairModel
 
@@ -157,11 +206,17 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
     report: dict = {"files": {"duplicates": duplicates_file, "lookalikes": lookalikes_file,
                               "paraphrases": paraphrases_file}, "hard_negatives": len(hard)}
     if not skip_training:
-        examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard)
+        chat = read_pairs(chat_pairs_file) if chat_pairs_file else []
+        report["files"]["chat_pairs"] = chat_pairs_file
+        examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard,
+                                     chat_pairs=chat, max_duplicates=max_duplicates, chat_repeats=chat_repeats)
         pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
         report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
-                                       seed=1 if init else 0)
+                                       seed=1 if init else 0, resume=resume, checkpoint_every=checkpoint_every)
         pm.save(out)
+        if train_only:
+            report["seconds"] = round(time.time() - started, 1)
+            return report
     report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_file, chat_test_file), targets)
     report["seconds"] = round(time.time() - started, 1)
     return report

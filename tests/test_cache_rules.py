@@ -62,7 +62,7 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
 
 
 def test_the_embedding_proposes_and_the_checks_only_veto():
-    from cache.hit_rule import Candidate, OperatingPoint, choose, proposals
+    from cache.hit_rule import Candidate, OperatingPoint, choose
 
     point = OperatingPoint(serve_cosine=0.9, band_cosine=0.8, agree=0.6, objection=0.05)
     close = Candidate("a", "How far is the Moon?", 0.93, score=0.3, answer="A")
@@ -109,13 +109,25 @@ def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
     assert NEGATIVE_MAKERS["antonym"]("What is the minimum wage?", rng) == "What is the maximum wage?"
     assert POSITIVE_MAKERS["contraction"]("What is the time?", rng) == "What's the time?"
     assert POSITIVE_MAKERS["swap_or"]("Should I learn Python or Java?", rng) == "Should I learn Java or Python?"
-    made = generate(["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
-                     "Should I learn Python or Java?"], negatives=6, positives=3, seed=1)
-    # Each question makes what it can (three passes): a few of each kind, no more than asked.
-    assert 3 <= sum(not g.duplicate for g in made) <= 6 and 2 <= sum(g.duplicate for g in made) <= 3
+    assert NEGATIVE_MAKERS["sibling"]("Is it cold in Paris in May?", rng) in {
+        f"Is it cold in {city} in May?" for city in ("London", "Rome", "Berlin", "Madrid", "Tokyo", "Sydney",
+                                                     "Chicago", "Toronto", "Dubai")}
+    assert POSITIVE_MAKERS["possessive"]("What is the capital of France?", rng) == "What is France's capital?"
+    assert POSITIVE_MAKERS["tell_me"]("How do I boil eggs?", rng) == "Tell me how to boil eggs."
+    assert POSITIVE_MAKERS["clause_front"]("What should I eat before a run?", rng) == "Before a run, what should I eat?"
+    assert POSITIVE_MAKERS["digits"]("How do I boil 3 eggs?", rng) == "How do I boil three eggs?"
+    assert POSITIVE_MAKERS["acronym"]("Who leads the UN?", rng) == "Who leads the United Nations?"
+    assert POSITIVE_MAKERS["synonym"]("Where can I buy a car?", rng) in ("Where can I purchase a car?",
+                                                                        "Where can I buy a automobile?")
+    assert "replace" not in NEGATIVE_MAKERS  # a random new word taught "any new word = another question"
+    questions = ["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
+                 "Should I learn Python or Java?"]
+    made = generate(questions, pairs=3, seed=1)
+    # Matched: every question that gives a look-alike gives a rewording too, and no more than asked.
+    assert sum(not g.duplicate for g in made) == sum(g.duplicate for g in made) == 3
+    assert [g.q1 for g in made if g.duplicate] == [g.q1 for g in made if not g.duplicate]
     assert all(g.q1 != g.q2 for g in made)
-    assert made == generate(["Cheap flights from Paris to London?", "What is the minimum wage in 2020?",
-                             "Should I learn Python or Java?"], negatives=6, positives=3, seed=1)  # reproducible
+    assert made == generate(questions, pairs=3, seed=1)  # reproducible
 
 
 def test_thresholds_move_only_where_the_evidence_bounds_the_error():

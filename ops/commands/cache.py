@@ -177,7 +177,10 @@ def run(args, settings: Settings) -> int:
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
                                 chat_tune_file=args.chat_tune, chat_test_file=args.chat_test,
-                                init=Path(args.init) if args.init else None, lr=args.lr)
+                                init=Path(args.init) if args.init else None, lr=args.lr,
+                                chat_pairs_file=args.chat_pairs, resume=Path(args.resume) if args.resume else None,
+                                checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
+                                train_only=args.train_only, chat_repeats=args.chat_repeats)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -216,6 +219,14 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     t.add_argument("--init", help="start from this trained pair-model file instead of the base model "
                                   "(a second round)")
+    t.add_argument("--chat-pairs", help="JSONL pairs trained on whole (already split by source: give the "
+                                        "train file, e.g. ops/data/chat_pairs_train.jsonl)")
+    t.add_argument("--chat-repeats", type=int, default=4, help="times each --chat-pairs pair is in the examples")
+    t.add_argument("--max-duplicates", type=int, help="train on at most this many duplicate-file pairs")
+    t.add_argument("--resume", help="checkpoint folder: saved to every --checkpoint-every steps, and "
+                                    "continued from when it holds a checkpoint")
+    t.add_argument("--checkpoint-every", type=int, default=500)
+    t.add_argument("--train-only", action="store_true", help="train and save; leave the operating point alone")
     t.add_argument("--chat-tune", default=CHAT_TUNE, help="chat rewordings and look-alikes the operating point "
                                                            "is tuned on (split from --chat-test by source question)")
     t.add_argument("--chat-test", default=CHAT_TEST, help="chat rewordings and look-alikes reported")
