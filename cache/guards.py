@@ -219,6 +219,19 @@ def _crossed(order: list[int]) -> bool:
     return False
 
 
+def _occurrences(roles: tuple[tuple[str, str], ...], mine: Counter, theirs: Counter) -> list[tuple[str, int]]:
+    """The content words that both sides say equally often, each with its occurrence: a word said
+    twice on both sides ("Hugh would replace Danielle ... Victoria would replace ...") anchors the
+    order as well as one said once."""
+    seen: Counter[str] = Counter()
+    out = []
+    for word, _ in roles:
+        seen[word] += 1
+        if mine[word] == theirs[word]:
+            out.append((word, seen[word]))
+    return out
+
+
 def swapped(question: str, candidate: str) -> bool:
     """Two shared words traded places or roles: "flights from New York to Florida" / "from
     Florida to New York", "is X bigger than Y" / "is Y bigger than X", "impact of media on
@@ -228,21 +241,20 @@ def swapped(question: str, candidate: str) -> bool:
     q, c = details(question), details(candidate)
     if _traded(list(q.said), list(c.said)):
         return True
-    qa, ca = q.roles, c.roles
-    q_count, c_count = Counter(w for w, _ in qa), Counter(w for w, _ in ca)
+    q_count, c_count = Counter(w for w, _ in q.roles), Counter(w for w, _ in c.roles)
     qs, cs = set(q_count), set(c_count)
     if not qs or not cs or len(qs & cs) / len(qs | cs) < ORDER_MIN_OVERLAP:
         return False
-    shared = [w for w, _ in qa if w in cs and q_count[w] == 1 and c_count[w] == 1]
-    if len(shared) < 2:
-        return False
-    if _traded_roles(shared, dict(qa), dict(ca)):
+    shared = [w for w, _ in q.roles if q_count[w] == 1 and c_count[w] == 1]
+    if _traded_roles(shared, dict(q.roles), dict(c.roles)):
         return True
     # A word brought to the front crosses everything it passes, and a rewording often fronts one
     # ("After cooking a steak, how long ...", "Mexico's tap water", "In the United States, ..."):
     # the first word of each side does not count.
-    c_order = [w for w, _ in ca if w in set(shared)]
-    kept = [w for w in shared if w not in (shared[0], c_order[0])]
+    q_order, c_order = _occurrences(q.roles, q_count, c_count), _occurrences(c.roles, c_count, q_count)
+    if len(q_order) < 3:
+        return False
+    kept = [w for w in q_order if w not in (q_order[0], c_order[0])]
     position = {w: i for i, w in enumerate(kept)}
     return _crossed([position[w] for w in c_order if w in position])
 
@@ -268,6 +280,7 @@ def conflicts(question: str, candidate: str) -> list[str]:
     if swapped(question, candidate):
         vetoes.append("order")
     return vetoes
+
 
 
 
