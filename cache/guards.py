@@ -221,8 +221,8 @@ def _crossed(order: list[int]) -> bool:
 
 def _occurrences(roles: tuple[tuple[str, str], ...], mine: Counter, theirs: Counter) -> list[tuple[str, int]]:
     """The content words that both sides say equally often, each with its occurrence: a word said
-    twice on both sides ("Hugh would replace Danielle ... Victoria would replace ...") anchors the
-    order as well as one said once."""
+    twice on both sides ("Cai" in "Also Cai Feng had a son, Cai Mao" / "Cai Mao also had a son,
+    Cai Feng") anchors the order as well as one said once."""
     seen: Counter[str] = Counter()
     out = []
     for word, _ in roles:

@@ -101,6 +101,7 @@ def test_without_alone_and_or_not_are_no_negation(question, candidate):
     ("What is the impact of media on culture?", "What is the impact of culture on media?"),
     ("Does a dog bite a man?", "Does a man bite a dog?"),
     ("Is God white?", "Is white God?"),
+    ("Also Cai Feng had a son, Cai Mao.", "Cai Mao also had a son, Cai Feng."),  # "Cai" twice on each side
 ])
 def test_arguments_that_trade_places_are_an_order_change(question, candidate):
     assert "order" in conflicts(question, candidate)
