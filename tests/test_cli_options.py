@@ -315,7 +315,8 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
     targets = bench_targets()
-    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "quality", "scale", "serve", "soak"]
+    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "guards", "quality", "scale", "serve",
+                               "soak"]
     assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
     assert {"--clients", "--seconds", "--kill-every", "--kill-redis-primary"} <= flags(targets["soak"])
     assert {"--rate", "--slo", "--backend"} <= flags(targets["serve"]) & flags(targets["scale"])

@@ -66,6 +66,13 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "to be stored (default 60)")
     _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
     add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+    p = targets.add_parser("guards", parents=[report], help="how often the cache's lexical guards veto, on "
+                           "labelled question pairs: rewordings refused, look-alikes caught (offline)")
+    p.add_argument("pairs", nargs="+", help='JSONL question pairs ({"q1", "q2", "duplicate"}), each file '
+                   "reported on its own")
+    p.add_argument("--limit", type=int, help="at most this many pairs of each label from each file")
+    p.add_argument("--generated", type=int, default=0, help="also this many look-alikes generated from the first "
+                   "file's questions (cache/lookalikes.py), by the kind of change")
 
     p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
                            "its own, a worker SIGKILLed every --kill-every seconds")
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from ops.bench.serve import main as bench_serve
 
         return bench_serve(args, settings)
-    bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "soak": _soak, "doors": _doors, "scale": _scale,
+    bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "guards": _guards, "soak": _soak,
+             "doors": _doors, "scale": _scale,
              "quality": _quality}[args.target]
     report = bench(args, settings)
     if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
@@ -204,6 +212,12 @@ def _scale(args, settings: Settings) -> dict | int:
         print(f"brigade bench scale: {exc}", file=sys.stderr)
         return 2
     return run(sizes, load, args.threads_per_worker)
+
+
+def _guards(args, settings: Settings) -> dict:
+    from ops.bench.guards import run
+
+    return run(args.pairs, args.limit, args.generated)
 
 
 def _quality(args, settings: Settings) -> dict | int:
