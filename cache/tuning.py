@@ -21,10 +21,10 @@ import numpy as np
 from cache.evaluation import Outcome
 from cache.hit_rule import OperatingPoint, proposals
 
-SERVE = [round(x, 3) for x in np.arange(0.80, 0.985, 0.01)]
+SERVE = [round(float(x), 3) for x in np.arange(0.80, 0.985, 0.01)]
 BANDS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85)
 AGREES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)  # 1.01: no band
-OBJECTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+OBJECTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
 @dataclass(frozen=True)
