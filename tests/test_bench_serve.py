@@ -54,6 +54,7 @@ def test_an_endless_run_is_refused(capsys):
 
 
 stack_redis: dict[str, str] = {}  # the stack's gateway URL -> its Redis
+lenient: dict[str, str] = {}  # the stack's gateway URL -> a second gateway whose pair model never objects
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +63,12 @@ def stack(redis_server, tiny_model_dir, tmp_path_factory):
     with Stack(redis_server, tmp_path_factory.mktemp("bench-serve-logs"), BRIGADE_WORKER_CONCURRENCY="16",
                BRIGADE_MAX_WAIT_MS="20", BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1") as s:
         s.start_gateway()
+        # Serves every proposal no guard vetoes: the replay's look-alikes must be served to be judged.
+        loose = s.start_gateway("lenient", BRIGADE_CACHE_OBJECTION="0", BRIGADE_CACHE_AGREE="0")
         s.start_worker("w1@bench-serve")
         s.wait_ready()
         stack_redis[s.http] = redis_server.url
+        lenient[s.http] = f"http://127.0.0.1:{loose.port}"
         yield s.http
 
 
@@ -234,14 +238,14 @@ REPLAY_PAIRS = [
 
 def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack, tmp_path):
     """bench cache-replay against the stack (tiny model; the real embedding and pair model in the
-    gateway), asked with threshold 0 so that look-alikes are served too. max_tokens 12 is a
-    namespace of its own: nothing the module's other tests stored can answer it."""
+    gateway), through its lenient gateway and with threshold 0 so that look-alikes are served too.
+    max_tokens 12 is a namespace of its own: nothing the module's other tests stored can answer it."""
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
                              for q1, reworded, lookalike in REPLAY_PAIRS
                              for q2, dup in ((reworded, True), (lookalike, False))))
     out = tmp_path / "replay.json"
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", stack, "--pairs",
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
                            str(pairs), "--max-tokens", "12", "--cache-threshold", "0", "--repeat-ratio", "0.3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
