@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Callable
 
 import redis.asyncio as aioredis
 
+from cache.evidence import Observation
 from cache.query import PromptRenderer, make_query
 from gateway import metrics
-from cache.evidence import Observation
 from gateway.audits import Audits
 from gateway.catalog import Catalog, Choice
 from gateway.content_guards import GuardInput, NamedGuard, first_refusal

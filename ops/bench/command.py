@@ -41,39 +41,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "(llama-cpp: `make bench-peers` installs it)")
     _max_tokens(p, 128, "default 128")
 
-    p = targets.add_parser("cache", parents=[report], help="cache hit latency over a running gateway's WebSocket, "
-                           "and lookup cost by index size")
-    p.add_argument("--pairs", help="(required) JSONL question pairs whose duplicates are asked as rewordings")
-    p.add_argument("--repeats", type=int, default=200, help="exact hits to time")
-    p.add_argument("--semantic-pairs", type=int, default=200, help="duplicate pairs to ask")
-    p.add_argument("--sizes", default="1000,10000,100000", help="index sizes for lookup cost")
-    add_connection_options(p, gateway="http", api_key=True)
-
-    p = targets.add_parser("cache-replay", parents=[report], help="the answer cache measured live: labelled "
-                           "pairs replayed through a running gateway (exact repeats, rewordings, look-alikes); hit "
-                           "rate, wrong hits, compute saved")
-    p.add_argument("--pairs", help="JSONL {q1, q2, duplicate}: duplicate q2s are asked as rewordings, the others as "
-                   "look-alikes (default: ops/data/chat_paraphrases.jsonl)")
-    p.add_argument("--limit", type=int, help="read only the first N pairs")
-    p.add_argument("--repeat-ratio", type=float, default=0.3, help="the share of the replay that repeats a q1 word "
-                   "for word (default 0.3)")
-    p.add_argument("--seed", type=int, default=0, help="the replay's order and which q1s repeat")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy answers, which the cache stores")
-    p.add_argument("--cache-threshold", type=float, help="sent as each replayed request's cache_threshold (the hit "
-                   "rule's threshold for that request; default: the gateway's)")
-    p.add_argument("--store-timeout", type=float, default=60, help="seconds to wait for the answers of the fill "
-                   "to be stored (default 60)")
-    _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
-    add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
-    p = targets.add_parser("guards", parents=[report], help="how often the cache's lexical guards veto, on "
-                           "labelled question pairs: rewordings refused, look-alikes caught (offline)")
-    p.add_argument("pairs", nargs="+", help='JSONL question pairs ({"q1", "q2", "duplicate"}), each file '
-                   "reported on its own")
-    p.add_argument("--limit", type=int, help="at most this many pairs of each label from each file")
-    p.add_argument("--generated", type=int, default=0, help="also this many look-alikes generated from the first "
-                   "file's questions (cache/lookalikes.py), by the kind of change")
-
+    _add_cache_targets(targets, report)
     p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
                            "its own, a worker SIGKILLed every --kill-every seconds")
     p.add_argument("--clients", type=int, default=200, help="concurrent WebSocket clients")
@@ -113,6 +81,42 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
     _max_tokens(p, 32, "default 32")
     return bench
+
+
+def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
+    """The answer cache's benchmarks: lookup cost (`cache`), live hits (`cache-replay`), guards."""
+    p = targets.add_parser("cache", parents=[report], help="cache hit latency over a running gateway's WebSocket, "
+                           "and lookup cost by index size")
+    p.add_argument("--pairs", help="(required) JSONL question pairs whose duplicates are asked as rewordings")
+    p.add_argument("--repeats", type=int, default=200, help="exact hits to time")
+    p.add_argument("--semantic-pairs", type=int, default=200, help="duplicate pairs to ask")
+    p.add_argument("--sizes", default="1000,10000,100000", help="index sizes for lookup cost")
+    add_connection_options(p, gateway="http", api_key=True)
+
+    p = targets.add_parser("cache-replay", parents=[report], help="the answer cache measured live: labelled "
+                           "pairs replayed through a running gateway (exact repeats, rewordings, look-alikes); hit "
+                           "rate, wrong hits, compute saved")
+    p.add_argument("--pairs", help="JSONL {q1, q2, duplicate}: duplicate q2s are asked as rewordings, the others as "
+                   "look-alikes (default: ops/data/chat_paraphrases.jsonl)")
+    p.add_argument("--limit", type=int, help="read only the first N pairs")
+    p.add_argument("--repeat-ratio", type=float, default=0.3, help="the share of the replay that repeats a q1 word "
+                   "for word (default 0.3)")
+    p.add_argument("--seed", type=int, default=0, help="the replay's order and which q1s repeat")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy answers, which the cache stores")
+    p.add_argument("--cache-threshold", type=float, help="sent as each replayed request's cache_threshold (the hit "
+                   "rule's threshold for that request; default: the gateway's)")
+    p.add_argument("--store-timeout", type=float, default=60, help="seconds to wait for the answers of the fill "
+                   "to be stored (default 60)")
+    _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
+    add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+    p = targets.add_parser("guards", parents=[report], help="how often the cache's lexical guards veto, on "
+                           "labelled question pairs: rewordings refused, look-alikes caught (offline)")
+    p.add_argument("pairs", nargs="+", help='JSONL question pairs ({"q1", "q2", "duplicate"}), each file '
+                   "reported on its own")
+    p.add_argument("--limit", type=int, help="at most this many pairs of each label from each file")
+    p.add_argument("--generated", type=int, default=0, help="also this many look-alikes generated from the first "
+                   "file's questions (cache/lookalikes.py), by the kind of change")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
