@@ -94,3 +94,19 @@ def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    """The real embedding model, one per test module (tests/test_cache*.py)."""
+    from cache.embedder import Embedder
+
+    return Embedder(threads=1)
+
+
+@pytest.fixture(scope="module")
+def renderer(model_dir):
+    """The default model's chat template, for cache keys."""
+    from cache.query import PromptRenderer
+
+    return PromptRenderer(model_dir)

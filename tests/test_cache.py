@@ -11,23 +11,11 @@ import pytest
 from cache.answer_cache import AnswerCache
 from cache.guards import conflicts
 from cache.index import Item
-from cache.query import PromptRenderer, make_query
+from cache.query import make_query
 from ops.core import keys
 from ops.core.messages import ChatMessage, GenerateParams
 from ops.core.settings import Settings
 from tests.services import free_port, wait_until_async
-
-
-@pytest.fixture(scope="module")
-def embedder():
-    from cache.embedder import Embedder
-
-    return Embedder(threads=1)
-
-
-@pytest.fixture(scope="module")
-def renderer(model_dir):
-    return PromptRenderer(model_dir)
 
 
 @pytest.fixture

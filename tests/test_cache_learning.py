@@ -10,20 +10,7 @@ from cache.answer_cache import AnswerCache
 from cache.evidence import Observation
 from ops.core import keys
 from ops.core.settings import Settings
-from cache.query import PromptRenderer
 from tests.test_cache import ask, run, stored
-
-
-@pytest.fixture(scope="module")
-def embedder():
-    from cache.embedder import Embedder
-
-    return Embedder(threads=1)
-
-
-@pytest.fixture(scope="module")
-def renderer(model_dir):
-    return PromptRenderer(model_dir)
 
 
 def test_a_sampled_question_fills_a_pool_of_k_answers_then_serves_them_and_never_grows_past_k(redis_server,
