@@ -11,10 +11,32 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class ToolCall(BaseModel):
+    """A function call an assistant turn made (OpenAI's `tool_calls[i]`, flattened)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI carries it
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+
+class Guide(BaseModel):
+    """Structured output: what every answer must match, enforced token by token (engine/guided.py).
+
+    kind: json_schema (value: the schema as JSON text), json_object (any JSON object; value ""),
+    regex (value: the pattern), choice (value: a JSON list of strings), grammar (value: a Lark grammar)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+    value: str = ""
 
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty")
@@ -49,6 +71,20 @@ class GenerateParams(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: list[str] = Field(default_factory=list)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    # The OpenAI API's and vLLM's further fields; each default leaves the answer as it was.
+    n: int = Field(1, ge=1, le=16)  # answers to sample from one prefill
+    logprobs: int | None = Field(None, ge=0, le=20)  # each token's logprob and this many alternatives
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # the same for every prompt token (echo)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (JSON keys are text) -> -100..100
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    guide: Guide | None = None
 
     @property
     def unset(self) -> tuple[str, ...]:
@@ -72,6 +108,8 @@ class QueuedRequest(BaseModel):
     version: str = ""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    # OpenAI function tools offered to the model (rendered into its prompt: engine/chat_prompt.py).
+    tools: list[dict] | None = None
     params: GenerateParams
     # Unix seconds after which the answer is no longer wanted; a worker drops it unstarted.
     deadline_at: float | None = None
@@ -92,10 +130,18 @@ class ReplyEvent(BaseModel):
     # The claim epoch of the worker that produced it: events of an older epoch are stale.
     epoch: int | None = None
     index: int | None = None
+    # n > 1: which answer a token belongs to (its choice's own position is its count so far);
+    # `finish_reason` on a token event ends that choice, the `done` event the request.
+    choice: int | None = None
     # Kept in the replay log so that the next worker can continue from the tokens themselves.
     token_id: int | None = None
     text: str | None = None
+    # logprobs asked: {"token": text, "logprob": float, "top": [[text, logprob, id], ...]}
+    logprobs: dict | None = None
+    # prompt_logprobs asked, on the first token event: one entry per prompt token (None for the first)
+    prompt_logprobs: list | None = None
     finish_reason: str | None = None
+    finish_reasons: list[str] | None = None  # done of an n > 1 request: each choice's
     usage: dict | None = None
     timing: dict | None = None
     code: str | None = None
