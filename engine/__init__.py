@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "Completion": "engine.llm_engine",
+    "Completion": "engine.outputs",
     "Engine": "engine.llm_engine",
     "EngineConfig": "engine.llm_engine",
     "EngineRequest": "engine.llm_engine",
     "RequestRejected": "engine.llm_engine",
-    "SequenceUpdate": "engine.llm_engine",
+    "SequenceUpdate": "engine.outputs",
     "FinishReason": "engine.sequence",
     "SamplingParams": "engine.sequence",
 }

@@ -29,7 +29,19 @@ class KVAllocator:
         if not self._take(capacity):
             return False
         seq.kv = SequenceKV(self.shape, capacity)
-        seq.num_computed = self.prefix.attach(seq.all_ids, seq.kv)
+        # A prompt being scored computes every position, as vLLM does: no hit has its logits.
+        seq.num_computed = 0 if seq.scores_prompt else self.prefix.attach(seq.all_ids, seq.kv)
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Give child (a further answer to parent's prompt) a cache holding a copy of parent's
+        computed positions; False, with nothing taken, when there is no room."""
+        capacity = round_up(min(parent.num_computed + 1, child.max_total_tokens))
+        if not self._take(capacity):
+            return False
+        child.kv = SequenceKV(self.shape, capacity)
+        child.kv.data[:, :, :parent.num_computed] = parent.kv.data[:, :, :parent.num_computed]
+        child.num_computed = parent.num_computed
         return True
 
     def room_for_next(self, seq: Sequence) -> bool:

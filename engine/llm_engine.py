@@ -5,6 +5,8 @@
     tokens = sample(logits, sampled)
     updates = self._postprocess(sampled, tokens)
 
+A request with n answers is one sequence until its first token, then n (engine/choices.py).
+
 `add_request` and `cancel` may be called from any thread; `step` and `run` belong to one thread.
 """
 from __future__ import annotations
@@ -19,17 +21,22 @@ from typing import Callable
 
 import torch
 
+from engine.choices import RequestChoices
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
+from engine.logprobs import TokenTexts, entries
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
+from engine.outputs import Completion, SequenceUpdate
 from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import FinishReason, SamplingParams, Sequence
+from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
 from engine.tokenizer import SerializedTokenizer
+
+__all__ = ["Completion", "Engine", "EngineConfig", "EngineRequest", "RequestRejected", "SequenceUpdate"]
 
 log = logging.getLogger("brigade.engine")
 IDLE_POLL_S = 0.5  # an idle engine thread wakes this often (to notice its stop event, and to prove it lives)
@@ -68,20 +75,10 @@ class EngineRequest:
     # Tokens already generated elsewhere; generation continues at index len(resume_ids).
     resume_ids: list[int] = field(default_factory=list)
     batch: bool = False  # the batch lane (engine/scheduler.py): behind interactive work, preemptible
-
-
-@dataclass
-class SequenceUpdate:
-    """What one step did to one request: a new token, and/or its end."""
-
-    request_id: str
-    index: int | None  # the token's position in the output (None: ended without a new token)
-    token_id: int | None
-    text: str
-    finish_reason: str | None = None
-    prompt_tokens: int = 0  # on every token update and at the end
-    completion_tokens: int = 0  # at the end
-    timing: dict | None = None
+    tools: list[dict] | None = None  # OpenAI function tools, offered to the model by its chat template
+    # Resuming a request with n > 1: its unfinished choices, each with the tokens it already
+    # generated; each is prefilled with prompt + its tokens and keeps its index and seed.
+    choices: list[tuple[int, list[int]]] | None = None
 
 
 class RequestRejected(Exception):
@@ -126,9 +123,12 @@ class Engine:
                                   config.grid_weights)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
-        self.sequences: dict[str, Sequence] = {}
-        self.detoks: dict[str, IncrementalDetokenizer] = {}
+        self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width
+        self.requests: dict[str, RequestChoices] = {}
+        self.token_texts = TokenTexts(self.tokenizer)
+        self.guides = None  # engine/guided.Guides, made when a request first brings a guide
         self.tokens_generated = 0
+        self.prefill_tokens = 0  # prompt positions computed by forward passes
         # When the engine thread last came round its loop (monotonic). Idle, it comes round at
         # least every IDLE_POLL_S; a value much older than that is a wedged thread.
         self.loop_at = time.monotonic()
@@ -136,7 +136,7 @@ class Engine:
         # pass, on the engine thread: the worker's metrics take the batch size here. Must be cheap;
         # None: nobody listens.
         self.on_step: Callable[[int], None] | None = None
-        self._inbox: list[Sequence] = []
+        self._inbox: list[RequestChoices] = []
         self._cancels: list[str] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -177,11 +177,34 @@ class Engine:
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
         if request.messages is not None:
-            text = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
+            text = self._render(request.messages, request.tools)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if request.prompt is not None:
             return self.tokenizer(request.prompt)["input_ids"]
         raise RequestRejected("invalid_request", "a request needs a prompt, messages or prompt_ids")
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """A chat's prompt text, generation prompt included; `tools` go to the chat template."""
+        extra = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+
+    def _check_fields(self, request: EngineRequest) -> None:
+        """Fields a client can get wrong that the worker's mapping does not catch."""
+        p = request.params
+        for name, ids in (("logit_bias", [t for t, _ in p.logit_bias]), ("stop_token_ids", p.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < self.vocab_width]
+            if bad:
+                raise RequestRejected("invalid_field", f"{name}: token id {bad[0]} is not in 0..{self.vocab_width - 1}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(p, name)
+            if value is not None and not 0 <= value <= 20:
+                raise RequestRejected("invalid_field", f"{name} must be 0..20, not {value}")
+        if p.n < 1:
+            raise RequestRejected("invalid_field", f"n must be at least 1, not {p.n}")
+        if request.choices is not None:
+            indices = [c for c, _ in request.choices]
+            if not indices or len(set(indices)) != len(indices) or not all(0 <= c < p.n for c in indices):
+                raise RequestRejected("invalid_field", f"choices must name distinct choices of 0..{p.n - 1}")
 
     def add_request(self, request: EngineRequest) -> int:
         """Queue a request (any thread). Returns its prompt length; raises RequestRejected."""
@@ -197,18 +220,21 @@ class Engine:
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {need} "
                 f"exceeds the {limit} tokens this model and KV budget allow",
             )
+        self._check_fields(request)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        seq = Sequence(request.request_id, prompt_ids, params, seed, request.resume_ids, batch=request.batch,
-                       arrived=self.clock())
+        resume = request.choices if request.choices is not None else (
+            [(0, request.resume_ids)] if request.resume_ids else None)
+        group = RequestChoices(request.request_id, params, seed, prompt_ids, resume, request.batch, self.clock())
         with self._lock:
-            if request.request_id in self.sequences or any(s.request_id == seq.request_id for s in self._inbox):
+            if request.request_id in self.requests or any(g.request_id == group.request_id for g in self._inbox):
                 raise RequestRejected("duplicate_id", f"request {request.request_id!r} is already in the engine")
-            self._inbox.append(seq)
+            self._inbox.append(group)
         self._wake.set()
         return len(prompt_ids)
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request (any thread): a waiting one never runs, a running one leaves at the next step."""
+        """Stop a request, every choice (any thread): a waiting one never runs, a running one leaves
+        at the next step."""
         with self._lock:
             self._cancels.append(request_id)
         self._wake.set()
@@ -216,7 +242,7 @@ class Engine:
     def holds(self, request_id: str) -> bool:
         """Whether the engine still has this request (any thread)."""
         with self._lock:
-            return request_id in self.sequences or any(s.request_id == request_id for s in self._inbox)
+            return request_id in self.requests or any(g.request_id == request_id for g in self._inbox)
 
     def wake(self) -> None:
         """Interrupt an idle `run` loop (to notice its stop event)."""
@@ -239,12 +265,14 @@ class Engine:
         try:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
-            sampled = [c.seq for c in chunks if c.samples]
-            tokens = sample(logits, sampled)
+            self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
+            sampled, logits = self._sampling_rows(chunks, logits)
+            tokens = sample(logits, sampled, self.eos_ids, self.guides)
+            logprobs = self._token_logprobs(logits, sampled, tokens)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
-            return updates + [self._finish(c.seq, FinishReason.ERROR) for c in chunks]
-        return updates + self._postprocess(sampled, tokens)
+            return updates + self._fail(chunks)
+        return updates + self._postprocess(sampled, tokens, logprobs)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -287,86 +315,164 @@ class Engine:
             "prefix_query_tokens": self.prefix.query_tokens,
             "prefix_hit_tokens": self.prefix.hit_tokens,
             "tokens_generated": self.tokens_generated,
+            "prefill_tokens": self.prefill_tokens,
             "preemptions": self.scheduler.preemptions,
         }
 
     # ---- internals -----------------------------------------------------------------------------
 
     def _take_inbox(self) -> list[SequenceUpdate]:
-        with self._lock:  # inbox to sequences in one step, so that holds() never misses a request
+        with self._lock:  # inbox to requests in one step, so that holds() never misses a request
             arrivals, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
-            self.sequences.update((seq.request_id, seq) for seq in arrivals)
-        for seq in arrivals:
-            detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, seq.params.stop)
-            # A resumed request: replay the tokens already sent, so that text held back at the
-            # hand-over (half a character, a possible stop string) is released exactly once.
-            for token in seq.output_ids:
-                detok.push(token)
-            self.detoks[seq.request_id] = detok
-            self.scheduler.add(seq)
+            self.requests.update((group.request_id, group) for group in arrivals)
+        for group in arrivals:
+            for seq in group.live:
+                self._prepare(seq)
+                self.scheduler.add(seq)
         updates = []
         for request_id in cancels:
-            seq = self.sequences.get(request_id)
-            if seq is not None and not seq.is_finished:
+            group = self.requests.get(request_id)
+            for seq in list(group.live) if group is not None else []:
                 updates.append(self._finish(seq, FinishReason.CANCELLED))
         return updates
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[SequenceUpdate]:
+    def _prepare(self, seq: Sequence) -> None:
+        """Give a new sequence its detokenizer and guide's matcher. A resumed one replays the tokens
+        already sent into both, so that text held back at the hand-over (half a character, a
+        possible stop string) is released exactly once and its grammar goes on where it was."""
+        p = seq.params
+        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, p.stop, p.skip_special_tokens,
+                                           p.include_stop_str_in_output)
+        if p.guide is not None:
+            if self.guides is None:
+                from engine.guided import Guides  # only engines that meet a guide load the grammar library
+
+                self.guides = Guides(self.tokenizer, self.vocab_width)
+            seq.matcher = self.guides.start(p.guide)
+        for n, token in enumerate(seq.output_ids, start=1):
+            seq.detok.push(token, check_stop=n >= p.min_tokens)
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
+        if p.prompt_logprobs is not None and seq.choice == 0 and not seq.output_ids:
+            seq.prompt_logprobs = {}
+
+    def _fail(self, chunks: list[Chunk]) -> list[SequenceUpdate]:
+        """A pass that raised: every choice of the requests it carried ends with an error."""
+        updates = []
+        for request_id in dict.fromkeys(c.seq.request_id for c in chunks):
+            group = self.requests.get(request_id)
+            for seq in list(group.live) if group is not None else []:
+                updates.append(self._finish(seq, FinishReason.ERROR))
+        return updates
+
+    def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
+        """The sequences that take a token this step and their rows of `logits`. On the way, a
+        scored prompt's logprobs are collected, and a request's first token forks its further
+        choices (each sampling from its parent's row)."""
+        sampled, rows, scored, at = [], [], [], 0
+        for c in chunks:
+            if c.every_position:
+                scored.append((c, at))
+                at += c.length
+            elif c.samples:
+                at += 1
+            if c.samples:
+                sampled.append(c.seq)
+                rows.append(at - 1)
+        if scored:
+            self._score_prompts(scored, logits)
+        for seq, row in list(zip(sampled, rows)):
+            for child in self.requests[seq.request_id].fork(seq):
+                self._prepare(child)
+                self.scheduler.fork(seq, child)
+                if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
+                    sampled.append(child)
+                    rows.append(row)
+        if rows == list(range(logits.shape[0])):
+            return sampled, logits  # the plain case: one row per sampled sequence, in order
+        return sampled, logits[rows]
+
+    def _score_prompts(self, scored: list[tuple[Chunk, int]], logits: torch.Tensor) -> None:
+        """Each scored prompt position's logits give the next prompt token's logprob (one batch)."""
+        rows, targets, tops, owners = [], [], [], []
+        for c, at in scored:
+            prompt = c.seq.prompt_ids
+            for position in range(c.start, min(c.start + c.length, len(prompt) - 1)):
+                rows.append(at + position - c.start)
+                targets.append(prompt[position + 1])
+                tops.append(c.seq.params.prompt_logprobs)
+                owners.append((c.seq, position + 1))
+        for (seq, position), entry in zip(owners, entries(logits[rows], targets, tops, self.token_texts)):
+            seq.prompt_logprobs[position] = entry
+
+    def _token_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[dict | None]:
+        """The raw logprob of each sampled token whose request asks, and its alternatives."""
+        asking = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        out: list[dict | None] = [None] * len(seqs)
+        if asking:
+            found = entries(logits[asking], [tokens[i] for i in asking], [seqs[i].params.logprobs for i in asking],
+                            self.token_texts)
+            for i, entry in zip(asking, found):
+                out[i] = entry
+        return out
+
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None]) -> list[SequenceUpdate]:
         now = self.clock()
         updates = []
-        for seq, token in zip(seqs, tokens):
+        for seq, token, token_logprobs in zip(seqs, tokens, logprobs):
             if seq.timing.first_token is None:
                 seq.timing.first_token = now
             seq.output_ids.append(token)
             self.tokens_generated += 1
-            detok = self.detoks[seq.request_id]
-            reason = None
-            if token in self.eos_ids and not seq.params.ignore_eos:
-                text, reason = "", FinishReason.STOP
-            else:
-                text = detok.push(token)
-                if detok.stopped:
-                    reason = FinishReason.STOP
-                elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
-                    reason = FinishReason.LENGTH
-            if reason is FinishReason.LENGTH or (reason is FinishReason.STOP and not detok.stopped):
-                text += detok.flush()
+            reason, text = self._advance(seq, token)
             update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
-                                    prompt_tokens=len(seq.prompt_ids))
+                                    prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=token_logprobs)
+            if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
+                update.prompt_logprobs = [None] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
+                seq.prompt_logprobs = None
             if reason is not None:
                 self._finish(seq, reason, update)
             updates.append(update)
         return updates
 
+    def _advance(self, seq: Sequence, token: int) -> tuple[FinishReason | None, str]:
+        """The text `token` releases, and why seq ends with it (None: it goes on). Nothing ends it
+        before min_tokens but its length (vLLM's rule)."""
+        p, detok = seq.params, seq.detok
+        may_stop = len(seq.output_ids) >= p.min_tokens
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
+        reason = None
+        if token in self.eos_ids and not p.ignore_eos and may_stop:
+            text, reason = "", FinishReason.STOP
+        else:
+            text = detok.push(token, check_stop=may_stop)
+            if detok.stopped or (may_stop and token in p.stop_token_ids):
+                reason = FinishReason.STOP
+            elif seq.matcher is not None and seq.matcher.done:
+                reason = FinishReason.STOP
+            elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.context_length:
+                reason = FinishReason.LENGTH
+        if reason is FinishReason.LENGTH or (reason is FinishReason.STOP and not detok.stopped):
+            text += detok.flush()
+        return reason, text
+
     def _finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
+        """End one choice; the update that ends a request's last choice says the request ended."""
         self.scheduler.finish(seq, reason)
-        with self._lock:
-            self.sequences.pop(seq.request_id, None)
-        self.detoks.pop(seq.request_id, None)
+        group = self.requests[seq.request_id]
         if update is None:
-            update = SequenceUpdate(seq.request_id, None, None, "")
-        update.finish_reason = reason.value
+            update = SequenceUpdate(seq.request_id, None, None, "", choice=seq.choice)
+        update.choice_finish_reason = reason.value
         update.prompt_tokens = len(seq.prompt_ids)
         update.completion_tokens = len(seq.output_ids)
-        update.timing = seq.timing.summary(len(seq.output_ids) - seq.resumed_tokens)
+        if group.end(seq, reason.value):
+            with self._lock:
+                self.requests.pop(seq.request_id, None)
+            update.finish_reason = reason.value
+            update.completion_tokens = group.completion_tokens
+            if group.n > 1:
+                update.finish_reasons = list(group.finish_reasons)
+            update.timing = seq.timing.summary(len(seq.output_ids) - seq.resumed_tokens)
         return update
-
-
-@dataclass
-class Completion:
-    """A whole answer gathered from updates (for library use)."""
-
-    request_id: str
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    timing: dict | None = None
-
-    def absorb(self, update: SequenceUpdate) -> None:
-        self.text += update.text
-        if update.token_id is not None:
-            self.token_ids.append(update.token_id)
-        if update.finish_reason is not None:
-            self.finish_reason = update.finish_reason
-            self.timing = update.timing

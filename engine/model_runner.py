@@ -156,8 +156,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: bool = False, weights: Weights | None = None) -> torch.Tensor:
-        """Compute every chunk; float32 logits [chunks that sample, vocab], in chunk order (or of
-        every position: `every_position`, for scoring a text). `weights` overrides the copy."""
+        """Compute every chunk; float32 logits in chunk order: the last position of each chunk
+        that samples, or every position of a chunk that scores its prompt (`Chunk.every_position`)
+        or of every chunk (`every_position`, for scoring a text). `weights` overrides the copy."""
         ids: list[int] = []
         positions: list[int] = []
         for c in chunks:
@@ -188,8 +189,10 @@ class ModelRunner:
         ends, at = [], 0
         for c in chunks:
             at += c.length
-            if c.samples or every_position:
-                ends.extend(range(at - c.length, at) if every_position else [at - 1])
+            if every_position or c.every_position:
+                ends.extend(range(at - c.length, at))
+            elif c.samples:
+                ends.append(at - 1)
         rows = len(ends)
         if rows:  # a pass of prompt chunks that reach no context's end samples nothing
             ends.extend([ends[0]] * (padded(rows, w.quantum) - rows))

@@ -57,6 +57,9 @@ class KVOwner(Protocol):
     def room_for_next(self, seq: Sequence) -> bool:
         """seq's cache holds its next position, grown if need be."""
 
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """child's cache with a copy of parent's computed positions; False when no room."""
+
     def remember(self, seq: Sequence) -> None:
         """seq's computed blocks offered to the prefix cache."""
 
@@ -120,6 +123,17 @@ class Scheduler:
             c.seq.num_computed = c.start + c.length
             if c.samples and c.length > 1:
                 self.kv.remember(c.seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """A further answer to parent's prompt (SamplingParams.n), at parent's first token: it runs
+        at once on a copy of parent's KV if a row and the memory are free, else it waits as any
+        new sequence does and is prefilled (its prompt usually from the prefix cache)."""
+        if len(self.running) < self.config.max_batch and self.kv.fork(parent, child):
+            child.status = SequenceStatus.RUNNING
+            child.timing.admitted = self.clock()
+            self.running.append(child)
+        else:
+            self.add(child)
 
     def _by_priority(self) -> list[Sequence]:
         """Running sequences, most deserving first: interactive before batch, then by arrival."""

@@ -32,10 +32,31 @@ class SamplingParams:
     seed: int | None = None
     # Keep going past end-of-sequence (benchmarks that need a fixed number of tokens).
     ignore_eos: bool = False
+    # The OpenAI API's and vLLM's further fields; each default leaves the answer as it was.
+    n: int = 1  # answers from one prefill: the prompt's sequence is forked at its first token
+    logprobs: int | None = None  # each token's raw logprob and this many alternatives
+    prompt_logprobs: int | None = None  # the same for every prompt token (no prefix-cache hit)
+    presence_penalty: float = 0.0  # OpenAI's rule, over the generated tokens only
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_p: float = 0.0  # sampling: drop tokens under min_p x the best one's probability
+    min_tokens: int = 0  # until then, EOS and stop_token_ids are masked and stop strings unchecked
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    guide: object | None = None  # engine.guided.GuideSpec: structured output
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def plain(self) -> bool:
+        """Whether the raw logits' argmax is its token (the batch's one argmax serves it), once
+        min_tokens is behind it."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty and not self.logit_bias
+                and self.guide is None)
 
 
 @dataclass
@@ -73,8 +94,11 @@ class Sequence:
         resume_ids: list[int] | None = None,
         batch: bool = False,
         arrived: float | None = None,
+        choice: int = 0,
     ):
         self.request_id = request_id
+        # Which of the request's n answers this is (SamplingParams.n); its seed is the choice's.
+        self.choice = choice
         # The batch lane: served in the rows interactive requests leave, preempted when they need them.
         self.batch = batch
         self.prompt_ids = list(prompt_ids)
@@ -95,6 +119,18 @@ class Sequence:
         self.passed_over_at: float | None = None
         self.finish_reason: FinishReason | None = None
         self.timing = Timing() if arrived is None else Timing(arrived)
+        # Set by the engine: the text released so far (engine/detokenizer.py), the guide's matcher
+        # (None: unguided), and the prompt's logprobs by position as its chunks compute them
+        # (None: not asked for, or already sent).
+        self.detok = None
+        self.matcher = None
+        self.prompt_logprobs: dict[int, dict] | None = None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether every prompt position's logits are wanted (prompt_logprobs not yet sent): its
+        prompt is computed whole, never taken from the prefix cache."""
+        return self.prompt_logprobs is not None
 
     @property
     def num_tokens(self) -> int:
@@ -138,6 +174,11 @@ class Chunk:
     def samples(self) -> bool:
         """Whether this chunk reaches the end of the context, so its last logits give a token."""
         return self.start + self.length == self.seq.num_tokens
+
+    @property
+    def every_position(self) -> bool:
+        """Whether the pass returns logits for each of its positions (a prompt being scored)."""
+        return self.seq.scores_prompt and self.start < len(self.seq.prompt_ids)
 
     @property
     def decodes(self) -> bool:
