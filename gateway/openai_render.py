@@ -192,7 +192,7 @@ def chunk_choice(opts: Options, index: int, text: str | None = None, first: bool
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
-        if text is not None:
+        if text is not None or calls:
             delta["content"] = text
         if calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]

@@ -16,6 +16,7 @@ import json
 import re
 import uuid
 
+from engine.tool_schema import tool_call_schema
 from ops.core.messages import Guide
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -64,24 +65,16 @@ def check(tools, tool_choice) -> tuple[list[dict] | None, str | None]:
     return tools, choice
 
 
-def _parameters(tool: dict) -> dict:
-    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
-
-
 def guide_for(tools: list[dict], choice: str, parallel: bool = True) -> Guide | None:
-    """The schema a `required` or named choice decodes under; None for none and auto."""
+    """The schema a `required` or named choice decodes under (engine/tool_schema.py); None for none and auto."""
     if choice.startswith("function:"):
-        name = choice.removeprefix("function:")
-        tool = next(t for t in tools if t["function"]["name"] == name)
-        return Guide(kind="json_schema", value=json.dumps(_parameters(tool)))
-    if choice != "required":
+        schema = tool_call_schema(tools, {"type": "function", "function": {"name": choice.removeprefix("function:")}})
+    elif choice == "required":
+        schema = tool_call_schema(tools, "required")
+        if not parallel:  # `parallel_tool_calls: false`: one call at most
+            schema["maxItems"] = 1
+    else:
         return None
-    calls = [{"type": "object", "properties": {"name": {"type": "string", "const": t["function"]["name"]},
-                                               "parameters": _parameters(t)},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls} if len(calls) > 1 else calls[0]}
-    if not parallel:
-        schema["maxItems"] = 1
     return Guide(kind="json_schema", value=json.dumps(schema))
 
 
