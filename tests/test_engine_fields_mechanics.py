@@ -96,7 +96,7 @@ def test_prompt_logprobs_are_collected_over_chunks_and_equal_the_scoring(tiny_en
     seq.kv = SequenceKV(engine.kv_shape, len(PROMPT))
     table = torch.log_softmax(engine.runner.forward([Chunk(seq, 0, len(PROMPT))], every_position=True), dim=-1)
     got = done.prompt_logprobs
-    assert got[0] is None and len(got) == len(PROMPT)
+    assert got[0]["logprob"] is None and got[0]["token"] == engine.tokenizer.decode([PROMPT[0]]) and len(got) == len(PROMPT)
     for i in range(1, len(PROMPT)):
         assert got[i]["logprob"] == pytest.approx(float(table[i - 1, PROMPT[i]]), abs=1e-4), i
 

@@ -138,7 +138,7 @@ class ReplyEvent(BaseModel):
     text: str | None = None
     # logprobs asked: {"token": text, "logprob": float, "top": [[text, logprob, id], ...]}
     logprobs: dict | None = None
-    # prompt_logprobs asked, on the first token event: one entry per prompt token (None for the first)
+    # prompt_logprobs asked, on the first token event: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list | None = None
     finish_reason: str | None = None
     finish_reasons: list[str] | None = None  # done of an n > 1 request: each choice's
