@@ -9,7 +9,9 @@ Rooms:
 - `auth.py`: the caller's API key, for every door;
 - `router.py` (pure) and `replies.py` (Redis): workers' events to the waiting clients;
 - the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE),
-  `batch_http.py` (/v1/files, /v1/batches), and the chat page (`static/`, served at /);
+  `batch_http.py` (/v1/files, /v1/batches), `embeddings.py` (/v1/embeddings, the cache's embedder),
+  `tokenize_door.py` (/tokenize, /detokenize), `utility_routes.py` (/health, /ping, /version),
+  and the chat page (`static/`, served at /);
 - `background.py`: the one set of background tasks (the cache's too), drained at shutdown;
 - this module: the parts built and wired together (each door is handed what it uses; nothing
   imports this module back), health and readiness, start and stop (uvicorn).
