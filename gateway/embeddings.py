@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import time
 import uuid
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import redis.asyncio as aioredis
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from gateway import metrics
 from gateway import openai_schema as oa
@@ -151,23 +152,24 @@ class EmbeddingsDoor:
             inputs = len(ask.inputs)
             await self._within_limits(key, rid)
             try:
-                vectors, tokens = await asyncio.to_thread(_embed, embedder, ask.inputs)
+                content = await asyncio.to_thread(_answer, embedder, ask, self.name)
             except BaseException:
                 if key is not None:
                     self._spawn(self.lifecycle.release_slot(key.id, rid))
                 raise
         except ProtocolError as err:
             self._count(_outcome(err), inputs)
-            return error_response(err, self.settings.retry_after_s)
+            return error_response(err)  # Retry-After only where a retry can succeed (limits, Redis)
         except Exception:
             log.exception("event=embeddings_failed request_id=%s", rid)
             self._count("failed", inputs)
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+        body, tokens = content
         if key is not None:
             self._spawn(self.lifecycle.settle_usage(key.id, rid, {"prompt_tokens": tokens}, cache_hit=False))
         self._count("served", inputs)
         metrics.EMBEDDING_SECONDS.labels(self.name).observe(time.perf_counter() - started)
-        return JSONResponse(response_body(self.name, vectors, tokens, ask.base64), headers={"x-request-id": rid})
+        return Response(body, media_type="application/json", headers={"x-request-id": rid})
 
     def _embedder(self) -> "Embedder":
         if self.embedder is None:
@@ -193,6 +195,9 @@ class EmbeddingsDoor:
         metrics.EMBEDDING_INPUTS.labels(self.name, outcome).inc(inputs)
 
 
-def _embed(embedder: "Embedder", texts: list[str]) -> tuple[np.ndarray, int]:
-    """One batched forward for every input, and the word pieces it read (on a worker thread)."""
-    return embedder.embed(texts), sum(embedder.token_counts(texts))
+def _answer(embedder: "Embedder", ask: EmbeddingAsk, name: str) -> tuple[bytes, int]:
+    """The response body and its tokens, on a worker thread: one batched forward for every input,
+    and the JSON of up to thousands of vectors, are both too long to hold the event loop."""
+    vectors, tokens = embedder.embed(ask.inputs), sum(embedder.token_counts(ask.inputs))
+    body = response_body(name, vectors, tokens, ask.base64)
+    return json.dumps(body, separators=(",", ":")).encode(), tokens

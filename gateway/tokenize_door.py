@@ -123,12 +123,12 @@ class ModelTokenizer:
         return ids, strs
 
     def detokenize(self, tokens: list[int]) -> str:
-        size = len(self.tokenizer)
-        bad = next((t for t in tokens if not 0 <= t < size), None)
-        if bad is not None:
-            raise ProtocolError("invalid_field", f"token id {bad} is out of range: this model's ids are 0 to {size - 1}",
-                                None, "tokens")
         with self._lock:
+            size = len(self.tokenizer)
+            bad = next((t for t in tokens if not 0 <= t < size), None)
+            if bad is not None:
+                raise ProtocolError("invalid_field", f"token id {bad} is out of range: this model's ids are 0 to "
+                                    f"{size - 1}", None, "tokens")
             return self.tokenizer.decode(tokens)
 
 

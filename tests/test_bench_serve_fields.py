@@ -69,7 +69,8 @@ class RecordingServer:
                 self.received.append(frame)
                 n, finish = self.pieces(frame)
                 for i in range(n):
-                    await websocket.send_text(json.dumps({"type": "token", "id": frame["id"], "index": i, "text": "w "}))
+                    token = {"type": "token", "id": frame["id"], "index": i, "text": "w "}
+                    await websocket.send_text(json.dumps(token))
                     await asyncio.sleep(0)
                 await websocket.send_text(json.dumps({"type": "done", "id": frame["id"], "finish_reason": finish,
                                                       "usage": {"completion_tokens": n}}))
