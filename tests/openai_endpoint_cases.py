@@ -58,6 +58,18 @@ def test_tokenized_messages_count_what_a_chat_answer_charges_and_detokenize_to_t
     assert bare["count"] < body["count"] and bare["token_strs"] is None
 
 
+def test_tokenized_messages_with_tools_count_what_a_chat_with_those_tools_charges(doors):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    answer = doors.client(doors.open).chat.completions.create(model=MODEL, messages=messages, tools=tools,
+                                                              max_tokens=1, extra_body={"cache": "off"})
+    with_tools = _post(doors.open, "/tokenize", {"messages": messages, "tools": tools}).json()
+    without = _post(doors.open, "/tokenize", {"messages": messages}).json()
+    assert with_tools["count"] == answer.usage.prompt_tokens > without["count"]
+
+
 def test_a_tokenized_prompt_detokenizes_to_itself(doors):
     prompt = "The capital of France is Paris. Ünïcode too: 東京"
     body = _post(doors.open, "/tokenize", {"prompt": prompt}).json()
