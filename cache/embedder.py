@@ -55,5 +55,13 @@ class Embedder:
             )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """The word pieces the model reads of each text (special tokens in, cut at its max_seq_length
+        as `encode` cuts them): the usage an embeddings request is charged."""
+        with self._lock:
+            ids = self.model.tokenizer(texts, add_special_tokens=True, truncation=True,
+                                       max_length=self.model.max_seq_length)["input_ids"]
+        return [len(row) for row in ids]
+
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]

@@ -50,10 +50,12 @@ class PromptRenderer:
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> str:
+        """The prompt text the engine tokenizes for these messages (engine/chat_prompt.py, the call
+        the engine's `encode` makes): for cache keys and for /tokenize."""
         if self.tokenizer is None:
             return json.dumps([messages, tools] if tools else messages, sort_keys=True, ensure_ascii=False)
-        return chat_prompt.render(self.tokenizer, messages, tools)
+        return chat_prompt.render(self.tokenizer, messages, tools, add_generation_prompt)
 
 
 def _digest(*parts) -> str:

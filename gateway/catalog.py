@@ -230,6 +230,15 @@ class Catalog:
                         "sampling_defaults": self.defaults_for(model).model_dump(exclude={"sources"})})
         return out
 
+    def max_model_len(self, model: str) -> int | None:
+        """The model's context length: its stable version's registry entry, another version's, or
+        (unregistered) its folder's config (`POST /tokenize` reports it)."""
+        stable = self.snapshot.stable.get(model)
+        for entry in sorted(self.snapshot.versions(model), key=lambda e: e.version != stable):
+            if entry.context_length:
+                return entry.context_length
+        return self._context_of_folder(model)
+
     def _context_of_folder(self, model: str) -> int | None:
         folder = self.folder(model, "")
         try:

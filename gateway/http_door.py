@@ -25,6 +25,7 @@ from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.http_body import read_json
 from gateway.http_errors import error_response
 from gateway.router import AnswerQueue
 from ops.core.settings import Settings
@@ -93,10 +94,7 @@ class HttpDoor:
         client_id = uuid.uuid4().hex[:16]
         try:
             caller = await self.caller(request)
-            try:
-                body = json.loads(await self._body(request))
-            except (ValueError, RecursionError):
-                raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
+            body = await read_json(request, self.settings.max_message_bytes)
             cmd, opts = oa.parse(body, chat, self.protocol, client_id)
             answer = AnswerQueue()
             admitted = await self.admission.admit(cmd, caller, answer)
@@ -135,19 +133,6 @@ class HttpDoor:
         body = render.completion_body(opts, rid, gathered, event, render.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
-
-    async def _body(self, request: Request) -> bytes:
-        """The body, read no further than the largest message the gateway takes (as for WebSocket frames)."""
-        limit = self.settings.max_message_bytes
-        too_big = ProtocolError("prompt_too_long", f"the request body is larger than {limit} bytes")
-        if int(request.headers.get("content-length") or 0) > limit:
-            raise too_big
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise too_big
-        return bytes(body)
 
     async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: dict, request_id: str | None):
         stream = _Stream(opts, rid)

@@ -8,7 +8,7 @@ One registry of its own (not prometheus_client's global one), with the model and
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -40,6 +40,13 @@ BATCH_LINES = Counter("brigade_batch_lines_total", "Batch job lines written to t
                       "(completed, failed: the request's answer was an error, invalid: a skipped bad line)", ["model", "outcome"], registry=REGISTRY)
 WORKERS_DESIRED = Gauge("brigade_workers_desired", "Workers that the requests now queued and running call for "
                         "(the autoscaling signal; docs/scaling.md)", ["model"], registry=REGISTRY)
+EMBEDDING_REQUESTS = Counter("brigade_embedding_requests_total", "POST /v1/embeddings requests, by outcome (served, "
+                             "refused: the caller's error or limit, unavailable, failed)", ["model", "outcome"],
+                             registry=REGISTRY)
+EMBEDDING_INPUTS = Counter("brigade_embedding_inputs_total", "Texts in /v1/embeddings requests, by the request's "
+                           "outcome", ["model", "outcome"], registry=REGISTRY)
+EMBEDDING_SECONDS = Histogram("brigade_embedding_request_seconds", "Seconds from a served /v1/embeddings request's "
+                              "arrival to its response (key, limits, embedding)", ["model"], registry=REGISTRY)
 DEAD_LETTERS = Gauge("brigade_dead_letter_queue_length", "Requests in the dead-letter list", registry=REGISTRY)
 
 

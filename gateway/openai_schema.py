@@ -134,7 +134,7 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     logprobs = _logprobs(body, chat, fields)
     echo = None
     if chat:
-        fields["messages"] = _messages(body.get("messages"))
+        fields["messages"] = chat_messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
         echo = _echo(body, fields)
@@ -237,7 +237,7 @@ def _guide_field(body: dict) -> str:
     return next((k for k in ("response_format", *sorted(VLLM_GUIDED)) if body.get(k) is not None), "response_format")
 
 
-def _messages(messages: Any) -> Any:
+def chat_messages(messages: Any) -> Any:
     """OpenAI messages -> the protocol's {role, content} (text parts joined); anything else is refused."""
     if not isinstance(messages, list):
         return messages  # the protocol names the problem

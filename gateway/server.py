@@ -9,7 +9,9 @@ Rooms:
 - `auth.py`: the caller's API key, for every door;
 - `router.py` (pure) and `replies.py` (Redis): workers' events to the waiting clients;
 - the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE),
-  `batch_http.py` (/v1/files, /v1/batches), and the chat page (`static/`, served at /);
+  `batch_http.py` (/v1/files, /v1/batches), `embeddings.py` (/v1/embeddings, the cache's embedder),
+  `tokenize_door.py` (/tokenize, /detokenize), `utility_routes.py` (/health, /ping, /version),
+  and the chat page (`static/`, served at /);
 - `background.py`: the one set of background tasks (the cache's too), drained at shutdown;
 - this module: the parts built and wired together (each door is handed what it uses; nothing
   imports this module back), health and readiness, start and stop (uvicorn).
@@ -49,6 +51,7 @@ from gateway.batch_http import BatchDoor
 from gateway.batch_runner import BatchRunner
 from gateway.catalog import Catalog
 from gateway.content_guards import GuardConfigError, configured
+from gateway.embeddings import EmbeddingsDoor
 from gateway.http_door import HttpDoor
 from gateway.lifecycle import RequestLifecycle
 from gateway.limits import KeyLimiter
@@ -58,6 +61,8 @@ from gateway.replies import ReplyIntake
 from gateway.request_store import RequestStore
 from gateway.router import Delivery, ReplyRouter
 from gateway.shadows import Shadows
+from gateway.tokenize_door import TokenizeDoor
+from gateway.utility_routes import UtilityRoutes
 from gateway.ws_door import WebSocketDoor
 from ops.core import fleet, keys, redis_clients
 from ops.core.canary import Controller
@@ -74,8 +79,8 @@ log = logging.getLogger("brigade.gateway")
 
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
-PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches",
-         "/healthz", "/readyz", "/metrics"]
+PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/files",
+         "/v1/batches", "/tokenize", "/detokenize", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics"]
 
 
 class Gateway:
@@ -116,6 +121,9 @@ class Gateway:
         self.batches = BatchRunner(settings, self.protocol, self.admission, self.lifecycle, self.router, self.load,
                                    self.key_store, self.id)
         self.batch_door = BatchDoor(settings, self.auth, self.batches.store)
+        self.utility = UtilityRoutes(self.readiness)
+        self.tokenize_door = TokenizeDoor(settings, self.protocol, self.auth, self.catalog)
+        self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
 
     # ---- wiring ---------------------------------------------------------------------------------------
 
@@ -247,6 +255,7 @@ class Gateway:
         self.admission.use_cache(cache, renderer)
         self.lifecycle.use_cache(cache)
         self.audits.use_cache(cache)
+        self.embeddings_door.use_embedder(cache.embedder)
         return cache
 
     def app(self) -> Starlette:
@@ -258,6 +267,9 @@ class Gateway:
             Route("/v1/chat/completions", http.chat_completions, methods=["POST"]),
             Route("/v1/completions", http.completions, methods=["POST"]),
             Route("/v1/models", http.models),
+            Route("/v1/embeddings", self.embeddings_door.embeddings, methods=["POST"]),
+            Route("/tokenize", self.tokenize_door.tokenize, methods=["POST"]),
+            Route("/detokenize", self.tokenize_door.detokenize, methods=["POST"]),
             Route("/v1/files", self.batch_door.upload_file, methods=["POST"]),
             Route("/v1/files/{file_id}", self.batch_door.file),
             Route("/v1/files/{file_id}/content", self.batch_door.file_content),
@@ -265,6 +277,9 @@ class Gateway:
             Route("/v1/batches", self.batch_door.list_batches, methods=["GET"]),
             Route("/v1/batches/{batch_id}", self.batch_door.batch),
             Route("/v1/batches/{batch_id}/cancel", self.batch_door.cancel_batch, methods=["POST"]),
+            Route("/health", self.utility.health),
+            Route("/ping", self.utility.health, methods=["GET", "POST"]),
+            Route("/version", self.utility.version),
             Route("/healthz", self.healthz),
             Route("/readyz", self.readyz),
             Route("/metrics", self.prometheus),

@@ -22,6 +22,7 @@ from ops.core.redis_clients import async_client
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
 from tests.openai_doors import MODEL, QUESTION, Doors, _chat, _running, _scrape, _value
+from tests.openai_endpoint_cases import *  # noqa: F401,F403  (its tests run on this module's stack)
 from tests.services import create_key, http_status, wait_until
 
 LONG = "Write a very long and detailed essay about the history of the Roman Empire."

@@ -96,6 +96,8 @@ class OpenAIBackend:
             body["max_tokens"] = request.max_tokens
         if self.config.cache:
             body["cache"] = self.config.cache
+        if self.config.ignore_eos:
+            body["ignore_eos"] = True  # an extra body field, as vLLM's OpenAI server takes it
         return body
 
     async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> None:
@@ -222,6 +224,8 @@ class WebSocketBackend:
             frame["model"] = self.config.model
         if self.config.cache:
             frame["cache"] = self.config.cache
+        if self.config.ignore_eos:
+            frame["ignore_eos"] = True
         return frame
 
     async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> None:

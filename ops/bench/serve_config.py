@@ -32,6 +32,7 @@ class LoadConfig:
     temperature: float
     cache: str | None  # sent as Brigade's `cache` field when set
     timeout_s: float
+    ignore_eos: bool = False  # sent as `ignore_eos: true` on every request (vLLM's field; Brigade's too)
     api_key: str | None = None
     redis_url: str | None = None  # count this Redis's commands during the run (INFO commandstats)
 
@@ -47,7 +48,8 @@ class LoadConfig:
                 "burstiness": self.burstiness, "max_concurrency": self.max_concurrency,
                 "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
                 "dataset": self.dataset or "shipped:chat_questions.jsonl", "repeat_ratio": self.repeat_ratio,
-                "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s}
+                "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s,
+                "ignore_eos": self.ignore_eos}
 
 
 def target_urls(backend: str, url: str | None, settings: Settings) -> tuple[str, str]:
@@ -90,5 +92,6 @@ def config_from_args(args, settings: Settings) -> LoadConfig:
         backend=args.backend, url=url, http_base=http_base, model=args.model, rate=args.rate,
         burstiness=args.burstiness, max_concurrency=args.max_concurrency, num_requests=num_requests,
         duration_s=args.duration, max_tokens=args.max_tokens, dataset=args.dataset, repeat_ratio=args.repeat_ratio,
-        seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout, api_key=args.api_key,
+        seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout,
+        ignore_eos=args.ignore_eos, api_key=args.api_key,
         redis_url=args.redis_url)

@@ -42,6 +42,9 @@ def add_serve_arguments(p: argparse.ArgumentParser, title: str) -> None:
     g.add_argument("--model", help="the model asked (default: the server's first in /v1/models for openai, "
                                    "the gateway's for ws)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0, greedy)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="ask every request to go on past its end-of-sequence token, so that each generates "
+                        "exactly its max_tokens (vLLM's ignore_eos; a fixed output length for throughput runs)")
     g.add_argument("--cache", choices=["auto", "exact", "off"],
                    help="Brigade's cache field on every request (default: not sent; the server's default)")
     g.add_argument("--redis-url", help="also count this Redis's commands per request and per output token "

@@ -253,6 +253,10 @@ class Settings(BaseSettings):
     embedding_model: str = ""  # a sentence-transformers folder; empty: all-MiniLM-L6-v2 (packaged)
     embedding_threads: int = 1
     embedding_int8: bool = False
+    # POST /v1/embeddings (served by the cache's embedder): inputs in one request (OpenAI's limit)
+    # and characters in one input (the model reads its first 256 word pieces; more is cut).
+    embedding_max_inputs: int = Field(default=2048, ge=1)
+    embedding_max_input_chars: int = Field(default=16_384, ge=1)
 
     flower_host: str = "127.0.0.1"
     flower_port: int = 5555

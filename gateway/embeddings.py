@@ -1,0 +1,203 @@
+"""OpenAI's `POST /v1/embeddings`, served by the answer cache's own embedder (all-MiniLM-L6-v2 by
+default): the vectors a client gets are exactly the ones the cache compares, normalised the same
+way (unit length, so a dot product is the cosine).
+
+The model is named as the cache's embedding model is (`all-MiniLM-L6-v2`, or the folder name of
+BRIGADE_EMBEDDING_MODEL; `sentence-transformers/NAME` too); another name is `model_not_found`.
+It is not listed in `GET /v1/models`, whose cards are the generation models the fleet serves.
+
+A gateway started without the cache (BRIGADE_CACHE_ENABLED=false) has no embedder and answers
+`unavailable` (503) saying so, rather than loading one on the first request: a cache-off gateway
+is kept free of torch and the model (hundreds of MB, seconds to load), and a lazy load would
+stall that first request and every cache-off gateway's memory plan.
+
+A request is admitted like a chat request: the caller's key, its per-key limits (one request
+against rpm and max_concurrent; its tokens are charged as usage and against tpm once it is
+answered). The inputs are embedded in one batched call, off the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import redis.asyncio as aioredis
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import metrics
+from gateway import openai_schema as oa
+from gateway.api_keys import ApiKey
+from gateway.auth import Authenticator
+from gateway.http_body import read_json
+from gateway.http_errors import error_response
+from gateway.lifecycle import RequestLifecycle
+from gateway.limits import KeyLimiter
+from gateway.protocol import ProtocolError
+from ops.core.redis_clients import through_failover
+from ops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from cache.embedder import Embedder
+
+log = logging.getLogger("brigade.gateway")
+
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+DEFAULT_NAME = "all-MiniLM-L6-v2"
+
+
+def embedding_model_name(settings: Settings) -> str:
+    return Path(settings.embedding_model).name if settings.embedding_model else DEFAULT_NAME
+
+
+@dataclass(frozen=True)
+class EmbeddingAsk:
+    inputs: list[str]
+    base64: bool  # encoding_format "base64": little-endian float32 bytes, as OpenAI sends them
+
+
+def parse_embeddings(body: Any, name: str, dim: int, settings: Settings) -> EmbeddingAsk:
+    """A body -> the texts to embed; what the model cannot do is refused naming the field."""
+    if not isinstance(body, dict):
+        raise ProtocolError("invalid_message", "the request body must be a JSON object")
+    unknown = sorted(set(body) - EMBEDDING_FIELDS)
+    if unknown:
+        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
+    model = body.get("model")
+    if model is None:
+        raise ProtocolError("missing_field", f"`model` is required; this gateway embeds with {name!r}", None, "model")
+    if model not in (name, f"sentence-transformers/{name}"):
+        raise ProtocolError("model_not_found", f"the embedding model {str(model)[:64]!r} does not exist; models: "
+                            f"{name}", None, "model")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != dim:
+        raise ProtocolError("unsupported_field", f"`dimensions`: {name} has {dim} dimensions and cannot shorten "
+                            f"them; leave `dimensions` out", None, "dimensions")
+    fmt = body.get("encoding_format")
+    if fmt not in (None, "float", "base64"):
+        raise ProtocolError("invalid_field", "`encoding_format` must be \"float\" or \"base64\"", None,
+                            "encoding_format")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ProtocolError("invalid_field", "`user` must be a string", None, "user")
+    return EmbeddingAsk(_inputs(body.get("input"), settings), fmt == "base64")
+
+
+def _inputs(given: Any, settings: Settings) -> list[str]:
+    if given is None:
+        raise ProtocolError("missing_field", "`input` is required: a string or a list of strings", None, "input")
+    inputs = [given] if isinstance(given, str) else given
+    if not isinstance(inputs, list) or not inputs:
+        raise ProtocolError("invalid_field", "`input` must be a string or a non-empty list of strings", None, "input")
+    if any(isinstance(x, (int, list)) for x in inputs):
+        raise ProtocolError("unsupported_field", "`input` as token ids is not supported: send the text", None,
+                            "input")
+    if len(inputs) > settings.embedding_max_inputs:
+        raise ProtocolError("invalid_field", f"`input` has {len(inputs)} items; the limit is "
+                            f"{settings.embedding_max_inputs} (BRIGADE_EMBEDDING_MAX_INPUTS)", None, "input")
+    for i, text in enumerate(inputs):
+        if not isinstance(text, str) or not text:
+            raise ProtocolError("invalid_field", f"`input[{i}]` must be a non-empty string", None, "input")
+        if len(text) > settings.embedding_max_input_chars:
+            raise ProtocolError("prompt_too_long", f"`input[{i}]` has {len(text)} characters; the limit is "
+                                f"{settings.embedding_max_input_chars}", None, "input")
+    return inputs
+
+
+def encode(vector: np.ndarray, as_base64: bool) -> list[float] | str:
+    if as_base64:
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()  # float32 -> the same numbers as Python floats: JSON carries them exactly
+
+
+def response_body(name: str, vectors: np.ndarray, tokens: int, as_base64: bool) -> dict:
+    data = [{"object": "embedding", "index": i, "embedding": encode(v, as_base64)} for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _outcome(err: ProtocolError) -> str:
+    status = oa.status_of(err.code)
+    return "unavailable" if status == 503 else "failed" if status >= 500 else "refused"
+
+
+class EmbeddingsDoor:
+    def __init__(self, settings: Settings, auth: Authenticator, limiter: KeyLimiter, lifecycle: RequestLifecycle,
+                 spawn: Callable):
+        self.settings = settings
+        self.auth = auth
+        self.limiter = limiter
+        self.lifecycle = lifecycle  # settles a key's usage (and frees its slot) once answered
+        self._spawn = spawn
+        self.name = embedding_model_name(settings)
+        self.embedder: Embedder | None = None  # the cache's, once it has loaded
+
+    def use_embedder(self, embedder: "Embedder") -> None:
+        self.embedder = embedder
+
+    async def embeddings(self, request: Request) -> Response:
+        started = time.perf_counter()
+        rid, key, inputs = uuid.uuid4().hex, None, 0
+        try:
+            key = await self.auth.authenticate(request.headers.get("authorization"))
+            body = await read_json(request, self.settings.max_message_bytes)
+            embedder = self._embedder()
+            ask = parse_embeddings(body, self.name, embedder.dim, self.settings)
+            inputs = len(ask.inputs)
+            await self._within_limits(key, rid)
+            try:
+                content = await asyncio.to_thread(_answer, embedder, ask, self.name)
+            except BaseException:
+                if key is not None:
+                    self._spawn(self.lifecycle.release_slot(key.id, rid))
+                raise
+        except ProtocolError as err:
+            self._count(_outcome(err), inputs)
+            return error_response(err)  # Retry-After only where a retry can succeed (limits, Redis)
+        except Exception:
+            log.exception("event=embeddings_failed request_id=%s", rid)
+            self._count("failed", inputs)
+            return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+        body, tokens = content
+        if key is not None:
+            self._spawn(self.lifecycle.settle_usage(key.id, rid, {"prompt_tokens": tokens}, cache_hit=False))
+        self._count("served", inputs)
+        metrics.EMBEDDING_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+        return Response(body, media_type="application/json", headers={"x-request-id": rid})
+
+    def _embedder(self) -> "Embedder":
+        if self.embedder is None:
+            raise ProtocolError("unavailable", "this gateway runs without the answer cache, whose embedding model "
+                                "serves /v1/embeddings: start it with BRIGADE_CACHE_ENABLED=true", None, "model")
+        return self.embedder
+
+    async def _within_limits(self, key: ApiKey | None, rid: str) -> None:
+        if key is None:
+            return
+        try:
+            refusal = await through_failover(lambda: self.limiter.admit(key, rid), self.settings.failover_budget_s)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "limits cannot be checked now; try again shortly",
+                                retry_after_s=self.settings.retry_after_s) from None
+        if refusal is not None:
+            log.info("event=rate_limited key=%s request_id=%s why=%r", key.id, rid, refusal.message)
+            metrics.RATE_LIMIT_REFUSALS.labels(self.name, refusal.limit).inc()
+            raise ProtocolError(refusal.code, refusal.message, retry_after_s=refusal.retry_after_s)
+
+    def _count(self, outcome: str, inputs: int) -> None:
+        metrics.EMBEDDING_REQUESTS.labels(self.name, outcome).inc()
+        metrics.EMBEDDING_INPUTS.labels(self.name, outcome).inc(inputs)
+
+
+def _answer(embedder: "Embedder", ask: EmbeddingAsk, name: str) -> tuple[bytes, int]:
+    """The response body and its tokens, on a worker thread: one batched forward for every input,
+    and the JSON of up to thousands of vectors, are both too long to hold the event loop."""
+    vectors, tokens = embedder.embed(ask.inputs), sum(embedder.token_counts(ask.inputs))
+    body = response_body(name, vectors, tokens, ask.base64)
+    return json.dumps(body, separators=(",", ":")).encode(), tokens

@@ -1,0 +1,185 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize`, with the served model's own tokenizer.
+
+A prompt or chat messages in, the token ids the engine would run out; ids in, text out. Messages
+go through the same translation and checks as a chat completion (openai_schema.chat_messages,
+then the protocol), and are rendered by the cache's `PromptRenderer`, the same chat-template call
+the engine's `encode` makes, so that `count` equals a chat answer's `usage.prompt_tokens` for the
+same messages. Each model version's tokenizer files are read from its folder on this machine
+(catalog.folder), once, off the event loop; a fast tokenizer is not safe to share between threads,
+so each has a lock.
+
+Bodies are checked here without a socket (`parse_tokenize`, `parse_detokenize`); unknown fields are
+refused as the rest of the OpenAI door refuses them. Keys are checked as for /v1/models.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from cache.query import PromptRenderer
+from gateway import openai_schema as oa
+from gateway.auth import Authenticator
+from gateway.catalog import Catalog
+from gateway.http_body import read_json
+from gateway.http_errors import error_response
+from gateway.protocol import ClientProtocol, ProtocolError
+from ops.core.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs",
+                   "tools"}
+DETOKENIZE_FIELDS = {"model", "tokens"}
+
+
+@dataclass(frozen=True)
+class TokenizeAsk:
+    model: str
+    version: str  # pinned by `model: "name@version"`; "": the stable one's tokenizer
+    prompt: str | None
+    messages: list[dict] | None  # as the worker renders them (ChatMessage.model_dump())
+    tools: list[dict] | None
+    add_generation_prompt: bool
+    add_special_tokens: bool
+    return_token_strs: bool
+
+
+def _refuse_unknown(body: Any, known: set[str]) -> dict:
+    if not isinstance(body, dict):
+        raise ProtocolError("invalid_message", "the request body must be a JSON object")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
+    return body
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ProtocolError("invalid_field", f"`{name}` must be a boolean", None, name)
+    return value
+
+
+def parse_tokenize(body: Any, protocol: ClientProtocol) -> TokenizeAsk:
+    """A /tokenize body -> what to tokenize, checked as a completion's prompt or messages are."""
+    body = _refuse_unknown(body, TOKENIZE_FIELDS)
+    chat = body.get("messages") is not None
+    fields: dict[str, Any] = {"type": "generate", "id": "tokenize"}
+    for name in ("model", "tools"):
+        if body.get(name) is not None:
+            fields[name] = body[name]
+    if chat:
+        fields["messages"] = oa.chat_messages(body["messages"])
+    if body.get("prompt") is not None:
+        fields["prompt"] = body["prompt"]
+    # exactly one of prompt and messages, the model known, lengths, tools (only beside messages)
+    cmd = protocol.generate_from(fields)
+    # as the worker hands them to the engine (workers/inflight.py)
+    messages = [m.model_dump(exclude_none=True) for m in cmd.messages] if cmd.messages is not None else None
+    return TokenizeAsk(cmd.model, cmd.version, cmd.prompt, messages, cmd.tools,
+                       add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                       # vLLM's defaults: a chat template writes its own special tokens
+                       add_special_tokens=_flag(body, "add_special_tokens", not chat),
+                       return_token_strs=_flag(body, "return_token_strs", False))
+
+
+def parse_detokenize(body: Any, catalog: Catalog) -> tuple[str, str, list[int]]:
+    """A /detokenize body -> (model, pinned version, token ids); ids are checked against the vocabulary later."""
+    body = _refuse_unknown(body, DETOKENIZE_FIELDS)
+    model, version = catalog.resolve(body.get("model"))
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise ProtocolError("missing_field", "`tokens` is required: a list of token ids", None, "tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ProtocolError("invalid_field", "`tokens` must be a list of integer token ids", None, "tokens")
+    return model, version, tokens
+
+
+class ModelTokenizer:
+    """One folder's tokenizer and chat template, one call at a time."""
+
+    def __init__(self, folder: Path):
+        self.renderer = PromptRenderer(folder)
+        self.tokenizer = self.renderer.tokenizer
+        self._lock = threading.Lock()
+
+    def tokenize(self, ask: TokenizeAsk) -> tuple[list[int], list[str] | None]:
+        with self._lock:
+            if ask.messages is not None:
+                text = self.renderer.render(ask.messages, ask.tools, ask.add_generation_prompt)
+            else:
+                text = ask.prompt
+            ids = self.tokenizer(text, add_special_tokens=ask.add_special_tokens)["input_ids"]
+            strs = self.tokenizer.convert_ids_to_tokens(ids) if ask.return_token_strs else None
+        return ids, strs
+
+    def detokenize(self, tokens: list[int]) -> str:
+        with self._lock:
+            size = len(self.tokenizer)
+            bad = next((t for t in tokens if not 0 <= t < size), None)
+            if bad is not None:
+                raise ProtocolError("invalid_field", f"token id {bad} is out of range: this model's ids are 0 to "
+                                    f"{size - 1}", None, "tokens")
+            return self.tokenizer.decode(tokens)
+
+
+class TokenizeDoor:
+    def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, catalog: Catalog):
+        self.settings = settings
+        self.protocol = protocol
+        self.auth = auth
+        self.catalog = catalog
+        self._tokenizers: dict[str, ModelTokenizer] = {}
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = await self._checked_body(request)
+            ask = parse_tokenize(body, self.protocol)
+            tokenizer = await self._tokenizer(ask.model, ask.version)
+            ids, strs = await asyncio.to_thread(tokenizer.tokenize, ask)
+            return JSONResponse({"count": len(ids), "max_model_len": self.catalog.max_model_len(ask.model),
+                                 "tokens": ids, "token_strs": strs})
+        except ProtocolError as err:
+            return error_response(err)
+        except Exception:
+            return _failed("tokenize")
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await self._checked_body(request)
+            model, version, tokens = parse_detokenize(body, self.catalog)
+            tokenizer = await self._tokenizer(model, version)
+            return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.detokenize, tokens)})
+        except ProtocolError as err:
+            return error_response(err)
+        except Exception:
+            return _failed("detokenize")
+
+    async def _checked_body(self, request: Request) -> Any:
+        await self.auth.authenticate(request.headers.get("authorization"))
+        return await read_json(request, self.settings.max_message_bytes)
+
+    async def _tokenizer(self, model: str, version: str) -> ModelTokenizer:
+        version = version or self.catalog.snapshot.stable.get(model, "")
+        folder = self.catalog.folder(model, version)
+        key = str(folder)
+        if key not in self._tokenizers:
+            if folder is None or not (folder / "tokenizer_config.json").exists():
+                raise ProtocolError("unavailable", f"the tokenizer files of {model} are not on this gateway's machine "
+                                    f"(looked in {folder or 'the model store'})", None, "model")
+            self._tokenizers[key] = await asyncio.to_thread(ModelTokenizer, folder)
+        return self._tokenizers[key]
+
+
+def _failed(what: str) -> Response:
+    log.exception("event=%s_failed", what)
+    return error_response(ProtocolError("internal_error", f"the gateway failed to {what} this request"))
