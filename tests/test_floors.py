@@ -7,6 +7,9 @@ The floors, bottom up:
 - cache imports ops.core;
 - workers import ops.core and engine;
 - gateway imports ops.core and cache;
+- cache and gateway may also import the engine's model-free modules (SHARED_ENGINE: how a chat
+  becomes prompt text, the tool-call schemas, the grammar check), so every door renders and checks
+  exactly as the engine will;
 - the rest of ops (commands and benchmarks) may import anything.
 And no module reaches itself through its imports: no two files import each other, and no longer
 circle either.
@@ -26,6 +29,7 @@ MAY_IMPORT = {
     "gateway": {"gateway", "ops.core", "cache"},
     "ops": {"ops", "ops.core", "engine", "cache", "workers", "gateway"},
 }
+SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided"}
 
 
 def module_name(path: Path) -> str:
@@ -129,7 +133,8 @@ def test_the_graph_reader_sees_imports_wherever_they_are_written(tmp_path):
 
 def test_every_floor_imports_only_the_floors_beneath_it():
     broken = sorted(f"{importer} -> {imported}" for importer, targets in import_graph().items()
-                    for imported in targets if floor(imported) not in MAY_IMPORT[floor(importer)])
+                    for imported in targets if floor(imported) not in MAY_IMPORT[floor(importer)]
+                    and not (imported in SHARED_ENGINE and floor(importer) in ("cache", "gateway")))
     assert not broken, "imports that break the floors (docs/architecture.md, Floors):\n" + "\n".join(broken)
 
 

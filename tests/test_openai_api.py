@@ -123,8 +123,8 @@ def test_curl_style_sse_ends_with_done(doors):
 
 @pytest.mark.parametrize("extra, param, code", [
     ({"temperature": 5}, "temperature", "invalid_field"),
-    ({"n": 2}, "n", "unsupported_field"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_field"),
+    ({"n": 17}, "n", "invalid_field"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "invalid_field"),
     ({"max_completion_tokens": 0}, "max_completion_tokens", "invalid_field"),
     ({"extra_body": {"colour": "blue"}}, "colour", "unknown_field"),
     ({"extra_body": {"cache": "sometimes"}}, "cache", "invalid_field"),
