@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import chat_prompt
 from ops.core.messages import ChatMessage, GenerateParams
 
 CACHE_MODES = ("auto", "off", "exact")
@@ -49,10 +50,10 @@ class PromptRenderer:
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         if self.tokenizer is None:
-            return json.dumps(messages, sort_keys=True, ensure_ascii=False)
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return json.dumps([messages, tools] if tools else messages, sort_keys=True, ensure_ascii=False)
+        return chat_prompt.render(self.tokenizer, messages, tools)
 
 
 def _digest(*parts) -> str:
@@ -65,8 +66,23 @@ def output_fields(params: GenerateParams) -> dict:
     fields = {"max_tokens": params.max_tokens, "repetition_penalty": params.repetition_penalty,
               "stop": sorted(set(params.stop)), "temperature": params.temperature}
     if params.temperature > 0:
-        fields.update(top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+        fields.update(top_p=params.top_p, top_k=params.top_k, seed=params.seed, min_p=params.min_p)
+    # The further fields that shape the answer, each only when it departs from its default, so an
+    # ordinary request keeps the key it always had.
+    for name in ("presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "stop_token_ids",
+                 "ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        value = getattr(params, name)
+        if value != GenerateParams.model_fields[name].get_default(call_default_factory=True):
+            fields[name] = value
+    if params.guide is not None:  # a schema-constrained answer is keyed by its schema
+        fields["guide"] = params.guide.model_dump()
     return fields
+
+
+def cacheable(params: GenerateParams) -> bool:
+    """Whether a stored answer can satisfy the request: it has one text and no scores, so requests
+    for logprobs, prompt logprobs or several choices are answered by the model (and not stored)."""
+    return params.logprobs is None and params.prompt_logprobs is None and params.n == 1
 
 
 def make_query(
@@ -77,11 +93,15 @@ def make_query(
     params: GenerateParams,
     mode: str = "auto",
     threshold: float | None = None,
-) -> CacheQuery:
+    tools: list[dict] | None = None,
+) -> CacheQuery | None:
+    """The request as the cache sees it; None when no stored answer could satisfy it (`cacheable`)."""
+    if not cacheable(params):
+        return None
     fields = output_fields(params)
     if messages is not None:
-        dicts = [m.model_dump() for m in messages]
-        rendered = renderer.render(dicts)
+        dicts = [m.model_dump(exclude_none=True) for m in messages]
+        rendered = renderer.render(dicts, tools)
         last_user = max((i for i, m in enumerate(dicts) if m["role"] == "user"), default=None)
         if last_user is None:
             question, context = "", rendered
@@ -89,7 +109,7 @@ def make_query(
             question = dicts[last_user]["content"]
             masked = [dict(m) for m in dicts]
             masked[last_user]["content"] = _PLACEHOLDER
-            context = renderer.render(masked)
+            context = renderer.render(masked, tools)
     else:
         rendered, question, context = prompt or "", prompt or "", "raw:" + _PLACEHOLDER
     return CacheQuery(

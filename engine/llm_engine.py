@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from engine.choices import RequestChoices
+from engine import chat_prompt
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
@@ -177,16 +178,11 @@ class Engine:
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
         if request.messages is not None:
-            text = self._render(request.messages, request.tools)
+            text = chat_prompt.render(self.tokenizer, request.messages, request.tools)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if request.prompt is not None:
             return self.tokenizer(request.prompt)["input_ids"]
         raise RequestRejected("invalid_request", "a request needs a prompt, messages or prompt_ids")
-
-    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """A chat's prompt text, generation prompt included; `tools` go to the chat template."""
-        extra = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
 
     def _check_fields(self, request: EngineRequest) -> None:
         """Fields a client can get wrong that the worker's mapping does not catch."""

@@ -190,7 +190,7 @@ class Admission:
             # Keyed by the served version: each version's answers are its own (a new version's
             # users must not be served the old one's answers from the cache).
             query = make_query(renderer, choice.served, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
-                               cmd.cache_threshold)
+                               cmd.cache_threshold, cmd.tools)
         except Exception as exc:  # a template that cannot render this input: no caching, no failure
             log.warning("event=cache_query_failed client_id=%s error=%r", cmd.id, exc)
             return None
@@ -293,7 +293,8 @@ class Admission:
         now = time.time()
         return QueuedRequest(
             request_id=rid, client_id=client_id, reply_channel=self.reply_channel, enqueued_at=now,
-            model=choice.model, version=choice.version, prompt=cmd.prompt, messages=cmd.messages, params=params,
+            model=choice.model, version=choice.version, prompt=cmd.prompt, messages=cmd.messages, tools=cmd.tools,
+            params=params,
             deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
             api_key=key_id, lane=lane,
         )

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from gateway import metrics
-from gateway import openai_schema as oa
+from gateway import openai_render as render
 from gateway.admission import Admission
 from gateway.api_keys import ApiKey, KeyStore
 from gateway.batch_input import BadLine, BatchLine, Checker, MAX_REASONS_SHOWN, check_file
@@ -399,16 +399,16 @@ class BatchRunner:
             return await self._collect(run, line, opts, sink, admitted.request_id)
 
     async def _collect(self, run: JobRun, line: BatchLine, opts, sink: AnswerQueue, rid: str | None) -> LineResult:
-        text: list[str] = []
+        answer = render.Answer(opts.n)
         try:
             while True:
                 event = await sink.events.get()
                 if event["type"] == "token":
-                    text.append(event["text"])
+                    answer.add(event)
                 elif event["type"] == "done":
                     served = rid or event.get("request_id")  # a cached answer's own id
-                    body = oa.completion_body(opts, served or f"cached-{line.number}", "".join(text), event, oa.now(),
-                                              served)
+                    body = render.completion_body(opts, served or f"cached-{line.number}", answer, event,
+                                                  render.now(), served)
                     return LineResult(line.number, output_line(run.id, line, {"status_code": 200, "request_id": served,
                                                                               "body": body}, None),
                                       "completed", int((event.get("usage") or {}).get("completion_tokens") or 0))

@@ -20,15 +20,30 @@ def queued_event(client_id: str, request_id: str) -> Event:
     return {"type": "queued", "id": client_id, "request_id": request_id}
 
 
-def token_event(client_id: str, index: int, text: str) -> Event:
-    return {"type": "token", "id": client_id, "index": index, "text": text}
+def token_event(client_id: str, index: int, text: str, choice: int | None = None, logprobs: dict | None = None,
+                prompt_logprobs: list | None = None, finish_reason: str | None = None) -> Event:
+    """A piece of the answer. The further keys appear only when the request asked for what they carry:
+    `choice` (n > 1: whose token; `finish_reason` on a choice's last one), `logprobs`, `prompt_logprobs`."""
+    event: Event = {"type": "token", "id": client_id, "index": index, "text": text}
+    if choice is not None:
+        event["choice"] = choice
+    if logprobs is not None:
+        event["logprobs"] = logprobs
+    if prompt_logprobs is not None:
+        event["prompt_logprobs"] = prompt_logprobs
+    if finish_reason is not None:
+        event["finish_reason"] = finish_reason
+    return event
 
 
 def done_event(client_id: str, finish_reason: str, usage: dict | None, timing: dict | None, model: str = "",
-               version: str = "") -> Event:
-    """The answer's end; `model` (and its version) named when the request was routed to one."""
+               version: str = "", finish_reasons: list[str] | None = None) -> Event:
+    """The answer's end; `model` (and its version) named when the request was routed to one;
+    `finish_reasons`: each choice's, for n > 1."""
     event = {"type": "done", "id": client_id, "finish_reason": finish_reason, "usage": usage or {},
              "timing": timing or {}}
+    if finish_reasons is not None:
+        event["finish_reasons"] = finish_reasons
     if model:
         event.update(model=model, version=version)
     return event

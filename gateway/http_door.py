@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gateway import openai_render as render
 from gateway import openai_schema as oa
 from gateway.admission import Admission
 from gateway.auth import Authenticator
@@ -110,12 +111,12 @@ class HttpDoor:
         # Until the response starts (streaming) or ends (not), the request's only sign of a client
         # that left is the disconnect message; StreamingResponse watches for it after that.
         gone = asyncio.ensure_future(_disconnected(request))
-        text: list[str] = []
+        gathered = render.Answer(opts.n)
         try:
             event = await _next_event(answer, gone)
             while event["type"] == "queued" or (event["type"] == "token" and not opts.stream):
                 if event["type"] == "token":
-                    text.append(event["text"])
+                    gathered.add(event)
                 event = await _next_event(answer, gone)
         except ClientGone:
             self.lifecycle.abandon(admitted.request_id, answer)
@@ -131,7 +132,7 @@ class HttpDoor:
             return StreamingResponse(self._stream(answer, opts, rid, event, admitted.request_id),
                                      media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        body = oa.completion_body(opts, rid, "".join(text), event, oa.now(), admitted.request_id)
+        body = render.completion_body(opts, rid, gathered, event, render.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
 
@@ -149,23 +150,17 @@ class HttpDoor:
         return bytes(body)
 
     async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: dict, request_id: str | None):
-        created = oa.now()
-        event, ended, started = first, False, False
+        stream = _Stream(opts, rid)
+        event, ended = first, False
         try:
             while True:
                 if event["type"] == "token":
-                    if event["text"] or not started:  # an empty piece (a token still held back) says nothing
-                        yield _sse(oa.chunk(opts, rid, created, event["text"], first=not started))
-                        started = True
+                    for body in stream.token(event):
+                        yield _sse(body)
                 elif event["type"] == "done":
                     ended = True
-                    if not started:  # an empty answer still opens the assistant's message
-                        yield _sse(oa.chunk(opts, rid, created, "", first=True))
-                    extra = oa.brigade_extra(event, request_id)
-                    yield _sse(oa.chunk(opts, rid, created, finish=oa.finish_reason(event.get("finish_reason")),
-                                        extra=extra))
-                    if opts.include_usage:
-                        yield _sse(oa.chunk(opts, rid, created, usage=oa.usage_of(event)))
+                    for body in stream.done(event, request_id):
+                        yield _sse(body)
                     yield "data: [DONE]\n\n"
                     return
                 elif event["type"] == "error":
@@ -178,6 +173,62 @@ class HttpDoor:
         finally:
             if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
                 self.lifecycle.abandon(request_id, answer)
+
+
+class _Stream:
+    """A request's events as OpenAI stream chunks, choice by choice (gateway/openai_render.py)."""
+
+    def __init__(self, opts: oa.Options, rid: str):
+        self.opts, self.rid, self.created = opts, rid, render.now()
+        self.answer = render.Answer(opts.n)
+        self.started = [False] * opts.n
+        self.ended = [False] * opts.n
+        self.offset = [0] * opts.n  # completions' text_offset of the next token
+        # A chat that may call tools holds each choice's text: calls are read from the whole of it.
+        self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
+
+    def _chunk(self, choices: list[dict], **kw) -> dict:
+        return render.chunk_body(self.opts, self.rid, self.created, choices, **kw)
+
+    def token(self, event: dict):
+        index = event.get("choice") or 0
+        self.answer.add(event)
+        if not self.held:
+            text, scored = event["text"], [event["logprobs"]] if self.opts.logprobs and event.get("logprobs") else None
+            first = not self.started[index]
+            if first and self.opts.echo is not None:  # the prompt, and its scores, come first
+                text = self.opts.echo + text
+                if self.opts.logprobs:
+                    scored = (self.answer.prompt_logprobs or []) + (scored or [])
+            if text or scored or first:  # an empty piece (a token still held back) says nothing
+                yield self._chunk([render.chunk_choice(self.opts, index, text, first, scored,
+                                                       offset=self.offset[index])])
+                self.offset[index] += sum(len((e or {}).get("token", "")) for e in scored or [])
+                self.started[index] = True
+        if event.get("finish_reason") and self.opts.n > 1:  # this choice ended; others go on
+            yield from self._end_choice(index, render.finish_reason(event["finish_reason"]))
+
+    def _end_choice(self, index: int, finish: str | None, extra: dict | None = None):
+        self.ended[index] = True
+        choice = self.answer.choices[index]
+        if self.held:
+            message, finish = render.message_of(self.opts, choice.text, finish)
+            scored = choice.logprobs if self.opts.logprobs else None
+            yield self._chunk([render.chunk_choice(self.opts, index, message["content"], True, scored,
+                                                   calls=message.get("tool_calls"))])
+        elif not self.started[index]:  # an empty answer still opens the assistant's message
+            yield self._chunk([render.chunk_choice(self.opts, index, "", True)])
+        yield self._chunk([render.chunk_choice(self.opts, index, finish=finish)], extra=extra)
+
+    def done(self, event: dict, request_id: str | None):
+        extra = render.brigade_extra(event, request_id)
+        open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
+        for i in open_choices:
+            yield from self._end_choice(i, render.choice_finish(event, i), extra if i == open_choices[-1] else None)
+        if not open_choices:  # every choice ended with its last token: Brigade's account still goes out
+            yield self._chunk([], extra=extra)
+        if self.opts.include_usage:
+            yield self._chunk([], usage=render.usage_of(event))
 
 
 def _sse(body: dict) -> str:

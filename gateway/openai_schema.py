@@ -1,27 +1,67 @@
-"""The OpenAI API's shapes, apart from any socket: a request body in, a `Generate` out; events in, chunks out.
+"""The OpenAI API's request bodies, apart from any socket: a body in, a `Generate` and its `Options` out.
 
 Bodies are translated into the WebSocket protocol's `generate` fields and validated by the same
-`ClientProtocol`, so a limit or a check lands once for every door. What Brigade cannot honour is
-refused with a 400 naming the field (n > 1, penalties, logprobs, tools), where vLLM would accept
-some of it; unknown fields are refused too, as OpenAI does. Brigade's own fields (`top_k`,
-`repetition_penalty`, `cache`, `cache_threshold`, `deadline_ms`) ride as extra body fields.
+`ClientProtocol`, so a limit or a check lands once for every door. OpenAI's fields and vLLM's extra
+ones are each supported, accepted and ignored (with a reason), or refused with `unsupported_field`
+and a message that says what to do (docs/doors.md has the table); unknown fields are refused as
+OpenAI does. Brigade's own fields (`cache`, `cache_threshold`, `deadline_ms`) ride as extra body fields.
+Responses are gateway/openai_render.py's.
 """
 from __future__ import annotations
 
-import time
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.protocol import ClientProtocol, Generate, ProtocolError
 
-BRIGADE_FIELDS = {"top_k", "repetition_penalty", "cache", "cache_threshold", "deadline_ms"}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "presence_penalty",
-           "frequency_penalty", "user", "stream", "stream_options", "logprobs", "logit_bias", "metadata", "store",
-           "service_tier"} | BRIGADE_FIELDS
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                         "parallel_tool_calls", "functions", "function_call", "response_format", "modalities"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+BRIGADE_FIELDS = {"cache", "cache_threshold", "deadline_ms"}
+# vLLM's sampling extras, passed through as the protocol's fields of the same name.
+VLLM_PASSED = {"top_k", "repetition_penalty", "ignore_eos", "min_tokens", "min_p", "stop_token_ids",
+               "skip_special_tokens", "include_stop_str_in_output", "prompt_logprobs"}
+VLLM_GUIDED = {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+# Accepted and ignored: each changes nothing Brigade does (docs/doors.md says why, field by field).
+IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "guided_decoding_backend",
+           "spaces_between_special_tokens", "priority", "request_id", "parallel_tool_calls"}
+# Accepted only at the value that changes nothing; another value is refused with the reason.
+ONLY_DEFAULT = {
+    "best_of": ((None, 1), "must be 1 (or n): Brigade samples n answers, it does not rank more"),
+    "use_beam_search": ((None, False), "is not supported: Brigade samples, it does not search beams"),
+    "length_penalty": ((None, 1, 1.0), "applies to beam search only, which Brigade does not do"),
+    "suffix": ((None, ""), "is not supported: the default model was not trained to fill in the middle"),
+    "modalities": ((None, ["text"]), "supports only [\"text\"]"),
+    "audio": ((None,), "is not supported: the model answers in text"),
+    "prediction": ((None,), "(predicted outputs) is not supported"),
+    "reasoning_effort": ((None,), "is not supported: the model does not reason in a hidden channel"),
+    "verbosity": ((None,), "is not supported"),
+    "web_search_options": ((None,), "is not supported: Brigade does not search the web"),
+    "functions": ((None,), "is deprecated by OpenAI: send `tools` instead"),
+    "function_call": ((None, "none"), "is deprecated by OpenAI: send `tool_choice` instead"),
+    "truncate_prompt_tokens": ((None,), "is not supported: send a prompt that fits"),
+    "allowed_token_ids": ((None,), "is not supported: use `logit_bias` or `guided_choice`"),
+    "bad_words": ((None, []), "is not supported: use `logit_bias` with -100"),
+    "logits_processors": ((None,), "is not supported (it would run client code in the worker)"),
+    "return_tokens_as_token_ids": ((None, False), "is not supported"),
+    "return_token_ids": ((None, False), "is not supported: use `logprobs` (each token's text and id)"),
+    "add_generation_prompt": ((None, True), "must be true: the answer is the assistant's next turn"),
+    "continue_final_message": ((None, False), "is not supported"),
+    "add_special_tokens": ((None, False), "must be false for chat: the chat template adds them"),
+    "chat_template": ((None,), "is not supported: the served model's own template is used"),
+    "chat_template_kwargs": ((None, {}), "is not supported"),
+    "documents": ((None,), "is not supported"),
+    "mm_processor_kwargs": ((None,), "is not supported: the model reads text only"),
+    "kv_transfer_params": ((None,), "is not supported"),
+    "vllm_xargs": ((None,), "is not supported"),
+    "guided_whitespace_pattern": ((None,), "is not supported: the grammar allows compact whitespace"),
+    "cache_salt": ((None,), "is not supported: use the extra field `cache: \"off\"`"),
+}
+_COMMON = ({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "presence_penalty",
+            "frequency_penalty", "user", "stream", "stream_options", "logprobs", "logit_bias", "response_format"}
+           | BRIGADE_FIELDS | VLLM_PASSED | VLLM_GUIDED | IGNORED | set(ONLY_DEFAULT))
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions' `logprobs` (vLLM's is its own, 20)
 
 # Brigade's stable error codes -> HTTP status. Anything else a worker reports is a 500.
 STATUS = {
@@ -36,13 +76,19 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "inval
 
 @dataclass(frozen=True)
 class Options:
-    """What the HTTP door needs beside the `Generate`."""
+    """What the HTTP door needs beside the `Generate` to answer in OpenAI's shapes."""
 
     chat: bool
     stream: bool
     include_usage: bool
     model: str
     max_tokens_field: str  # the name the client used, for errors
+    n: int = 1
+    logprobs: bool = False  # each token's logprobs in the answer
+    echo: str | None = None  # completions with `echo`: the prompt, put before the answer
+    prompt_logprobs: bool = False  # vLLM's `prompt_logprobs`: its own top-level field
+    tools: list[dict] | None = None
+    tool_choice: str | None = None
 
 
 def status_of(code: str) -> int:
@@ -58,6 +104,10 @@ def _unsupported(field: str, why: str) -> ProtocolError:
     return ProtocolError("unsupported_field", f"`{field}` {why}", None, field)
 
 
+def _invalid(field: str, why: str) -> ProtocolError:
+    return ProtocolError("invalid_field", f"`{field}` {why}", None, field)
+
+
 def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tuple[Generate, Options]:
     """A body -> a `Generate`. Sampling fields the body leaves out (or sends as null) stay unset
     here, and the protocol fills them from the model's defaults, as for the WebSocket."""
@@ -67,31 +117,38 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     unknown = sorted(set(body) - known)
     if unknown:
         raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
-    _refuse_what_brigade_cannot_do(body, chat)
+    for name, (fine, why) in ONLY_DEFAULT.items():
+        if name in body and body[name] not in fine and not (name == "best_of" and body[name] == body.get("n")):
+            raise _unsupported(name, why)
     fields: dict[str, Any] = {"type": "generate", "id": client_id}
-    for name in ("temperature", "top_p", "seed") + tuple(BRIGADE_FIELDS):
+    for name in ("temperature", "top_p", "seed", "n", "presence_penalty", "frequency_penalty", "logit_bias",
+                 "model", "user", "tools", "tool_choice", "parallel_tool_calls") + tuple(BRIGADE_FIELDS | VLLM_PASSED):
         if body.get(name) is not None:
             fields[name] = body[name]
-    if "model" in body:
-        fields["model"] = body["model"]
-    if body.get("user") is not None:
-        fields["user"] = body["user"]  # a route may stick to it (gateway/catalog.py)
     limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if body.get(limit_field) is not None:
         fields["max_tokens"] = body[limit_field]
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = [stop] if isinstance(stop, str) else stop
+    logprobs = _logprobs(body, chat, fields)
+    echo = None
     if chat:
         fields["messages"] = _messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
+        echo = _echo(body, fields)
+    guide = _guide(body)
+    if guide is not None:
+        fields["guide"] = guide
     try:
         cmd = protocol.generate_from(fields)
     except ProtocolError as err:
         if err.field == "max_tokens":
             err.field = limit_field
             err.message = err.message.replace("`max_tokens`", f"`{limit_field}`")
+        elif err.field == "guide":
+            err.field = _guide_field(body)
         raise
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -100,35 +157,84 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     if not isinstance(stream, bool):
         raise ProtocolError("invalid_field", "`stream` must be a boolean", None, "stream")
     include_usage = bool((options or {}).get("include_usage"))
-    return cmd, Options(chat, stream, include_usage, cmd.model, limit_field)
+    return cmd, Options(chat, stream, include_usage, cmd.model, limit_field, cmd.params.n, logprobs, echo,
+                        body.get("prompt_logprobs") is not None, cmd.tools, cmd.tool_choice)
 
 
-def _refuse_what_brigade_cannot_do(body: dict, chat: bool) -> None:
-    n = body.get("n")
-    if n not in (None, 1):
-        raise _unsupported("n", "must be 1: Brigade returns one choice per request (send n requests instead)")
-    if body.get("best_of") not in (None, 1):
-        raise _unsupported("best_of", "must be 1")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise _unsupported(name, "is not supported; use the extra field `repetition_penalty` instead")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise _unsupported("logprobs", "is not supported")
-    if body.get("logit_bias"):
-        raise _unsupported("logit_bias", "is not supported")
-    for name in ("tools", "functions", "suffix"):
-        if body.get(name):
-            raise _unsupported(name, "is not supported")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            raise _unsupported(name, "is not supported")
-    if body.get("echo"):
-        raise _unsupported("echo", "is not supported")
+def _logprobs(body: dict, chat: bool, fields: dict) -> bool:
+    """OpenAI's two spellings into the protocol's `logprobs` (alternatives per token); True if asked."""
+    value = body.get("logprobs")
+    if chat:
+        top = body.get("top_logprobs")
+        if value not in (None, True, False):
+            raise _invalid("logprobs", "must be a boolean (the number of alternatives is `top_logprobs`)")
+        if top is not None and not value:
+            raise _invalid("top_logprobs", "needs `logprobs: true`")
+        if value:
+            fields["logprobs"] = 0 if top is None else top
+        return bool(value)
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+        raise _invalid("logprobs", f"must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}")
+    fields["logprobs"] = value
+    return True
+
+
+def _echo(body: dict, fields: dict) -> str | None:
+    """`echo`: the prompt comes back before the answer, and with `logprobs` its tokens' scores too
+    (how evaluation harnesses score multiple choice)."""
+    echo = body.get("echo")
+    if echo in (None, False):
+        return None
+    if echo is not True:
+        raise _invalid("echo", "must be a boolean")
+    if "logprobs" in fields and body.get("prompt_logprobs") is None:
+        fields["prompt_logprobs"] = fields["logprobs"]
+    return fields["prompt"] if isinstance(fields["prompt"], str) else ""
+
+
+def _guide(body: dict) -> dict | None:
+    """`response_format` and vLLM's guided fields into one `guide` (the protocol checks its content)."""
+    asked = []
     fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise _unsupported("response_format", "supports only {\"type\": \"text\"}")
-    if body.get("modalities") not in (None, ["text"]):
-        raise _unsupported("modalities", "supports only [\"text\"]")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            asked.append({"kind": "json_object", "value": ""})
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise _invalid("response_format", "json_schema needs {\"name\": ..., \"schema\": {...}}")
+            asked.append({"kind": "json_schema", "value": json.dumps(spec.get("schema", {}))})
+        elif kind != "text":
+            raise _invalid("response_format", "`type` must be text, json_object or json_schema")
+    structured = body.get("structured_outputs")
+    if structured is not None and not isinstance(structured, dict):
+        raise _invalid("structured_outputs", "must be an object")
+    spelled = {**{k.removeprefix("guided_"): body[k] for k in VLLM_GUIDED - {"structured_outputs"}
+                  if body.get(k) is not None}, **(structured or {})}
+    for kind, value in spelled.items():
+        if kind == "json":
+            value = value if isinstance(value, str) else json.dumps(value)
+            asked.append({"kind": "json_schema", "value": value})
+        elif kind == "json_object" and value:
+            asked.append({"kind": "json_object", "value": ""})
+        elif kind in ("regex", "grammar") and isinstance(value, str):
+            asked.append({"kind": kind, "value": value})
+        elif kind == "choice" and isinstance(value, list) and all(isinstance(c, str) for c in value):
+            asked.append({"kind": "choice", "value": json.dumps(value)})
+        else:
+            raise _invalid(f"guided_{kind}", "has the wrong type (json: a schema; regex, grammar: a string; "
+                           "choice: a list of strings)")
+    if len(asked) > 1:
+        raise _invalid(_guide_field(body), "is one of several structured-output fields: send one")
+    return asked[0] if asked else None
+
+
+def _guide_field(body: dict) -> str:
+    """The name the client used for its structured output, for errors."""
+    return next((k for k in ("response_format", *sorted(VLLM_GUIDED)) if body.get(k) is not None), "response_format")
 
 
 def _messages(messages: Any) -> Any:
@@ -152,10 +258,32 @@ def _messages(messages: Any) -> Any:
                                         None, "messages")
                 parts.append(part["text"])
             content = "".join(parts)
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"})
         if extra:
             raise ProtocolError("unsupported_field", f"messages[{i}].{extra[0]} is not supported", None, "messages")
-        out.append({"role": role, "content": content})
+        turn = {"role": role, "content": "" if content is None and (role in ("assistant", "tool")) else content}
+        if m.get("tool_calls"):
+            turn["tool_calls"] = _calls(m["tool_calls"], i)
+        if role == "tool":
+            turn["tool_call_id"] = m.get("tool_call_id") or ""
+        out.append(turn)
+    return out
+
+
+def _calls(calls: Any, i: int) -> list[dict]:
+    """An assistant turn's OpenAI `tool_calls` into the protocol's flat {id, name, arguments}."""
+    bad = ProtocolError("invalid_field", f"messages[{i}].tool_calls must be a list of {{\"id\", \"type\": "
+                        "\"function\", \"function\": {\"name\", \"arguments\"}}}", None, "messages")
+    if not isinstance(calls, list):
+        raise bad
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad
+        arguments = function.get("arguments", "{}")
+        out.append({"id": str(call.get("id") or ""), "name": function["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
     return out
 
 
@@ -168,75 +296,3 @@ def _prompt(prompt: Any) -> Any:
     return prompt
 
 
-# ---- responses ------------------------------------------------------------------------------------
-
-
-def response_id(chat: bool, rid: str) -> str:
-    return f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
-
-
-def finish_reason(reason: str | None) -> str | None:
-    # OpenAI knows stop and length (and tool/content ones); cancelled or handed-back answers ended early.
-    return reason if reason in ("stop", "length") else ("stop" if reason else None)
-
-
-def usage_of(done: dict) -> dict:
-    usage = done.get("usage") or {}
-    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def brigade_extra(done: dict, request_id: str | None) -> dict:
-    """Brigade's own account of the answer: timing (as the WebSocket `done` event), cache layer, ids."""
-    # A cached answer's events carry the id it was answered under (it has no queued request).
-    out = {"request_id": done.get("request_id") or request_id, "timing": done.get("timing") or {},
-           "cached": done.get("cached"), "model_version": done.get("version"),
-           "finish_reason": done.get("finish_reason")}
-    if done.get("cached"):
-        out["similarity"] = done.get("similarity")
-        out["entry"] = done.get("entry")
-    return out
-
-
-def completion_body(opts: Options, rid: str, text: str, done: dict, created: int, request_id: str | None) -> dict:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(done.get("finish_reason")), "logprobs": None}
-    if opts.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {
-        "id": response_id(opts.chat, rid), "object": "chat.completion" if opts.chat else "text_completion",
-        "created": created, "model": opts.model, "choices": [choice], "usage": usage_of(done),
-        "brigade": brigade_extra(done, request_id),
-    }
-
-
-def chunk(opts: Options, rid: str, created: int, text: str | None = None, finish: str | None = None,
-          first: bool = False, usage: dict | None = None, extra: dict | None = None) -> dict:
-    """One SSE chunk: a delta (chat) or text piece (completions); `usage` alone makes the usage chunk."""
-    body: dict[str, Any] = {
-        "id": response_id(opts.chat, rid), "object": "chat.completion.chunk" if opts.chat else "text_completion",
-        "created": created, "model": opts.model,
-    }
-    if usage is not None:
-        body["choices"] = []
-        body["usage"] = usage
-        return body
-    if opts.chat:
-        delta: dict[str, Any] = {}
-        if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    else:
-        body["choices"] = [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]
-    if opts.include_usage:
-        body["usage"] = None
-    if extra is not None:
-        body["brigade"] = extra
-    return body
-
-
-def now() -> int:
-    return int(time.time())

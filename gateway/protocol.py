@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
+from gateway import tool_calls
 from gateway.events import error_event
 from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
@@ -52,6 +53,10 @@ class Generate:
     # can fill them again from the chosen version's defaults when admission routes the request
     # to another version than the protocol filled them for.
     asked: GenerateParams | None = None
+    # OpenAI function tools offered to the model, and how it may use them (gateway/tool_calls.py:
+    # none | auto | required | function:NAME); None without tools.
+    tools: list[dict] | None = None
+    tool_choice: str | None = None
 
     def with_defaults(self, defaults: SamplingDefaults) -> Generate:
         """The one place a request's unset sampling fields are filled (every door passes here):
@@ -87,12 +92,16 @@ Command = Generate | Cancel | Resume | Feedback
 FEEDBACK_VERDICTS = ("wrong",)
 
 _GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "user", "cache", "cache_threshold",
-                    "deadline_ms"} | set(
+                    "deadline_ms", "tools", "tool_choice", "parallel_tool_calls"} | set(
     GenerateParams.model_fields
 )
 _RESUME_FIELDS = {"type", "id", "after_index"}
 _FEEDBACK_FIELDS = {"type", "id", "verdict"}
 MAX_DEADLINE_MS = 24 * 3600 * 1000
+# Fields that take a number, where JSON's true/false is refused by name (pydantic would say "integer").
+_NUMBER_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "n", "logprobs",
+                  "prompt_logprobs", "presence_penalty", "frequency_penalty", "min_p", "min_tokens"}
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for each bias
 
 
 class ModelBook(Protocol):
@@ -191,10 +200,27 @@ class ClientProtocol:
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
                                 rid, "deadline_ms")
         asked = self._params(data, rid)
+        tools, tool_choice = self._tools(data, rid, prompt is not None)
+        if tools and tool_choice:
+            forced = tool_calls.guide_for(tools, tool_choice, data.get("parallel_tool_calls") is not False)
+            if forced is not None:
+                if asked.guide is not None:
+                    raise ProtocolError("invalid_field", "structured output cannot be combined with a `tool_choice` "
+                                        "that forces a call", rid, "tool_choice")
+                asked = asked.model_copy(update={"guide": forced})
         cmd = Generate(rid, prompt, parsed_messages, model, asked, cache, threshold, deadline, version, user or None,
-                       asked).with_defaults(defaults)
+                       asked, tools, tool_choice).with_defaults(defaults)
         self._check_limits(cmd.params, rid)
         return cmd
+
+    def _tools(self, data: dict, rid: str, raw_prompt: bool) -> tuple[list[dict] | None, str | None]:
+        try:
+            tools, choice = tool_calls.check(data.get("tools"), data.get("tool_choice"))
+        except tool_calls.ToolsError as err:
+            raise ProtocolError("invalid_field", err.message, rid, err.field) from None
+        if tools and raw_prompt:
+            raise ProtocolError("invalid_field", "`tools` need `messages` (a chat)", rid, "tools")
+        return tools, choice
 
     def _model(self, ref, rid: str) -> tuple[str, str, SamplingDefaults]:
         if self.models is not None:
@@ -254,8 +280,8 @@ class ClientProtocol:
         """The sampling fields as the client gave them, each checked; unset ones stay None."""
         fields = {k: data[k] for k in GenerateParams.model_fields if k in data}
         for name, value in fields.items():
-            # Reject JSON booleans where numbers are expected (pydantic would take true as 1).
-            if isinstance(value, bool) and name != "stop":
+            # Reject JSON booleans where numbers are expected, with the field's name.
+            if isinstance(value, bool) and name in _NUMBER_FIELDS:
                 raise ProtocolError("invalid_field", f"`{name}` must be a number", rid, name)
         try:
             # JSON null is "not given", as an absent field (the OpenAI door drops nulls the same way).
@@ -269,6 +295,7 @@ class ClientProtocol:
     def _check_limits(self, params: GenerateParams, rid: str) -> None:
         """The gateway's own limits, on the values that will run (a default's too)."""
         s = self.settings
+        _check_further_fields(params, rid)
         if params.max_tokens > s.max_tokens_limit:
             raise ProtocolError(
                 "invalid_field", f"`max_tokens` must be at most {s.max_tokens_limit}", rid, "max_tokens"
@@ -279,6 +306,28 @@ class ClientProtocol:
                 f"`stop` takes at most {s.max_stop_strings} non-empty strings of at most {s.max_stop_chars} characters",
                 rid, "stop",
             )
+
+
+def _check_further_fields(params: GenerateParams, rid: str) -> None:
+    """The fields past OpenAI's core whose values pydantic's types alone do not bound."""
+    for token, bias in params.logit_bias.items():
+        if not token.isdigit() or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise ProtocolError("invalid_field", "`logit_bias` maps token ids (\"123\") to numbers from -100 to 100",
+                                rid, "logit_bias")
+    if any(t < 0 for t in params.stop_token_ids):
+        raise ProtocolError("invalid_field", "`stop_token_ids` must be token ids (integers >= 0)", rid,
+                            "stop_token_ids")
+    if params.min_tokens > params.max_tokens:
+        raise ProtocolError("invalid_field", f"`min_tokens` ({params.min_tokens}) must be at most `max_tokens` "
+                            f"({params.max_tokens})", rid, "min_tokens")
+    if params.guide is not None:
+        from engine.guided import GuideError, GuideSpec, check  # the grammar library, only when asked for
+
+        try:
+            check(GuideSpec(params.guide.kind, params.guide.value))
+        except GuideError as err:
+            raise ProtocolError("invalid_field", f"the {params.guide.kind} cannot be used: {err.reason}", rid,
+                                "guide") from None
 
 
 def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:

@@ -129,12 +129,13 @@ class ReplyRouter:
             if event.index < route.next_index:
                 return None  # already forwarded
             route.next_index = event.index + 1
-            return Delivery(route, token_event(route.client_id, event.index, event.text or ""), event)
+            return Delivery(route, token_event(route.client_id, event.index, event.text or "", event.choice,
+                                               event.logprobs, event.prompt_logprobs, event.finish_reason), event)
         if not self._end(route):
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":
             client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing,
-                                      route.model, route.version)
+                                      route.model, route.version, event.finish_reasons)
         else:
             client_event = stream_error(route.client_id, event.code or "error", event.message or "")
         return Delivery(route, client_event, event, ended=True)

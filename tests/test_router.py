@@ -115,11 +115,14 @@ def test_without_max_tokens_the_models_default_applies():
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
-    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 1}, "frequency_penalty"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 17}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}, "frequency_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "use_beam_search": True}, "use_beam_search"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),

@@ -182,14 +182,20 @@ class ClaimStore:
         return QueuedRequest.model_validate_json(raw) if raw else None
 
     def generated(self, rid: str) -> list[int]:
-        """The token ids already delivered for a request, in index order, from its replay log. Only
-        the claim holder calls this, after claiming: nobody else can still be writing the log."""
-        ids: list[int] = []
+        """The token ids already delivered for a request, in index order, from its replay log."""
+        return [e["token_id"] for e in self.logged_tokens(rid)]
+
+    def logged_tokens(self, rid: str) -> list[dict]:
+        """The token events already delivered for a request, in index order, from its replay log
+        (an n > 1 request's carry their choice). Only the claim holder calls this, after claiming:
+        nobody else can still be writing the log."""
+        events: list[dict] = []
         for _, fields in self.redis.xrange(keys.stream(rid)):
             event = json.loads(fields["event"])
-            if event.get("type") == "token" and event.get("index") == len(ids) and event.get("token_id") is not None:
-                ids.append(event["token_id"])
-        return ids
+            if (event.get("type") == "token" and event.get("index") == len(events)
+                    and event.get("token_id") is not None):
+                events.append(event)
+        return events
 
     # ---- the dead-letter list (`brigade dlq`) --------------------------------------------------------
 

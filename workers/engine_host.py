@@ -124,9 +124,9 @@ class EngineHost:
             self._drop_fenced(rid)
         while self.engine.holds(rid) and not self._stop.is_set():
             time.sleep(0.01)
-        resume_ids = self._retrying(lambda: self.claims.generated(rid))
+        logged = self._retrying(lambda: self.claims.logged_tokens(rid))
         # Epochs follow the clock (claim.lua), so a first run is told by its attempts and its log.
-        entry.continued = claim.attempts > 1 or bool(resume_ids)
+        entry.continued = claim.attempts > 1 or bool(logged)
         # The deadline is for work not yet started; a continued request is finished.
         if not entry.continued and queued.deadline_at is not None and time.time() > queued.deadline_at:
             self._refuse(entry, "deadline_exceeded", "the request's deadline passed while it waited in the queue")
@@ -139,7 +139,11 @@ class EngineHost:
             self._hand_back(entry)
             return "handed_back"
         try:
-            self.engine.add_request(engine_request(queued, self.sampling_defaults, resume_ids))
+            request = engine_request(entry, self.sampling_defaults, logged)
+            if request.choices == []:  # every choice ended before the hand-over: only the end is missing
+                self._end_without_engine(entry)
+                return entry.finish_reason or "stop"
+            self.engine.add_request(request)
         except RequestRejected as refused:
             with self._lock:
                 self.inflight.pop(rid, None)
@@ -155,7 +159,7 @@ class EngineHost:
         # its own only when it continues an earlier worker's run.
         log.log(logging.INFO if entry.continued else logging.DEBUG,
                 "event=claimed request_id=%s epoch=%d attempt=%d resumed_tokens=%d", rid, claim.epoch,
-                claim.attempts, len(resume_ids))
+                claim.attempts, len(logged))
         if entry.continued:
             self.metrics.failovers.inc()
         # A cancel may have landed between the check in _claim and the registration.
@@ -163,6 +167,17 @@ class EngineHost:
             self.engine.cancel(rid)
         entry.finished.wait()
         return entry.finish_reason or "error"
+
+    def _end_without_engine(self, entry: InFlight) -> None:
+        """An n > 1 request whose every choice had ended in the log when its worker died: publish
+        its `done` from what the log says."""
+        rid = entry.queued.request_id
+        with self._lock:
+            self.inflight.pop(rid, None)
+        reason = next(iter(entry.choice_ends.values()), "stop")
+        update = SequenceUpdate(rid, None, None, "", finish_reason=reason, timing={})
+        self._publish([(entry.queued.reply_channel, done_event(entry, update, self.worker_name))], [entry])
+        entry.finish_reason = reason
 
     def note_taken(self, rid: str) -> None:
         try:

@@ -22,6 +22,19 @@ class InFlight:
     finish_reason: str | None = None
     continued: bool = False  # another worker ran it before (a second attempt, or tokens in its replay log)
     last_token_at: float | None = None  # monotonic; engine thread only (inter-token latency)
+    # n > 1: the next token event's index in the request's log (tokens of every choice share one
+    # log, in the order they were made) and each choice's finish reason, as the log and this run
+    # tell them. Engine thread only, after the serve() that set them.
+    next_index: int = 0
+    choice_ends: dict[int, str] = field(default_factory=dict)
+
+
+def guide_spec(queued: QueuedRequest):
+    if queued.params.guide is None:
+        return None
+    from engine.guided import GuideSpec  # the grammar library loads only for requests that need it
+
+    return GuideSpec(queued.params.guide.kind, queued.params.guide.value)
 
 
 def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> SamplingParams:
@@ -35,24 +48,61 @@ def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> Sampli
         repetition_penalty=p.repetition_penalty,
         stop=tuple(p.stop),
         seed=p.seed,
+        n=p.n,
+        logprobs=p.logprobs,
+        prompt_logprobs=p.prompt_logprobs,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        logit_bias=tuple((int(token), bias) for token, bias in p.logit_bias.items()),
+        min_p=p.min_p,
+        min_tokens=p.min_tokens,
+        stop_token_ids=tuple(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        skip_special_tokens=p.skip_special_tokens,
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        guide=guide_spec(queued),
     )
 
 
-def engine_request(queued: QueuedRequest, defaults: SamplingDefaults, resume_ids: list[int]) -> EngineRequest:
-    """What the engine runs; `resume_ids`: the tokens an earlier worker already sent (its replay log)."""
-    return EngineRequest(
+def engine_request(entry: InFlight, defaults: SamplingDefaults, logged: list[dict]) -> EngineRequest:
+    """What the engine runs; `logged`: the token events an earlier worker already sent (its replay
+    log, in order). One answer continues from its tokens; of several, each unfinished choice
+    continues from its own, and the log's length is where this run's events go on."""
+    queued = entry.queued
+    request = EngineRequest(
         queued.request_id,
         sampling_params(queued, defaults),
         prompt=queued.prompt,
-        messages=[m.model_dump() for m in queued.messages] if queued.messages is not None else None,
-        resume_ids=resume_ids,
+        messages=[m.model_dump(exclude_none=True) for m in queued.messages] if queued.messages is not None else None,
+        tools=queued.tools,
         batch=queued.lane == "batch",
     )
+    if queued.params.n == 1:
+        request.resume_ids = [e["token_id"] for e in logged]
+        return request
+    entry.next_index = len(logged)
+    tokens: dict[int, list[int]] = {}
+    for e in logged:
+        choice = e.get("choice") or 0
+        tokens.setdefault(choice, []).append(e["token_id"])
+        if e.get("finish_reason"):
+            entry.choice_ends[choice] = e["finish_reason"]
+    if logged:
+        request.choices = [(c, tokens.get(c, [])) for c in range(queued.params.n) if c not in entry.choice_ends]
+    return request
 
 
 def token_event(entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
-    return ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch, index=u.index, token_id=u.token_id,
-                      text=u.text)
+    several = entry.queued.params.n > 1
+    index = u.index
+    if several:
+        index, entry.next_index = entry.next_index, entry.next_index + 1
+        if u.choice_finish_reason is not None:
+            entry.choice_ends[u.choice] = u.choice_finish_reason
+    return ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch, index=index, token_id=u.token_id,
+                      text=u.text, choice=u.choice if several else None, logprobs=u.logprobs,
+                      prompt_logprobs=u.prompt_logprobs,
+                      finish_reason=u.choice_finish_reason if several else None)
 
 
 def done_event(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEvent:
@@ -73,7 +123,12 @@ def done_event(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEve
         "worker": worker_name,
     }
     usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+    reasons = None
+    n = entry.queued.params.n
+    if n > 1:  # every choice's tokens, this run's and the log's
+        usage["completion_tokens"] = entry.next_index
+        reasons = [entry.choice_ends.get(c, u.finish_reason) for c in range(n)]
     return ReplyEvent(
         type="done", request_id=u.request_id, epoch=entry.epoch, finish_reason=u.finish_reason, usage=usage,
-        timing=timing,
+        timing=timing, finish_reasons=reasons,
     )

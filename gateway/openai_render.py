@@ -1,0 +1,206 @@
+"""The OpenAI API's responses, apart from any socket: a request's events (the WebSocket protocol's
+shapes) gathered into an `Answer`, then rendered as a completion body or as stream chunks.
+
+Both renderings read the same events, so a streamed answer and a whole one agree: the same text
+per choice, the same logprobs, the same tool calls. Tool calls are read from a choice's whole text
+(gateway/tool_calls.py), so a stream that may carry calls holds that choice's text back and sends
+its calls (or its text, if it made none) in one delta when the choice ends.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import tool_calls
+from gateway.openai_schema import Options
+
+LOWEST_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to the same value
+
+
+@dataclass
+class Choice:
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class Answer:
+    """A request's token events, gathered per choice."""
+
+    def __init__(self, n: int = 1):
+        self.choices = [Choice() for _ in range(n)]
+        self.prompt_logprobs: list | None = None
+
+    def add(self, event: dict) -> Choice:
+        choice = self.choices[event.get("choice") or 0]
+        choice.pieces.append(event.get("text") or "")
+        if event.get("logprobs") is not None:
+            choice.logprobs.append(event["logprobs"])
+        if event.get("prompt_logprobs") is not None:
+            self.prompt_logprobs = event["prompt_logprobs"]
+        if event.get("finish_reason"):
+            choice.finish_reason = event["finish_reason"]
+        return choice
+
+
+def response_id(chat: bool, rid: str) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
+
+
+def finish_reason(reason: str | None) -> str | None:
+    # OpenAI knows stop and length (and tool/content ones); cancelled or handed-back answers ended early.
+    return reason if reason in ("stop", "length") else ("stop" if reason else None)
+
+
+def usage_of(done: dict) -> dict:
+    usage = done.get("usage") or {}
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def brigade_extra(done: dict, request_id: str | None) -> dict:
+    """Brigade's own account of the answer: timing (as the WebSocket `done` event), cache layer, ids."""
+    # A cached answer's events carry the id it was answered under (it has no queued request).
+    out = {"request_id": done.get("request_id") or request_id, "timing": done.get("timing") or {},
+           "cached": done.get("cached"), "model_version": done.get("version"),
+           "finish_reason": done.get("finish_reason")}
+    if done.get("cached"):
+        out["similarity"] = done.get("similarity")
+        out["entry"] = done.get("entry")
+    return out
+
+
+def choice_finish(done: dict, index: int) -> str | None:
+    reasons = done.get("finish_reasons")
+    return finish_reason(reasons[index] if reasons else done.get("finish_reason"))
+
+
+# ---- logprobs in OpenAI's two shapes ------------------------------------------------------------
+
+
+def _score(value: float | None) -> float | None:
+    return None if value is None else max(value, LOWEST_LOGPROB)
+
+
+def _chat_entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": _score(logprob), "bytes": list(token.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[dict]) -> dict:
+    """Chat's `logprobs`: one entry per token, each with its best alternatives."""
+    return {"content": [{**_chat_entry(e["token"], e["logprob"]),
+                         "top_logprobs": [_chat_entry(t, lp) for t, lp, *_ in e.get("top") or []]} for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[dict | None], offset: int = 0) -> dict:
+    """Completions' `logprobs`: parallel lists; a token without a score (the prompt's first) has None."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        token = (e or {}).get("token", "")
+        out["tokens"].append(token)
+        out["token_logprobs"].append(_score((e or {}).get("logprob")))
+        top = (e or {}).get("top")
+        out["top_logprobs"].append({t: _score(lp) for t, lp, *_ in top} if top else None)
+        out["text_offset"].append(offset)
+        offset += len(token)
+    return out
+
+
+def vllm_prompt_logprobs(entries: list[dict | None]) -> list:
+    """vLLM's top-level `prompt_logprobs`: per prompt token, {token id: {logprob, rank, decoded_token}}."""
+    out: list[Any] = []
+    for e in entries:
+        if e is None or e.get("logprob") is None:
+            out.append(None)
+            continue
+        ranked = {str(i): {"logprob": _score(lp), "rank": rank + 1, "decoded_token": t}
+                  for rank, (t, lp, i) in enumerate(e.get("top") or [])}
+        ranked.setdefault(str(e.get("id", -1)), {"logprob": _score(e["logprob"]), "rank": None,
+                                                  "decoded_token": e["token"]})
+        out.append(ranked)
+    return out
+
+
+# ---- whole bodies ------------------------------------------------------------------------------------
+
+
+def message_of(opts: Options, text: str, finish: str | None) -> tuple[dict, str | None]:
+    content, calls = tool_calls.parse(text, opts.tool_choice, opts.tools)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+        # OpenAI ends a forced named call with stop, a call the model chose with tool_calls.
+        if not (opts.tool_choice or "").startswith("function:"):
+            finish = "tool_calls"
+    return message, finish
+
+
+def completion_body(opts: Options, rid: str, answer: Answer, done: dict, created: int, request_id: str | None) -> dict:
+    choices = []
+    for index, choice in enumerate(answer.choices):
+        finish = choice_finish(done, index)
+        out: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+        if opts.chat:
+            out["message"], out["finish_reason"] = message_of(opts, choice.text, finish)
+            if opts.logprobs:
+                out["logprobs"] = chat_logprobs(choice.logprobs)
+        else:
+            out["text"] = (opts.echo or "") + choice.text if opts.echo is not None else choice.text
+            if opts.logprobs:
+                prompt = (answer.prompt_logprobs or []) if opts.echo is not None else []
+                out["logprobs"] = completion_logprobs(prompt + choice.logprobs)
+        choices.append(out)
+    body = {
+        "id": response_id(opts.chat, rid), "object": "chat.completion" if opts.chat else "text_completion",
+        "created": created, "model": opts.model, "choices": choices, "usage": usage_of(done),
+    }
+    if opts.prompt_logprobs:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(answer.prompt_logprobs or [])
+    body["brigade"] = brigade_extra(done, request_id)
+    return body
+
+
+# ---- stream chunks -----------------------------------------------------------------------------------
+
+
+def chunk_body(opts: Options, rid: str, created: int, choices: list[dict], usage: dict | None = None,
+               extra: dict | None = None) -> dict:
+    body: dict[str, Any] = {
+        "id": response_id(opts.chat, rid), "object": "chat.completion.chunk" if opts.chat else "text_completion",
+        "created": created, "model": opts.model, "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    elif opts.include_usage:
+        body["usage"] = None
+    if extra is not None:
+        body["brigade"] = extra
+    return body
+
+
+def chunk_choice(opts: Options, index: int, text: str | None = None, first: bool = False,
+                 logprobs: list[dict] | None = None, finish: str | None = None,
+                 calls: list[dict] | None = None, offset: int = 0) -> dict:
+    """One choice's piece of a chunk: a delta (chat) or a text piece (completions)."""
+    if opts.chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text is not None or calls:
+            delta["content"] = text
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        scored = chat_logprobs(logprobs) if logprobs else None
+        return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": scored}
+    scored = completion_logprobs(logprobs, offset) if logprobs else None
+    return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": scored}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,195 @@
+"""The OpenAI door at vLLM's depth against real processes: a real redis-server, one real `brigade
+worker` with the default model, one real gateway, driven by the official `openai` client and by
+LangChain's `ChatOpenAI`. Logprobs are checked against the engine's own scores of the same tokens
+(the session's real engine in this process); answers against what each field promises.
+The translations alone (no processes): tests/test_openai_fields.py."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import torch
+
+from engine import EngineRequest, SamplingParams
+from engine.kv_cache import SequenceKV
+from engine.sequence import Chunk, Sequence
+from tests.services import Stack, wait_until, worker_statuses
+
+MODEL = "smollm2-135m-instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "colour"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+                         "colour": {"enum": ["red", "green", "blue"]}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "additionalProperties": False,
+                                                           "properties": {"city": {"type": "string", "maxLength": 30}},
+                                                           "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server, model_dir, tmp_path_factory):
+    redis_server.client.flushdb()
+    with Stack(redis_server, tmp_path_factory.mktemp("depth-logs"), BRIGADE_WORKER_CONCURRENCY="16",
+               BRIGADE_MAX_WAIT_MS="20") as s:
+        s.start_gateway()
+        s.start_worker("w1@depth")
+        s.wait_healthy()
+        s.wait_ready()
+        yield s
+
+
+def client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.http}/v1", api_key="none", max_retries=0, timeout=180)
+
+
+def scores(engine, ids: list[int]) -> torch.Tensor:
+    """The engine's own log-probabilities of every next token of `ids` (one pass, every position)."""
+    seq = Sequence("score", ids, SamplingParams(), seed=0)
+    seq.kv = SequenceKV(engine.kv_shape, len(ids))
+    return torch.log_softmax(engine.runner.forward([Chunk(seq, 0, len(ids))], every_position=True), dim=-1)
+
+
+def test_chat_logprobs_are_the_engines_own_scores_of_its_tokens(stack, invariant_engine):
+    response = client(stack).chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=10, temperature=0, logprobs=True, top_logprobs=3,
+        extra_body={"cache": "off"})
+    prompt = invariant_engine.encode(EngineRequest("p", messages=QUESTION))
+    answer = invariant_engine.generate([EngineRequest("a", SamplingParams(max_tokens=10), messages=QUESTION)])["a"]
+    table = scores(invariant_engine, prompt + answer.token_ids)
+    content = response.choices[0].logprobs.content
+    assert response.choices[0].message.content == answer.text and len(content) == len(answer.token_ids) == 10
+    for i, (entry, token) in enumerate(zip(content, answer.token_ids)):
+        row = table[len(prompt) - 1 + i]
+        assert entry.token == invariant_engine.tokenizer.decode([token])
+        assert entry.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(row.topk(3).values.tolist(), abs=1e-4)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the best alternative is the token
+        assert bytes(entry.bytes) == entry.token.encode()
+
+
+def test_completions_echo_scores_every_prompt_token_as_evaluation_harnesses_read_them(stack, invariant_engine):
+    prompt = "The capital of France is Paris"
+    response = client(stack).completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, echo=True,
+                                                logprobs=1, extra_body={"cache": "off"})
+    ids = invariant_engine.encode(EngineRequest("p", prompt=prompt))
+    lp = response.choices[0].logprobs
+    assert response.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    table = scores(invariant_engine, ids)
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] == pytest.approx(float(table[i - 1, ids[i]]), abs=1e-4), i
+        assert lp.tokens[i] == invariant_engine.tokenizer.decode([ids[i]])
+    assert "".join(lp.tokens) == response.choices[0].text and lp.text_offset[1] == len(lp.tokens[0])
+
+
+def _prefilled(stack: Stack) -> int:
+    return sum(s.get("prefill_tokens", 0) for s in worker_statuses(stack.redis.client))
+
+
+def test_n3_is_one_prefill_three_answers_and_streams_as_it_answers(stack):
+    c = client(stack)
+    before = _prefilled(stack)
+    whole = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=1.0, seed=7, n=3,
+                                      logprobs=True, extra_body={"cache": "off"})
+    wait_until(lambda: _prefilled(stack) > before, 10, what="the worker's heartbeat after the request")
+    assert _prefilled(stack) - before == whole.usage.prompt_tokens  # the prompt computed once, not three times
+    texts = [ch.message.content for ch in whole.choices]
+    assert [ch.index for ch in whole.choices] == [0, 1, 2] and len(set(texts)) > 1  # sampled: they differ
+    assert whole.usage.completion_tokens == sum(len(ch.logprobs.content) for ch in whole.choices)
+    streamed = ["", "", ""]
+    scored: list[list[float]] = [[], [], []]
+    for chunk in c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=1.0, seed=7,
+                                           n=3, logprobs=True, stream=True, extra_body={"cache": "off"}):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.delta.content or ""
+            scored[ch.index] += [e.logprob for e in (ch.logprobs.content if ch.logprobs else None) or []]
+    assert streamed == texts  # seeded: the stream is the same three answers
+    assert scored == [[e.logprob for e in ch.logprobs.content] for ch in whole.choices]
+
+
+def test_ignore_eos_gives_exactly_max_tokens_and_the_sampling_extras_act(stack):
+    c = client(stack)
+    short = c.completions.create(model=MODEL, prompt="Say hi.", max_tokens=64, temperature=0,
+                                 extra_body={"cache": "off"})
+    assert short.usage.completion_tokens < 64  # the model stops by itself...
+    longer = c.completions.create(model=MODEL, prompt="Say hi.", max_tokens=64, temperature=0,
+                                  extra_body={"cache": "off", "ignore_eos": True})
+    assert longer.usage.completion_tokens == 64 and longer.choices[0].finish_reason == "length"  # ...not here
+    paris = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0,
+                                      extra_body={"cache": "off", "stop": ["Paris"], "include_stop_str_in_output": True})
+    assert paris.choices[0].message.content.endswith("Paris")
+    forced = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5, temperature=0, logprobs=True,
+                                       logit_bias={"28": 100}, extra_body={"cache": "off"})  # 28 is ","
+    assert [e.token for e in forced.choices[0].logprobs.content] == [","] * 5
+    # A stop token masked until min_tokens, then forced: exactly min_tokens + 1 tokens, ended by "stop".
+    ended = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30, temperature=0,
+                                      logit_bias={"28": 100},
+                                      extra_body={"cache": "off", "stop_token_ids": [28], "min_tokens": 3})
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == 4
+
+
+def test_a_json_schema_holds_for_every_answer_at_temperature_one(stack):
+    response = client(stack).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=80,
+        temperature=1.0, n=8, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        extra_body={"cache": "off"})
+    for choice in response.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert len({ch.message.content for ch in response.choices}) > 1
+    choice = client(stack).chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=10, temperature=1.0, extra_body={"guided_choice": ["Paris", "Rome"]})
+    assert choice.choices[0].message.content in ("Paris", "Rome")
+
+
+def test_an_invalid_schema_is_a_400_with_the_reason(stack):
+    with pytest.raises(openai.BadRequestError) as err:
+        client(stack).chat.completions.create(model=MODEL, messages=QUESTION, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 3}}})
+    assert err.value.body["code"] == "invalid_field" and err.value.body["param"] == "response_format"
+    assert "cannot be used" in err.value.body["message"]
+
+
+def test_langchain_calls_a_tool_and_fills_a_structured_answer(stack):
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    llm = ChatOpenAI(model=MODEL, base_url=f"{stack.http}/v1", api_key="none", temperature=0, max_tokens=60,
+                     max_retries=0)
+    message = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    assert [call["name"] for call in message.tool_calls] == ["get_weather"]
+    assert isinstance(message.tool_calls[0]["args"]["city"], str)
+    required = llm.bind_tools([WEATHER], tool_choice="required").invoke("Weather in Rome?")
+    assert required.tool_calls and required.tool_calls[0]["name"] == "get_weather"
+    # The call goes back with its result, as an agent would send it.
+    follow = llm.bind_tools([WEATHER]).invoke(["What is the weather in Paris?", message,
+                                                {"role": "tool", "tool_call_id": message.tool_calls[0]["id"],
+                                                 "content": "18 C and sunny"}])
+    assert isinstance(follow.content, str)
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
+
+    city = llm.with_structured_output(City, method="json_schema", strict=True).invoke("Name a city in Italy.")
+    assert isinstance(city, City) and city.name
+
+
+def test_a_stored_answer_serves_only_requests_it_satisfies(stack):
+    c = client(stack)
+    plain = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    again = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    assert again.model_extra["brigade"]["cached"] == "exact" and again.choices[0].message.content == \
+        plain.choices[0].message.content
+    scored = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, logprobs=True)
+    assert scored.model_extra["brigade"]["cached"] is None and len(scored.choices[0].logprobs.content) == 8
+    shaped = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
+                                       extra_body={"guided_choice": ["Rome", "Oslo"]})
+    assert shaped.model_extra["brigade"]["cached"] is None and shaped.choices[0].message.content in ("Rome", "Oslo")
+    shaped_again = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
+                                             extra_body={"guided_choice": ["Rome", "Oslo"]})
+    assert shaped_again.model_extra["brigade"]["cached"] == "exact"  # keyed by its grammar: its own entry

@@ -1,0 +1,201 @@
+"""The OpenAI door's further fields, apart from any socket: bodies into `Generate`s
+(gateway/openai_schema.py), events into bodies and stream chunks (gateway/openai_render.py,
+gateway/http_door.py's `_Stream`), tools into prompts and back (engine/chat_prompt.py,
+gateway/tool_calls.py). The same fields against real processes: tests/test_openai_depth.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import chat_prompt
+from gateway import openai_render as render
+from gateway import openai_schema as oa
+from gateway import tool_calls
+from gateway.http_door import _Stream
+from gateway.protocol import ClientProtocol, ProtocolError
+from ops.core.settings import Settings
+
+PROTOCOL = ClientProtocol(Settings())
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+def parse(body, chat=True):
+    return oa.parse(body, chat, PROTOCOL, "x")
+
+
+def test_every_sampling_field_reaches_the_generate_as_the_websocket_names_it():
+    cmd, opts = parse({"messages": USER, "n": 3, "logprobs": True, "top_logprobs": 4, "presence_penalty": 0.5,
+                       "frequency_penalty": -0.25, "logit_bias": {"42": -100, "7": 3}, "ignore_eos": True,
+                       "min_tokens": 2, "min_p": 0.1, "stop_token_ids": [2], "skip_special_tokens": False,
+                       "include_stop_str_in_output": True, "prompt_logprobs": 1, "max_tokens": 9})
+    p = cmd.params
+    assert (p.n, p.logprobs, p.presence_penalty, p.frequency_penalty) == (3, 4, 0.5, -0.25)
+    assert p.logit_bias == {"42": -100.0, "7": 3.0} and p.ignore_eos and p.min_tokens == 2 and p.min_p == 0.1
+    assert p.stop_token_ids == [2] and not p.skip_special_tokens and p.include_stop_str_in_output
+    assert p.prompt_logprobs == 1
+    assert opts.n == 3 and opts.logprobs and opts.prompt_logprobs and opts.echo is None
+
+
+def test_completions_echo_with_logprobs_asks_for_the_prompts_scores():
+    cmd, opts = parse({"prompt": "The capital of France is", "echo": True, "logprobs": 2, "max_tokens": 1}, chat=False)
+    assert cmd.params.logprobs == 2 and cmd.params.prompt_logprobs == 2
+    assert opts.echo == "The capital of France is" and opts.logprobs
+    cmd, opts = parse({"prompt": "Hi", "echo": True, "max_tokens": 1}, chat=False)
+    assert cmd.params.prompt_logprobs is None and opts.echo == "Hi" and not opts.logprobs
+
+
+@pytest.mark.parametrize("body, kind, value", [
+    ({"response_format": {"type": "json_object"}}, "json_object", ""),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}},
+     "json_schema", '{"type": "integer"}'),
+    ({"guided_json": {"type": "integer"}}, "json_schema", '{"type": "integer"}'),
+    ({"guided_regex": "[ab]+"}, "regex", "[ab]+"),
+    ({"guided_choice": ["yes", "no"]}, "choice", '["yes", "no"]'),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", '["yes", "no"]'),
+])
+def test_structured_output_in_any_spelling_becomes_one_guide(body, kind, value):
+    cmd, _ = parse({"messages": USER, **body})
+    assert (cmd.params.guide.kind, cmd.params.guide.value) == (kind, value)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"guided_regex": "[a", "max_tokens": 5}, "guided_regex"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"reasoning_effort": "high"}, "reasoning_effort"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+])
+def test_what_cannot_run_is_a_400_naming_the_field_and_why(body, field):
+    with pytest.raises(ProtocolError) as err:
+        parse({"messages": USER, **body})
+    assert err.value.field == field and oa.status_of(err.value.code) == 400
+    assert len(err.value.message) > 20  # says why, not just what
+
+
+def test_accepted_and_ignored_fields_change_nothing():
+    plain, _ = parse({"messages": USER})
+    ignored, _ = parse({"messages": USER, "metadata": {"a": "b"}, "store": False, "service_tier": "auto",
+                        "guided_decoding_backend": "xgrammar", "priority": 3, "best_of": 1, "request_id": "r"})
+    assert ignored.params == plain.params and ignored.messages == plain.messages
+
+
+def test_tool_choice_required_and_named_are_decoded_under_a_schema():
+    cmd, opts = parse({"messages": USER, "tools": [WEATHER, CLOCK], "tool_choice": "required"})
+    schema = json.loads(cmd.params.guide.value)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == ["get_weather", "get_time"]
+    assert opts.tools == [WEATHER, CLOCK] and opts.tool_choice == "required"
+    cmd, opts = parse({"messages": USER, "tools": [WEATHER], "parallel_tool_calls": False,
+                       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert json.loads(cmd.params.guide.value) == WEATHER["function"]["parameters"]
+    assert opts.tool_choice == "function:get_weather"
+    cmd, opts = parse({"messages": USER, "tools": [WEATHER]})
+    assert cmd.params.guide is None and opts.tool_choice == "auto"
+
+
+def test_tool_turns_in_the_history_are_accepted_and_rendered_for_a_template_without_tools(renderer):
+    history = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    cmd, _ = parse({"messages": history, "tools": [WEATHER]})
+    assert cmd.messages[1].tool_calls[0].name == "get_weather" and cmd.messages[2].tool_call_id == "call_1"
+    text = chat_prompt.render(renderer.tokenizer, [m.model_dump(exclude_none=True) for m in cmd.messages], cmd.tools)
+    assert not chat_prompt.knows_tools(renderer.tokenizer)  # SmolLM2's template: Brigade's Hermes form
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n18 C and sunny\n</tool_response><|im_end|>" in text
+    plain = chat_prompt.render(renderer.tokenizer, USER)
+    assert plain == renderer.tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=False)
+
+
+def test_calls_are_read_back_as_each_tool_choice_asks():
+    tools = [WEATHER, CLOCK]
+    content, calls = tool_calls.parse('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]', "required", tools)
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Oslo"})]
+    content, calls = tool_calls.parse('{"city": "Rome"}', "function:get_weather", tools)
+    assert calls[0]["function"]["name"] == "get_weather" and json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "Rome"}
+    text = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    content, calls = tool_calls.parse(text, "auto", tools)
+    assert content == "Let me check." and calls[0]["function"]["name"] == "get_time"
+    assert tool_calls.parse("It is sunny.", "auto", tools) == ("It is sunny.", [])
+    assert tool_calls.parse('{"city": "Ro', "function:get_weather", tools) == ('{"city": "Ro', [])  # cut short
+
+
+def _lp(token, logprob, *alternatives):
+    return {"token": token, "logprob": logprob, "top": [list(a) for a in alternatives]}
+
+
+EVENTS = [
+    {"type": "token", "index": 0, "choice": 0, "text": "Hi", "logprobs": _lp("Hi", -0.1, ("Hi", -0.1, 5))},
+    {"type": "token", "index": 1, "choice": 1, "text": "Yo", "logprobs": _lp("Yo", -2.0, ("Hi", -0.1, 5))},
+    {"type": "token", "index": 2, "choice": 1, "text": "!", "logprobs": _lp("!", -0.5, ("!", -0.5, 9)),
+     "finish_reason": "stop"},
+    {"type": "token", "index": 3, "choice": 0, "text": " there", "logprobs": _lp(" there", -float("inf"))},
+]
+DONE = {"type": "done", "finish_reason": "length", "finish_reasons": ["length", "stop"],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 4}, "timing": {}}
+
+
+def _whole(opts):
+    answer = render.Answer(opts.n)
+    for e in EVENTS:
+        answer.add(e)
+    return render.completion_body(opts, "r", answer, DONE, 0, "r")
+
+
+def test_n_choices_with_logprobs_render_whole_and_streamed_alike():
+    opts = oa.Options(True, True, True, "m", "max_tokens", n=2, logprobs=True)
+    whole = _whole(opts)
+    assert [c["message"]["content"] for c in whole["choices"]] == ["Hi there", "Yo!"]
+    assert [c["finish_reason"] for c in whole["choices"]] == ["length", "stop"]
+    first = whole["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in first] == ["Hi", " there"] and first[1]["logprob"] == render.LOWEST_LOGPROB
+    assert first[0]["top_logprobs"] == [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]}]
+    stream = _Stream(opts, "r")
+    chunks = [c for e in EVENTS for c in stream.token(e)] + list(stream.done(DONE, "r"))
+    texts, scored, finishes = ["", ""], [[], []], {}
+    for c in chunks:
+        for ch in c["choices"]:
+            texts[ch["index"]] += ch["delta"].get("content") or ""
+            scored[ch["index"]] += (ch["logprobs"] or {}).get("content", [])
+            if ch["finish_reason"]:
+                finishes[ch["index"]] = ch["finish_reason"]
+    assert texts == ["Hi there", "Yo!"] and finishes == {0: "length", 1: "stop"}
+    assert scored[0] == first and scored[1] == whole["choices"][1]["logprobs"]["content"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_completions_echo_puts_the_prompt_and_its_scores_first():
+    opts = oa.Options(False, False, False, "m", "max_tokens", logprobs=True, echo="A B")
+    answer = render.Answer()
+    answer.add({"type": "token", "index": 0, "text": " C", "logprobs": _lp(" C", -1.5, (" C", -1.5, 3)),
+                "prompt_logprobs": [{"token": "A", "logprob": None, "top": []}, _lp(" B", -3.0, (" X", -1.0, 8))]})
+    body = render.completion_body(opts, "r", answer, {"finish_reason": "length", "usage": {}}, 0, "r")
+    lp = body["choices"][0]["logprobs"]
+    assert body["choices"][0]["text"] == "A B C"
+    assert lp["tokens"] == ["A", " B", " C"] and lp["token_logprobs"] == [None, -3.0, -1.5]
+    assert lp["top_logprobs"] == [None, {" X": -1.0}, {" C": -1.5}] and lp["text_offset"] == [0, 1, 3]
+
+
+def test_a_streamed_tool_call_arrives_whole_in_one_delta():
+    opts = oa.Options(True, True, False, "m", "max_tokens", tools=[WEATHER], tool_choice="required")
+    stream = _Stream(opts, "r")
+    pieces = ['[{"name": "get_weather", ', '"parameters": {"city": "Oslo"}}]']
+    chunks = [c for i, p in enumerate(pieces) for c in stream.token({"type": "token", "index": i, "text": p})]
+    assert chunks == []  # held: calls are read from the whole text
+    chunks = list(stream.done({"type": "done", "finish_reason": "stop", "usage": {}}, "r"))
+    delta = chunks[0]["choices"][0]["delta"]
+    assert delta["content"] is None and delta["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert delta["tool_calls"][0]["index"] == 0 and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
