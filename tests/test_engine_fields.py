@@ -3,6 +3,8 @@ logprobs, prompt logprobs, n choices, penalties, min_tokens, stop token ids, sto
 special tokens shown. Each is checked against what the engine itself says without the field."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -121,3 +123,17 @@ def test_include_stop_str_in_output_keeps_the_stop_string(engine):
     kept = engine.generate([chat("kept", QUESTION, max_tokens=16, stop=(stop,), include_stop_str_in_output=True)])
     at = full.text.index(stop)
     assert kept["kept"].text == full.text[:at + len(stop)] and kept["kept"].finish_reason == "stop"
+
+
+def test_guided_choices_each_follow_the_guide_and_end_with_stop(engine):
+    from engine.guided import GuideSpec
+
+    guide = GuideSpec("json_schema", '{"type": "object", "properties": {"color": {"enum": ["red", "blue"]}}, '
+                                     '"required": ["color"], "additionalProperties": false}')
+    done = engine.generate([chat("gd", "Name a color as JSON.", n=2, temperature=1.0, seed=4, max_tokens=30,
+                                 guide=guide)])["gd"]
+    for text in done.texts:
+        assert json.loads(text)["color"] in ("red", "blue"), text
+    assert done.finish_reasons == ["stop", "stop"]
+    plain = engine.generate([chat("free", "Name a color as JSON.", max_tokens=30)])["free"]
+    assert plain.text not in done.texts  # the guide did change the answer
