@@ -21,6 +21,8 @@ class RequestChoices:
         self.completion_tokens = 0  # summed as choices end
         self._params, self._seed, self._prompt_ids = params, seed, prompt_ids
         self._batch, self._arrived = batch, arrived
+        if resume is not None and sorted(resume) == [(choice, []) for choice in range(self.n)]:
+            resume = None  # handed over before any token: as good as new, so one prefill again
         if resume is None:
             self.live = [self._sequence(0, [])]
             self.forked = self.n == 1

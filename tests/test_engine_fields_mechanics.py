@@ -137,3 +137,13 @@ def test_a_resumed_guided_choice_replays_its_tokens_into_its_matcher(tiny):
     rest = tiny.generate([request])["r"]
     assert ids[:1] + rest.token_ids_by_choice[longest] == ids
     assert rest.finish_reasons[longest] == "stop"
+
+
+def test_choices_resumed_before_any_token_share_one_prefill_again(tiny):
+    whole = tiny.generate([ask("w", PROMPT, n=3, temperature=1.0, seed=2, ignore_eos=True)])["w"]
+    request = ask("r", PROMPT, n=3, temperature=1.0, seed=2, ignore_eos=True)
+    request.choices = [(0, []), (1, []), (2, [])]
+    before = tiny.stats()["prefill_tokens"]
+    again = tiny.generate([request])["r"]
+    assert tiny.stats()["prefill_tokens"] - before == len(PROMPT)
+    assert again.token_ids_by_choice == whole.token_ids_by_choice
