@@ -19,22 +19,27 @@ class RequestChoices:
         self.n = params.n
         self.finish_reasons: list[str | None] = [None] * self.n
         self.completion_tokens = 0  # summed as choices end
-        self._seed = seed
-        self._make = lambda choice, ids: Sequence(request_id, prompt_ids, params, choice_seed(seed, choice), ids,
-                                                  batch=batch, arrived=arrived, choice=choice)
+        self._params, self._seed, self._prompt_ids = params, seed, prompt_ids
+        self._batch, self._arrived = batch, arrived
+        if resume is not None and sorted(resume) == [(choice, []) for choice in range(self.n)]:
+            resume = None  # handed over before any token: as good as new, so one prefill again
         if resume is None:
-            self.live = [self._make(0, [])]
+            self.live = [self._sequence(0, [])]
             self.forked = self.n == 1
         else:  # (choice, tokens it generated); `resume_ids` arrive as [(0, resume_ids)]
-            self.live = [self._make(choice, ids) for choice, ids in resume]
+            self.live = [self._sequence(choice, ids) for choice, ids in resume]
             self.forked = True
+
+    def _sequence(self, choice: int, generated: list[int]) -> Sequence:
+        return Sequence(self.request_id, self._prompt_ids, self._params, choice_seed(self._seed, choice), generated,
+                        batch=self._batch, arrived=self._arrived, choice=choice)
 
     def fork(self, parent: Sequence) -> list[Sequence]:
         """The further choices, at parent's (choice 0's) first token; [] once done."""
         if self.forked or parent.choice != 0 or parent.output_ids:
             return []
         self.forked = True
-        children = [self._make(choice, []) for choice in range(1, self.n)]
+        children = [self._sequence(choice, []) for choice in range(1, self.n)]
         self.live.extend(children)
         return children
 

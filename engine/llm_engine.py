@@ -26,7 +26,7 @@ from engine import chat_prompt
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
-from engine.logprobs import TokenTexts, entries
+from engine.logprobs import TokenTexts, score_prompts, token_logprobs
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
 from engine.outputs import Completion, SequenceUpdate
@@ -35,6 +35,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.stop_checker import advance
 from engine.tokenizer import SerializedTokenizer
 
 __all__ = ["Completion", "Engine", "EngineConfig", "EngineRequest", "RequestRejected", "SequenceUpdate"]
@@ -197,6 +198,13 @@ class Engine:
                 raise RequestRejected("invalid_field", f"{name} must be 0..20, not {value}")
         if p.n < 1:
             raise RequestRejected("invalid_field", f"n must be at least 1, not {p.n}")
+        if p.guide is not None:
+            from engine.guided import GuideError, check
+
+            try:
+                check(p.guide)
+            except GuideError as e:
+                raise RequestRejected("invalid_guide", e.reason) from None
         if request.choices is not None:
             indices = [c for c, _ in request.choices]
             if not indices or len(set(indices)) != len(indices) or not all(0 <= c < p.n for c in indices):
@@ -264,7 +272,7 @@ class Engine:
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
             sampled, logits = self._sampling_rows(chunks, logits)
             tokens = sample(logits, sampled, self.eos_ids, self.guides)
-            logprobs = self._token_logprobs(logits, sampled, tokens)
+            logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self._fail(chunks)
@@ -341,17 +349,23 @@ class Engine:
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, p.stop, p.skip_special_tokens,
                                            p.include_stop_str_in_output)
         if p.guide is not None:
-            if self.guides is None:
-                from engine.guided import Guides  # only engines that meet a guide load the grammar library
-
-                self.guides = Guides(self.tokenizer, self.vocab_width)
-            seq.matcher = self.guides.start(p.guide)
+            seq.matcher = self._guides().start(p.guide)
         for n, token in enumerate(seq.output_ids, start=1):
             seq.detok.push(token, check_stop=n >= p.min_tokens)
             if seq.matcher is not None:
                 seq.matcher.accept(token)
         if p.prompt_logprobs is not None and seq.choice == 0 and not seq.output_ids:
             seq.prompt_logprobs = {}
+
+    def _guides(self):
+        """The engine's guides (engine/guided.py), made when a request first brings a guide: only
+        engines that meet one load the grammar library."""
+        if self.guides is None:
+            from engine.guided import Guides
+
+            with self.tokenizer.exclusive() as tokenizer:
+                self.guides = Guides(tokenizer, self.vocab_width)
+        return self.guides
 
     def _fail(self, chunks: list[Chunk]) -> list[SequenceUpdate]:
         """A pass that raised: every choice of the requests it carried ends with an error."""
@@ -377,7 +391,7 @@ class Engine:
                 sampled.append(c.seq)
                 rows.append(at - 1)
         if scored:
-            self._score_prompts(scored, logits)
+            score_prompts(scored, logits, self.token_texts)
         for seq, row in list(zip(sampled, rows)):
             for child in self.requests[seq.request_id].fork(seq):
                 self._prepare(child)
@@ -389,41 +403,17 @@ class Engine:
             return sampled, logits  # the plain case: one row per sampled sequence, in order
         return sampled, logits[rows]
 
-    def _score_prompts(self, scored: list[tuple[Chunk, int]], logits: torch.Tensor) -> None:
-        """Each scored prompt position's logits give the next prompt token's logprob (one batch)."""
-        rows, targets, tops, owners = [], [], [], []
-        for c, at in scored:
-            prompt = c.seq.prompt_ids
-            for position in range(c.start, min(c.start + c.length, len(prompt) - 1)):
-                rows.append(at + position - c.start)
-                targets.append(prompt[position + 1])
-                tops.append(c.seq.params.prompt_logprobs)
-                owners.append((c.seq, position + 1))
-        for (seq, position), entry in zip(owners, entries(logits[rows], targets, tops, self.token_texts)):
-            seq.prompt_logprobs[position] = entry
-
-    def _token_logprobs(self, logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[dict | None]:
-        """The raw logprob of each sampled token whose request asks, and its alternatives."""
-        asking = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        out: list[dict | None] = [None] * len(seqs)
-        if asking:
-            found = entries(logits[asking], [tokens[i] for i in asking], [seqs[i].params.logprobs for i in asking],
-                            self.token_texts)
-            for i, entry in zip(asking, found):
-                out[i] = entry
-        return out
-
     def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None]) -> list[SequenceUpdate]:
         now = self.clock()
         updates = []
-        for seq, token, token_logprobs in zip(seqs, tokens, logprobs):
+        for seq, token, entry in zip(seqs, tokens, logprobs):
             if seq.timing.first_token is None:
                 seq.timing.first_token = now
             seq.output_ids.append(token)
             self.tokens_generated += 1
-            reason, text = self._advance(seq, token)
+            reason, text = advance(seq, token, self.eos_ids, self.context_length)
             update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
-                                    prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=token_logprobs)
+                                    prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
             if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
                 # The first prompt token has no score (nothing precedes it), but its text is part of the
                 # prompt an `echo` shows: it gets an entry without a logprob.
@@ -434,28 +424,6 @@ class Engine:
                 self._finish(seq, reason, update)
             updates.append(update)
         return updates
-
-    def _advance(self, seq: Sequence, token: int) -> tuple[FinishReason | None, str]:
-        """The text `token` releases, and why seq ends with it (None: it goes on). Nothing ends it
-        before min_tokens but its length (vLLM's rule)."""
-        p, detok = seq.params, seq.detok
-        may_stop = len(seq.output_ids) >= p.min_tokens
-        if seq.matcher is not None:
-            seq.matcher.accept(token)
-        reason = None
-        if token in self.eos_ids and not p.ignore_eos and may_stop:
-            text, reason = "", FinishReason.STOP
-        else:
-            text = detok.push(token, check_stop=may_stop)
-            if detok.stopped or (may_stop and token in p.stop_token_ids):
-                reason = FinishReason.STOP
-            elif seq.matcher is not None and seq.matcher.done:
-                reason = FinishReason.STOP
-            elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.context_length:
-                reason = FinishReason.LENGTH
-        if reason is FinishReason.LENGTH or (reason is FinishReason.STOP and not detok.stopped):
-            text += detok.flush()
-        return reason, text
 
     def _finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
         """End one choice; the update that ends a request's last choice says the request ended."""

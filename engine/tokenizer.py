@@ -8,6 +8,7 @@ lock costs less.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 
 class SerializedTokenizer:
@@ -32,3 +33,10 @@ class SerializedTokenizer:
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)
+
+    @contextmanager
+    def exclusive(self):
+        """The tokenizer itself, under the lock: for a library that reads its tables once and
+        wants the real class (xgrammar's TokenizerInfo)."""
+        with self._lock:
+            yield self._tokenizer

@@ -114,3 +114,36 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny, params):
     with pytest.raises(RequestRejected) as refused:
         tiny.add_request(ask("bad", PROMPT, **params))
     assert refused.value.code == "invalid_field"
+
+
+def test_an_invalid_guide_is_refused_at_the_door(tiny):
+    from engine.guided import GuideSpec
+
+    with pytest.raises(RequestRejected) as refused:
+        tiny.add_request(ask("g", PROMPT, guide=GuideSpec("regex", "(unclosed")))
+    assert refused.value.code == "invalid_guide"
+
+
+def test_a_resumed_guided_choice_replays_its_tokens_into_its_matcher(tiny):
+    from engine.guided import GuideSpec
+
+    guide = GuideSpec("choice", '["alpha beta gamma", "delta"]')
+    whole = tiny.generate([ask("w", PROMPT, guide=guide, max_tokens=20, n=2, temperature=1.0, seed=8)])["w"]
+    assert all(t in ("alpha beta gamma", "delta") for t in whole.texts) and whole.finish_reasons == ["stop"] * 2
+    longest = max(range(2), key=lambda i: len(whole.token_ids_by_choice[i]))
+    ids = whole.token_ids_by_choice[longest]
+    request = ask("r", PROMPT, guide=guide, max_tokens=20, n=2, temperature=1.0, seed=8)
+    request.choices = [(longest, ids[:1])]
+    rest = tiny.generate([request])["r"]
+    assert ids[:1] + rest.token_ids_by_choice[longest] == ids
+    assert rest.finish_reasons[longest] == "stop"
+
+
+def test_choices_resumed_before_any_token_share_one_prefill_again(tiny):
+    whole = tiny.generate([ask("w", PROMPT, n=3, temperature=1.0, seed=2, ignore_eos=True)])["w"]
+    request = ask("r", PROMPT, n=3, temperature=1.0, seed=2, ignore_eos=True)
+    request.choices = [(0, []), (1, []), (2, [])]
+    before = tiny.stats()["prefill_tokens"]
+    again = tiny.generate([request])["r"]
+    assert tiny.stats()["prefill_tokens"] - before == len(PROMPT)
+    assert again.token_ids_by_choice == whole.token_ids_by_choice
