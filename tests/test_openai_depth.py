@@ -101,8 +101,10 @@ def _prefilled(stack: Stack) -> int:
 
 def test_n3_is_one_prefill_three_answers_and_streams_as_it_answers(stack):
     c = client(stack)
+    # A prompt no earlier request had: no prefix-cache hit shortens its prefill.
+    fresh = [{"role": "system", "content": "You answer in one short sentence."}, *QUESTION]
     before = _prefilled(stack)
-    whole = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=1.0, seed=7, n=3,
+    whole = c.chat.completions.create(model=MODEL, messages=fresh, max_tokens=12, temperature=1.0, seed=7, n=3,
                                       logprobs=True, extra_body={"cache": "off"})
     assert _prefilled(stack) - before == whole.usage.prompt_tokens  # the prompt computed once, not three times
     texts = [ch.message.content for ch in whole.choices]
@@ -110,7 +112,7 @@ def test_n3_is_one_prefill_three_answers_and_streams_as_it_answers(stack):
     assert whole.usage.completion_tokens == sum(len(ch.logprobs.content) for ch in whole.choices)
     streamed = ["", "", ""]
     scored: list[list[float]] = [[], [], []]
-    for chunk in c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=1.0, seed=7,
+    for chunk in c.chat.completions.create(model=MODEL, messages=fresh, max_tokens=12, temperature=1.0, seed=7,
                                            n=3, logprobs=True, stream=True, extra_body={"cache": "off"}):
         for ch in chunk.choices:
             streamed[ch.index] += ch.delta.content or ""
@@ -181,8 +183,8 @@ def test_langchain_calls_a_tool_and_fills_a_structured_answer(stack):
     assert isinstance(follow.content, str)
 
     class City(BaseModel):
-        name: str = Field(max_length=30)
-        country: str = Field(max_length=30)
+        name: str = Field(min_length=1, max_length=30)
+        country: str = Field(min_length=1, max_length=30)
 
     city = llm.with_structured_output(City, method="json_schema", strict=True).invoke("Name a city in Italy.")
     assert isinstance(city, City) and city.name
