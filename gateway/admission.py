@@ -305,7 +305,8 @@ class Admission:
         queued = self._queued(cmd, rid, cmd.id, choice, key.id if key else None, lane)
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
-        if self.catalog is not None and not cmd.version:
+        # A shadow's answer is compared as one text: several choices interleave, so they are not shadowed.
+        if self.catalog is not None and not cmd.version and cmd.params.n == 1:
             context.shadows = [v for v in self.catalog.shadows(choice.model) if v != choice.version]
         # The answer is kept for the cache, the output guards, and to compare shadows' with.
         keep_text = context.cache_query is not None or bool(self.guards) or bool(context.shadows)
