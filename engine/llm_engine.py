@@ -417,7 +417,8 @@ class Engine:
             if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
                 # The first prompt token has no score (nothing precedes it), but its text is part of the
                 # prompt an `echo` shows: it gets an entry without a logprob.
-                first = {"token": self.token_texts[seq.prompt_ids[0]], "logprob": None, "top": []}
+                first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None,
+                         "top": []}
                 update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
                 seq.prompt_logprobs = None
             if reason is not None:

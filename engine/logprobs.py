@@ -4,7 +4,7 @@ RAW logprobs (vLLM v1's default): log_softmax of the model's float32 logits befo
 (temperature, penalties, bias, masks). Gathered in one log_softmax and one topk over every row
 that asks, whether the rows are sampled tokens or a scored prompt's positions.
 
-Shape of one entry: {"token": text, "logprob": float, "top": [[text, logprob, id], ...]}, the top
+Shape of one entry: {"token": text, "id": id, "logprob": float, "top": [[text, logprob, id], ...]}, the top
 ones best first; a token's text is that token decoded alone.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def entries(logits: torch.Tensor, targets: list[int], tops: list[int], texts: To
     out = []
     for row, (target, top) in enumerate(zip(targets, tops)):
         alternatives = [[texts[t], v, t] for v, t in zip(best_values[row][:top], best_ids[row][:top])]
-        out.append({"token": texts[target], "logprob": chosen[row], "top": alternatives})
+        out.append({"token": texts[target], "id": target, "logprob": chosen[row], "top": alternatives})
     return out
 
 

@@ -171,13 +171,19 @@ class _Stream:
         self.offset = [0] * opts.n  # completions' text_offset of the next token
         # A chat that may call tools holds each choice's text: calls are read from the whole of it.
         self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
+        self.prompt_scores: list | None = None  # vLLM's `prompt_logprobs`, for the next chunk out
 
     def _chunk(self, choices: list[dict], **kw) -> dict:
-        return render.chunk_body(self.opts, self.rid, self.created, choices, **kw)
+        body = render.chunk_body(self.opts, self.rid, self.created, choices, **kw)
+        if self.prompt_scores is not None and choices:
+            body["prompt_logprobs"], self.prompt_scores = render.vllm_prompt_logprobs(self.prompt_scores), None
+        return body
 
     def token(self, event: dict):
         index = event.get("choice") or 0
         self.answer.add(event)
+        if self.opts.prompt_logprobs and event.get("prompt_logprobs") is not None:
+            self.prompt_scores = event["prompt_logprobs"]
         if not self.held:
             text, scored = event["text"], [event["logprobs"]] if self.opts.logprobs and event.get("logprobs") else None
             first = not self.started[index]

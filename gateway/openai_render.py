@@ -121,8 +121,8 @@ def vllm_prompt_logprobs(entries: list[dict | None]) -> list:
             continue
         ranked = {str(i): {"logprob": _score(lp), "rank": rank + 1, "decoded_token": t}
                   for rank, (t, lp, i) in enumerate(e.get("top") or [])}
-        ranked.setdefault(str(e.get("id", -1)), {"logprob": _score(e["logprob"]), "rank": None,
-                                                  "decoded_token": e["token"]})
+        # The prompt's own token, where it is not among the best: its rank is not computed.
+        ranked.setdefault(str(e["id"]), {"logprob": _score(e["logprob"]), "rank": None, "decoded_token": e["token"]})
         out.append(ranked)
     return out
 

@@ -22,7 +22,7 @@ VLLM_PASSED = {"top_k", "repetition_penalty", "ignore_eos", "min_tokens", "min_p
 VLLM_GUIDED = {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
 # Accepted and ignored: each changes nothing Brigade does (docs/doors.md says why, field by field).
 IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "guided_decoding_backend",
-           "spaces_between_special_tokens", "priority", "request_id", "parallel_tool_calls"}
+           "spaces_between_special_tokens", "priority", "request_id"}
 # Accepted only at the value that changes nothing; another value is refused with the reason.
 ONLY_DEFAULT = {
     "best_of": ((None, 1), "must be 1 (or n): Brigade samples n answers, it does not rank more"),
@@ -42,10 +42,9 @@ ONLY_DEFAULT = {
     "bad_words": ((None, []), "is not supported: use `logit_bias` with -100"),
     "logits_processors": ((None,), "is not supported (it would run client code in the worker)"),
     "return_tokens_as_token_ids": ((None, False), "is not supported"),
-    "return_token_ids": ((None, False), "is not supported: use `logprobs` (each token's text and id)"),
+    "return_token_ids": ((None, False), "is not supported: POST /tokenize gives a text's token ids"),
     "add_generation_prompt": ((None, True), "must be true: the answer is the assistant's next turn"),
     "continue_final_message": ((None, False), "is not supported"),
-    "add_special_tokens": ((None, False), "must be false for chat: the chat template adds them"),
     "chat_template": ((None,), "is not supported: the served model's own template is used"),
     "chat_template_kwargs": ((None, {}), "is not supported"),
     "documents": ((None,), "is not supported"),
@@ -58,8 +57,14 @@ ONLY_DEFAULT = {
 _COMMON = ({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "presence_penalty",
             "frequency_penalty", "user", "stream", "stream_options", "logprobs", "logit_bias", "response_format"}
            | BRIGADE_FIELDS | VLLM_PASSED | VLLM_GUIDED | IGNORED | set(ONLY_DEFAULT))
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                         "parallel_tool_calls", "add_special_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "add_special_tokens"}
+# `add_special_tokens`: the value Brigade uses (the chat template adds a chat's; a raw prompt gets the
+# tokenizer's), as vLLM's defaults are; the other is refused.
+SPECIAL_TOKENS = {True: (False, "must be false for chat: the chat template adds the special tokens"),
+                  False: (True, "must be true for completions: Brigade adds the tokenizer's special tokens")}
+MAX_TOP_LOGPROBS = 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions' `logprobs` (vLLM's is its own, 20)
 
@@ -118,13 +123,19 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     if unknown:
         raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
     for name, (fine, why) in ONLY_DEFAULT.items():
-        if name in body and body[name] not in fine and not (name == "best_of" and body[name] == body.get("n")):
+        if name in body and not any(_same(body[name], f) for f in fine) and not (
+                name == "best_of" and _same(body[name], body.get("n"))):
             raise _unsupported(name, why)
+    special, why = SPECIAL_TOKENS[chat]
+    if body.get("add_special_tokens") is not None and not _same(body["add_special_tokens"], special):
+        raise _unsupported("add_special_tokens", why)
     fields: dict[str, Any] = {"type": "generate", "id": client_id}
     for name in ("temperature", "top_p", "seed", "n", "presence_penalty", "frequency_penalty", "logit_bias",
                  "model", "user", "tools", "tool_choice", "parallel_tool_calls") + tuple(BRIGADE_FIELDS | VLLM_PASSED):
         if body.get(name) is not None:
             fields[name] = body[name]
+    if _same(body.get("top_k"), -1):  # vLLM's spelling of "no top-k cut"
+        fields["top_k"] = 0
     limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if body.get(limit_field) is not None:
         fields["max_tokens"] = body[limit_field]
@@ -166,10 +177,12 @@ def _logprobs(body: dict, chat: bool, fields: dict) -> bool:
     value = body.get("logprobs")
     if chat:
         top = body.get("top_logprobs")
-        if value not in (None, True, False):
+        if value is not None and not isinstance(value, bool):
             raise _invalid("logprobs", "must be a boolean (the number of alternatives is `top_logprobs`)")
         if top is not None and not value:
             raise _invalid("top_logprobs", "needs `logprobs: true`")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise _invalid("top_logprobs", f"must be an integer from 0 to {MAX_TOP_LOGPROBS}")
         if value:
             fields["logprobs"] = 0 if top is None else top
         return bool(value)
@@ -196,40 +209,55 @@ def _echo(body: dict, fields: dict) -> str | None:
 
 def _guide(body: dict) -> dict | None:
     """`response_format` and vLLM's guided fields into one `guide` (the protocol checks its content)."""
-    asked = []
+    asked = []  # (the field the client used, the guide)
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
         if kind == "json_object":
-            asked.append({"kind": "json_object", "value": ""})
+            asked.append(("response_format", {"kind": "json_object", "value": ""}))
         elif kind == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
                 raise _invalid("response_format", "json_schema needs {\"name\": ..., \"schema\": {...}}")
-            asked.append({"kind": "json_schema", "value": json.dumps(spec.get("schema", {}))})
+            asked.append(("response_format", {"kind": "json_schema", "value": json.dumps(spec.get("schema", {}))}))
         elif kind != "text":
             raise _invalid("response_format", "`type` must be text, json_object or json_schema")
     structured = body.get("structured_outputs")
     if structured is not None and not isinstance(structured, dict):
         raise _invalid("structured_outputs", "must be an object")
-    spelled = {**{k.removeprefix("guided_"): body[k] for k in VLLM_GUIDED - {"structured_outputs"}
-                  if body.get(k) is not None}, **(structured or {})}
-    for kind, value in spelled.items():
-        if kind == "json":
-            value = value if isinstance(value, str) else json.dumps(value)
-            asked.append({"kind": "json_schema", "value": value})
-        elif kind == "json_object" and value:
-            asked.append({"kind": "json_object", "value": ""})
-        elif kind in ("regex", "grammar") and isinstance(value, str):
-            asked.append({"kind": kind, "value": value})
-        elif kind == "choice" and isinstance(value, list) and all(isinstance(c, str) for c in value):
-            asked.append({"kind": "choice", "value": json.dumps(value)})
-        else:
-            raise _invalid(f"guided_{kind}", "has the wrong type (json: a schema; regex, grammar: a string; "
-                           "choice: a list of strings)")
+    spelled = [(name, name.removeprefix("guided_"), body[name]) for name in sorted(VLLM_GUIDED - {"structured_outputs"})
+               if body.get(name) is not None]
+    spelled += [(f"structured_outputs.{k}", k, v) for k, v in (structured or {}).items() if v is not None]
+    for field, kind, value in spelled:
+        guide = _guided(field, kind, value)
+        if guide is not None:
+            asked.append((field, guide))
     if len(asked) > 1:
-        raise _invalid(_guide_field(body), "is one of several structured-output fields: send one")
-    return asked[0] if asked else None
+        raise _invalid(asked[1][0], f"is one of several structured-output fields ({asked[0][0]}, {asked[1][0]}): "
+                       "send one")
+    return asked[0][1] if asked else None
+
+
+def _guided(field: str, kind: str, value: Any) -> dict | None:
+    """One of vLLM's spellings of a guide (`guided_X` or `structured_outputs.X`) as a guide; None: off."""
+    if kind == "json" and isinstance(value, (dict, str)):
+        return {"kind": "json_schema", "value": value if isinstance(value, str) else json.dumps(value)}
+    if kind == "json_object" and isinstance(value, bool):
+        return {"kind": "json_object", "value": ""} if value else None
+    if kind in ("regex", "grammar") and isinstance(value, str):
+        return {"kind": kind, "value": value}
+    if kind == "choice" and isinstance(value, list) and all(isinstance(c, str) for c in value):
+        return {"kind": "choice", "value": json.dumps(value)}
+    if kind not in ("json", "json_object", "regex", "grammar", "choice"):
+        raise ProtocolError("unsupported_field", f"`{field}` is not supported (Brigade's structured outputs: json, "
+                            "json_object, regex, grammar, choice)", None, field)
+    raise _invalid(field, "has the wrong type (json: a schema; regex, grammar: a string; choice: a list of "
+                   "strings; json_object: a boolean)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same kind: JSON's true is not 1, and 1 is not true (Python's == says both are)."""
+    return a == b and (isinstance(a, bool) == isinstance(b, bool))
 
 
 def _guide_field(body: dict) -> str:

@@ -202,8 +202,13 @@ class ClientProtocol:
         asked = self._params(data, rid)
         tools, tool_choice = self._tools(data, rid, prompt is not None)
         if tools and tool_choice:
-            forced = tool_calls.guide_for(tools, tool_choice, data.get("parallel_tool_calls") is not False)
+            parallel = data.get("parallel_tool_calls")
+            if parallel is not None and not isinstance(parallel, bool):
+                raise ProtocolError("invalid_field", "`parallel_tool_calls` must be a boolean", rid,
+                                    "parallel_tool_calls")
+            forced = tool_calls.guide_for(tools, tool_choice, parallel is not False)
             if forced is not None:
+                _check_guide(forced, rid, "tools")
                 if asked.guide is not None:
                     raise ProtocolError("invalid_field", "structured output cannot be combined with a `tool_choice` "
                                         "that forces a call", rid, "tool_choice")
@@ -258,7 +263,7 @@ class ClientProtocol:
             parsed = [ChatMessage.model_validate(m) for m in messages]
         except ValidationError as exc:
             raise ProtocolError(
-                "invalid_field", "each message needs `role` (system, user or assistant) and string `content`: "
+                "invalid_field", "each message needs `role` (system, user, assistant or tool) and string `content`: "
                 + _first_error(exc), rid, "messages",
             ) from None
         for i, m in enumerate(parsed):
@@ -321,13 +326,18 @@ def _check_further_fields(params: GenerateParams, rid: str) -> None:
         raise ProtocolError("invalid_field", f"`min_tokens` ({params.min_tokens}) must be at most `max_tokens` "
                             f"({params.max_tokens})", rid, "min_tokens")
     if params.guide is not None:
-        from engine.guided import GuideError, GuideSpec, check  # the grammar library, only when asked for
+        _check_guide(params.guide, rid, "guide")
 
-        try:
-            check(GuideSpec(params.guide.kind, params.guide.value))
-        except GuideError as err:
-            raise ProtocolError("invalid_field", f"the {params.guide.kind} cannot be used: {err.reason}", rid,
-                                "guide") from None
+
+def _check_guide(guide, rid: str, field: str) -> None:
+    """A grammar the engine could not follow is a 400 with the library's reason (`field`: whose it is)."""
+    from engine.guided import GuideError, GuideSpec, check  # the grammar library, only when asked for
+
+    try:
+        check(GuideSpec(guide.kind, guide.value))
+    except GuideError as err:
+        raise ProtocolError("invalid_field", f"the {guide.kind.replace('_', ' ')} cannot be used: {err.reason}", rid,
+                            field) from None
 
 
 def _refuse_unknown(data: dict, known: set[str], rid: str) -> None:

@@ -67,11 +67,21 @@ def test_structured_output_in_any_spelling_becomes_one_guide(body, kind, value):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format"),
     ({"guided_choice": []}, "guided_choice"),
-    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_regex"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"reasoning_effort": "high"}, "reasoning_effort"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),  # chat's logprobs is a boolean; 1 is not true
+    ({"use_beam_search": 0}, "use_beam_search"),
+    ({"add_special_tokens": True}, "add_special_tokens"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": 3}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+    ({"guided_json": {"type": "integer"}, "structured_outputs": {"json": {"type": "string"}}},
+     "structured_outputs.json"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ])
 def test_what_cannot_run_is_a_400_naming_the_field_and_why(body, field):
@@ -79,6 +89,16 @@ def test_what_cannot_run_is_a_400_naming_the_field_and_why(body, field):
         parse({"messages": USER, **body})
     assert err.value.field == field and oa.status_of(err.value.code) == 400
     assert len(err.value.message) > 20  # says why, not just what
+
+
+def test_vllms_spellings_of_the_defaults_are_taken():
+    cmd, _ = parse({"messages": USER, "top_k": -1, "add_special_tokens": False,
+                    "structured_outputs": {"json_object": False}})
+    assert cmd.params.top_k == 0 and cmd.params.guide is None
+    cmd, _ = parse({"prompt": "Hi", "add_special_tokens": True}, chat=False)
+    with pytest.raises(ProtocolError) as err:
+        parse({"prompt": "Hi", "add_special_tokens": False}, chat=False)
+    assert err.value.field == "add_special_tokens"
 
 
 def test_accepted_and_ignored_fields_change_nothing():
@@ -175,6 +195,20 @@ def test_n_choices_with_logprobs_render_whole_and_streamed_alike():
     assert texts == ["Hi there", "Yo!"] and finishes == {0: "length", 1: "stop"}
     assert scored[0] == first and scored[1] == whole["choices"][1]["logprobs"]["content"]
     assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_vllms_prompt_logprobs_ride_in_the_first_chunk_and_the_whole_body():
+    opts = oa.Options(False, True, False, "m", "max_tokens", prompt_logprobs=True)
+    prompt = [{"token": "A", "id": 4, "logprob": None, "top": []},
+              {"token": " B", "id": 9, "logprob": -3.0, "top": [[" X", -1.0, 8]]}]
+    event = {"type": "token", "index": 0, "text": " C", "prompt_logprobs": prompt}
+    chunks = list(_Stream(opts, "r").token(event))
+    expected = [None, {"8": {"logprob": -1.0, "rank": 1, "decoded_token": " X"},
+                       "9": {"logprob": -3.0, "rank": None, "decoded_token": " B"}}]
+    assert chunks[0]["prompt_logprobs"] == expected
+    answer = render.Answer()
+    answer.add(event)
+    assert render.completion_body(opts, "r", answer, {"usage": {}}, 0, "r")["prompt_logprobs"] == expected
 
 
 def test_completions_echo_puts_the_prompt_and_its_scores_first():

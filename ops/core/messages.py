@@ -32,7 +32,8 @@ class Guide(BaseModel):
     """Structured output: what every answer must match, enforced token by token (engine/guided.py).
 
     kind: json_schema (value: the schema as JSON text), json_object (any JSON object; value ""),
-    regex (value: the pattern), choice (value: a JSON list of strings), grammar (value: a Lark grammar)."""
+    regex (value: the pattern), choice (value: a JSON list of strings), grammar (value: EBNF when it
+    has `::=`, else Lark; engine/guided.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"]
@@ -136,7 +137,7 @@ class ReplyEvent(BaseModel):
     # Kept in the replay log so that the next worker can continue from the tokens themselves.
     token_id: int | None = None
     text: str | None = None
-    # logprobs asked: {"token": text, "logprob": float, "top": [[text, logprob, id], ...]}
+    # logprobs asked: {"token": text, "id": token id, "logprob": float, "top": [[text, logprob, id], ...]}
     logprobs: dict | None = None
     # prompt_logprobs asked, on the first token event: one entry per prompt token (the first has no logprob)
     prompt_logprobs: list | None = None
