@@ -1,7 +1,9 @@
 """The OpenAI door at vLLM's depth against real processes: a real redis-server, one real `brigade
 worker` with the default model, one real gateway, driven by the official `openai` client and by
 LangChain's `ChatOpenAI`. Logprobs are checked against the engine's own scores of the same tokens
-(the session's real engine in this process); answers against what each field promises.
+(the session's real engine in this process); answers against what each field promises. On the
+same stack, the WebSocket protocol's own frames with the same fields (n, logprobs, a guide, a
+resume), and a worker taking over an n > 1 request whose choices had all ended in its log.
 The translations alone (no processes): tests/test_openai_fields.py."""
 from __future__ import annotations
 
@@ -253,3 +255,32 @@ def test_websocket_guide_choice_answers_exactly_one_of_the_choices(stack):
             "seed": seed, "max_tokens": 10, "cache": "off", "guide": {"kind": "choice", "value": '["yes", "no"]'}}))
         assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "stop", events
         assert "".join(e["text"] for e in events[:-1]) in ("yes", "no")
+
+
+def test_a_handed_over_n2_request_whose_every_choice_had_ended_gets_its_done_from_the_log(stack, invariant_engine):
+    """A worker died after the last token of every choice was logged, before the `done` (a failover
+    can lose that tail): the next worker runs nothing and publishes the done from the log (its
+    usage with the prompt's tokens, each choice's end, the request's end as its last choice's)."""
+    from ops.core import keys
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import QueueSender
+    from ops.core.settings import Settings
+
+    rid = f"ended-{time.monotonic_ns()}"
+    queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("gone"),
+                           enqueued_at=time.time(), model=MODEL, messages=QUESTION,
+                           params=GenerateParams(max_tokens=3, n=2, temperature=1.0, seed=1))
+    r = stack.redis.client
+    r.set(keys.request(rid), queued.model_dump_json(), ex=300)
+    logged = [(0, 504, None), (1, 504, None), (0, 2, "stop"), (1, 28, None), (1, 30, "length")]
+    for index, (choice, token, end) in enumerate(logged):
+        event = {"type": "token", "request_id": rid, "epoch": 1, "index": index, "choice": choice,
+                 "token_id": token, "text": "x", **({"finish_reason": end} if end else {})}
+        r.xadd(keys.stream(rid), {"event": json.dumps(event)})
+    QueueSender(Settings(redis_url=stack.redis.url)).send(queued)
+    ends = wait_until(lambda: [json.loads(f["event"]) for _, f in r.xrange(keys.stream(rid))
+                               if json.loads(f["event"])["type"] != "token"], 60, what="the request's end")
+    assert len(ends) == 1 and ends[0]["type"] == "done", ends
+    assert ends[0]["finish_reasons"] == ["stop", "length"] and ends[0]["finish_reason"] == "length"
+    prompt = len(invariant_engine.encode(EngineRequest("p", messages=QUESTION)))
+    assert ends[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 5}
