@@ -2,12 +2,14 @@
 every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
 Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
 a real batch job and a real API key. Nothing is mocked. On the same real-model stack, last, a
-worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word
+worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word,
+greedy ones and a seeded sampled one with n = 2 and logprobs, each choice token for token
 (tests/test_failover.py proves the failover's mechanics, on the tiny model)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import statistics
 import time
 
@@ -285,9 +287,14 @@ def test_a_sigkilled_workers_sampled_n2_answer_with_logprobs_goes_on_token_for_t
 
     rid, events, victim = asyncio.run(sampled_events(ha.url, headers, SAMPLED, fault))
     try:
+        assert victim is not None, events
         done, tokens = events[-1], events[:-1]
         assert done["type"] == "done", f"{done}\n{ha.tails()}"
         assert done["timing"]["worker"] != victim  # the kill landed mid-stream: another worker ended it
+        # ...continuing from the log (the same seeds would also give these tokens if it started again)
+        survivor = ha.workers[done["timing"]["worker"]].log_path.read_text()
+        claimed = re.search(rf"event=claimed request_id={rid} .* resumed_tokens=(\d+)", survivor)
+        assert claimed and int(claimed.group(1)) >= 8, survivor[-3000:]
         assert [e["index"] for e in tokens] == list(range(n_tokens))  # one log, no gap, no repeat
         got = per_choice(tokens)
         for choice in (0, 1):
@@ -303,5 +310,6 @@ def test_a_sigkilled_workers_sampled_n2_answer_with_logprobs_goes_on_token_for_t
         assert [{**e, "id": "s"} for e in replayed[:-1]] == tokens[10:]
         assert replayed[-1]["finish_reasons"] == ["length", "length"]
     finally:
-        ha.start_worker(victim)
-        ha.wait_ready()
+        if victim is not None:  # None: the request ended before its 8th event, and nothing was killed
+            ha.start_worker(victim)
+            ha.wait_ready()
