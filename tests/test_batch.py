@@ -134,10 +134,38 @@ def test_every_line_once_in_order_each_answer_as_asked_interactively(stack, tmp_
     assert again.returncode == 0 and [json.loads(x) for x in again.stdout.splitlines()] == results
 
 
+OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+             "additionalProperties": False}
+
+
+def test_a_line_with_n2_and_logprobs_and_a_line_with_a_json_schema_come_out_as_asked(stack, tmp_path):
+    sampled = line(5, max_tokens=6)
+    sampled["body"].update(n=2, temperature=1.0, seed=4, logprobs=True, top_logprobs=1)
+    shaped = line(6, max_tokens=24)
+    shaped["body"]["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "ok", "schema": OK_SCHEMA, "strict": True}}
+    out = tmp_path / "fields.out.jsonl"
+    done = stack.batch("submit", str(write_lines(tmp_path / "fields.jsonl", [sampled, shaped])), "--wait",
+                       "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    two, json_line = (r["response"]["body"] for r in read_output(out))
+    assert [ch["index"] for ch in two["choices"]] == [0, 1]
+    for ch in two["choices"]:
+        content = ch["logprobs"]["content"]
+        assert len(content) >= 1 and ch["finish_reason"] in ("stop", "length"), ch
+        assert all(len(e["top_logprobs"]) == 1 and e["logprob"] <= 0 for e in content), ch
+    assert two["usage"]["completion_tokens"] == sum(len(ch["logprobs"]["content"]) for ch in two["choices"])
+    # Seeded: the same body asked over the HTTP API gives the same two answers.
+    asked = httpx.post(stack.http + sampled["url"], json=sampled["body"], timeout=120).json()
+    assert [ch["message"]["content"] for ch in asked["choices"]] == [ch["message"]["content"] for ch in two["choices"]]
+    answer = json_line["choices"][0]
+    assert answer["finish_reason"] == "stop" and json.loads(answer["message"]["content"]) in ({"ok": True}, {"ok": False})
+
+
 def test_invalid_lines_are_all_reported_with_their_numbers_before_anything_runs(stack, tmp_path):
     lines = [line(0), "this is not json", line(1), {"custom_id": "x", "method": "GET", "url": "/v1/chat/completions",
                                                      "body": {}},
-             {**line(2), "body": {"messages": [{"role": "user", "content": "hi"}], "n": 3}}, line(0)]
+             {**line(2), "body": {"messages": [{"role": "user", "content": "hi"}], "n": 17}}, line(0)]
     source = write_lines(tmp_path / "bad.jsonl", lines)
     refused = stack.batch("submit", str(source))
     assert refused.returncode == 2, refused.stderr

@@ -1,10 +1,13 @@
 """The OpenAI door at vLLM's depth against real processes: a real redis-server, one real `brigade
 worker` with the default model, one real gateway, driven by the official `openai` client and by
 LangChain's `ChatOpenAI`. Logprobs are checked against the engine's own scores of the same tokens
-(the session's real engine in this process); answers against what each field promises.
+(the session's real engine in this process); answers against what each field promises. On the
+same stack, the WebSocket protocol's own frames with the same fields (n, logprobs, a guide, a
+resume), and a worker taking over an n > 1 request whose choices had all ended in its log.
 The translations alone (no processes): tests/test_openai_fields.py."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -13,6 +16,7 @@ import jsonschema
 import openai
 import pytest
 import torch
+from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
 from engine.kv_cache import SequenceKV
@@ -204,3 +208,79 @@ def test_a_stored_answer_serves_only_requests_it_satisfies(stack):
     shaped_again = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
                                              extra_body={"guided_choice": ["Rome", "Oslo"]})
     assert shaped_again.model_extra["brigade"]["cached"] == "exact"  # keyed by its grammar: its own entry
+
+
+# ---- the same fields over the WebSocket protocol ------------------------------------------------
+
+async def ws_events(url: str, frame: dict) -> tuple[str | None, list[dict]]:
+    """One request's server id (from its `queued`) and its further events, up to its done or error,
+    on a WebSocket of its own."""
+    rid, events = None, []
+    async with connect(url, max_size=None) as ws:
+        await ws.send(json.dumps(frame))
+        while not events or events[-1]["type"] not in ("done", "error"):
+            event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            if event["type"] == "queued":
+                rid = event["request_id"]
+            else:
+                events.append(event)
+    return rid, events
+
+
+def test_websocket_n2_streams_each_choice_with_logprobs_and_a_resume_replays_them_alike(stack):
+    frame = {"type": "generate", "id": "two", "messages": QUESTION, "n": 2, "logprobs": 1, "temperature": 1.0,
+             "seed": 5, "max_tokens": 8, "cache": "off"}
+    rid, events = asyncio.run(ws_events(stack.url, frame))
+    done, tokens = events[-1], events[:-1]
+    assert done["type"] == "done" and all(e["type"] == "token" for e in tokens), events
+    assert [e["index"] for e in tokens] == list(range(len(tokens)))
+    assert {e["choice"] for e in tokens} == {0, 1}
+    for e in tokens:
+        assert isinstance(e["logprobs"]["logprob"], float) and len(e["logprobs"]["top"]) == 1, e
+    for choice in (0, 1):
+        mine = [e for e in tokens if e["choice"] == choice]
+        assert [e.get("finish_reason") for e in mine] == [None] * (len(mine) - 1) + [done["finish_reasons"][choice]]
+    assert len(done["finish_reasons"]) == 2 and set(done["finish_reasons"]) <= {"stop", "length"}
+    assert done["usage"]["completion_tokens"] == len(tokens)
+    # A `resume` after index 2 replays the rest from the request's log, in the live events' shapes.
+    _, replayed = asyncio.run(ws_events(stack.url, {"type": "resume", "id": rid, "after_index": 2}))
+    assert [{**e, "id": "two"} for e in replayed[:-1]] == tokens[3:]
+    assert replayed[-1]["type"] == "done" and replayed[-1]["finish_reasons"] == done["finish_reasons"]
+
+
+def test_websocket_guide_choice_answers_exactly_one_of_the_choices(stack):
+    for seed in (1, 2, 3):
+        _, events = asyncio.run(ws_events(stack.url, {
+            "type": "generate", "id": f"yn{seed}", "prompt": "Is the sky blue? Answer:", "temperature": 1.0,
+            "seed": seed, "max_tokens": 10, "cache": "off", "guide": {"kind": "choice", "value": '["yes", "no"]'}}))
+        assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "stop", events
+        assert "".join(e["text"] for e in events[:-1]) in ("yes", "no")
+
+
+def test_a_handed_over_n2_request_whose_every_choice_had_ended_gets_its_done_from_the_log(stack, invariant_engine):
+    """A worker died after the last token of every choice was logged, before the `done` (a failover
+    can lose that tail): the next worker runs nothing and publishes the done from the log (its
+    usage with the prompt's tokens, each choice's end, the request's end as its last choice's)."""
+    from ops.core import keys
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import QueueSender
+    from ops.core.settings import Settings
+
+    rid = f"ended-{time.monotonic_ns()}"
+    queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("gone"),
+                           enqueued_at=time.time(), model=MODEL, messages=QUESTION,
+                           params=GenerateParams(max_tokens=3, n=2, temperature=1.0, seed=1))
+    r = stack.redis.client
+    r.set(keys.request(rid), queued.model_dump_json(), ex=300)
+    logged = [(0, 504, None), (1, 504, None), (0, 2, "stop"), (1, 28, None), (1, 30, "length")]
+    for index, (choice, token, end) in enumerate(logged):
+        event = {"type": "token", "request_id": rid, "epoch": 1, "index": index, "choice": choice,
+                 "token_id": token, "text": "x", **({"finish_reason": end} if end else {})}
+        r.xadd(keys.stream(rid), {"event": json.dumps(event)})
+    QueueSender(Settings(redis_url=stack.redis.url)).send(queued)
+    ends = wait_until(lambda: [json.loads(f["event"]) for _, f in r.xrange(keys.stream(rid))
+                               if json.loads(f["event"])["type"] != "token"], 60, what="the request's end")
+    assert len(ends) == 1 and ends[0]["type"] == "done", ends
+    assert ends[0]["finish_reasons"] == ["stop", "length"] and ends[0]["finish_reason"] == "length"
+    prompt = len(invariant_engine.encode(EngineRequest("p", messages=QUESTION)))
+    assert ends[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 5}

@@ -2,20 +2,24 @@
 every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
 Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
 a real batch job and a real API key. Nothing is mocked. On the same real-model stack, last, a
-worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word
+worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word,
+greedy ones and a seeded sampled one with n = 2 and logprobs, each choice token for token
 (tests/test_failover.py proves the failover's mechanics, on the tiny model)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import statistics
 import time
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.services import RedisHAServer, create_key, wait_until
-from tests.streams import assert_complete, busiest, uninterrupted
+from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
 
@@ -227,3 +231,85 @@ def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_mo
     finally:
         ha.start_worker(victim)
         ha.wait_ready()
+
+
+# ---- a worker SIGKILLed mid-stream of a sampled request with n = 2 and logprobs ------------------
+
+SAMPLED = {"type": "generate", "id": "s", "messages": [{"role": "user", "content": PROMPTS[1]}], "n": 2,
+           "temperature": 1.0, "seed": 11, "logprobs": 2, "ignore_eos": True, "max_tokens": 160}
+
+
+async def sampled_events(url: str, headers: dict, frame: dict, fault=None, tokens_first: int = 8):
+    """One request's events on one WebSocket (after `queued`); `fault(request_id)` runs in a thread
+    once its first `tokens_first` tokens have come. Returns the request id, the events, what
+    `fault` returned."""
+    events, rid, faulted = [], None, None
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        await ws.send(json.dumps(frame))
+        while not events or events[-1]["type"] not in ("done", "error"):
+            event = json.loads(await asyncio.wait_for(ws.recv(), 180))
+            if event["type"] == "queued":
+                rid = event["request_id"]
+                continue
+            events.append(event)
+            if fault is not None and faulted is None and len(events) == tokens_first:
+                faulted = await asyncio.to_thread(fault, rid)
+    return rid, events, faulted
+
+
+def per_choice(tokens: list[dict]) -> dict[int, list[tuple]]:
+    """Each choice's tokens in the order they came: (text, logprobs, finish_reason)."""
+    out: dict[int, list[tuple]] = {}
+    for e in tokens:
+        out.setdefault(e["choice"], []).append((e["text"], e["logprobs"], e.get("finish_reason")))
+    return out
+
+
+def test_a_sigkilled_workers_sampled_n2_answer_with_logprobs_goes_on_token_for_token(ha: HAStack):
+    """Seeded sampling with n = 2, logprobs and ignore_eos, its worker SIGKILLed mid-stream: each
+    choice continues from its own logged tokens on the other worker, and the client gets exactly
+    what the same request gives uninterrupted: every choice's texts and logprobs, its end, usage."""
+    key = ha.env.get("BRIGADE_API_KEY") or create_key(ha.redis.url, "sampled")  # this test alone: a key of its own
+    headers = {"Authorization": f"Bearer {key}"}
+    ha.wait_ready()
+    _, whole, _ = asyncio.run(sampled_events(ha.url, headers, SAMPLED))
+    assert whole[-1]["type"] == "done", whole[-1]
+    n_tokens = 2 * SAMPLED["max_tokens"]
+    assert len(whole) == n_tokens + 1 and [e["index"] for e in whole[:-1]] == list(range(n_tokens))
+    expected = per_choice(whole[:-1])
+    assert sorted(expected) == [0, 1] and expected[0] != expected[1]  # sampled: two different answers
+    assert all(len(x[1]["top"]) == 2 for c in expected.values() for x in c)
+
+    def fault(rid: str):
+        victim = wait_until(lambda: ha.holder(rid), 10, what="the request in a heartbeat")["worker"]
+        ha.kill(ha.workers[victim])
+        return victim
+
+    rid, events, victim = asyncio.run(sampled_events(ha.url, headers, SAMPLED, fault))
+    try:
+        assert victim is not None, events
+        done, tokens = events[-1], events[:-1]
+        assert done["type"] == "done", f"{done}\n{ha.tails()}"
+        assert done["timing"]["worker"] != victim  # the kill landed mid-stream: another worker ended it
+        # ...continuing from the log (the same seeds would also give these tokens if it started again)
+        survivor = ha.workers[done["timing"]["worker"]].log_path.read_text()
+        claimed = re.search(rf"event=claimed request_id={rid} .* resumed_tokens=(\d+)", survivor)
+        assert claimed and int(claimed.group(1)) >= 8, survivor[-3000:]
+        assert [e["index"] for e in tokens] == list(range(n_tokens))  # one log, no gap, no repeat
+        got = per_choice(tokens)
+        for choice in (0, 1):
+            assert len(got[choice]) == len(expected[choice]), choice
+            for i, (a, b) in enumerate(zip(got[choice], expected[choice])):
+                assert a == b, f"choice {choice} token {i}: {a} != {b}"
+        assert done["finish_reasons"] == ["length", "length"] and done["finish_reason"] == "length"
+        assert done["usage"]["completion_tokens"] == n_tokens
+        assert done["usage"]["prompt_tokens"] == whole[-1]["usage"]["prompt_tokens"] > 0
+        # The replay log, read back by a `resume`, tells the same events: choice and logprobs included.
+        _, replayed, _ = asyncio.run(sampled_events(ha.url, headers, {"type": "resume", "id": rid,
+                                                                      "after_index": 9}))
+        assert [{**e, "id": "s"} for e in replayed[:-1]] == tokens[10:]
+        assert replayed[-1]["finish_reasons"] == ["length", "length"]
+    finally:
+        if victim is not None:  # None: the request ended before its 8th event, and nothing was killed
+            ha.start_worker(victim)
+            ha.wait_ready()

@@ -141,7 +141,7 @@ class EngineHost:
         try:
             request = engine_request(entry, self.sampling_defaults, logged)
             if request.choices == []:  # every choice ended before the hand-over: only the end is missing
-                self._end_without_engine(entry)
+                self._end_without_engine(entry, len(self.engine.encode(request)))
                 return entry.finish_reason or "stop"
             self.engine.add_request(request)
         except RequestRejected as refused:
@@ -168,14 +168,15 @@ class EngineHost:
         entry.finished.wait()
         return entry.finish_reason or "error"
 
-    def _end_without_engine(self, entry: InFlight) -> None:
+    def _end_without_engine(self, entry: InFlight, prompt_tokens: int) -> None:
         """An n > 1 request whose every choice had ended in the log when its worker died: publish
-        its `done` from what the log says."""
+        its `done` from what the log says, as the engine would have: the request ends as its last
+        choice did (choice_ends is in the log's order), and its usage counts the prompt."""
         rid = entry.queued.request_id
         with self._lock:
             self.inflight.pop(rid, None)
-        reason = next(iter(entry.choice_ends.values()), "stop")
-        update = SequenceUpdate(rid, None, None, "", finish_reason=reason, timing={})
+        reason = list(entry.choice_ends.values())[-1] if entry.choice_ends else "stop"
+        update = SequenceUpdate(rid, None, None, "", finish_reason=reason, prompt_tokens=prompt_tokens, timing={})
         self._publish([(entry.queued.reply_channel, done_event(entry, update, self.worker_name))], [entry])
         entry.finish_reason = reason
 
