@@ -210,3 +210,20 @@ def test_a_named_tool_choice_gives_that_functions_parameters():
         tool_call_schema(TOOLS, {"type": "function", "function": {"name": "stocks"}})
     with pytest.raises(ValueError):
         tool_call_schema(TOOLS, "auto")
+
+
+def test_bench_guided_reports_positive_costs_for_each_kind_and_batch(tokenizer):
+    from ops.bench.guided import run
+
+    report = run(tokenizer, VOCAB, ["xgrammar"], batches=(1, 2), repeats=1)
+    kinds = report["libraries"]["xgrammar"]
+    assert set(kinds) == {"json_schema", "regex", "choice"}
+    for row in kinds.values():
+        assert row["compile_ms"] > 0 and row["answer_tokens"] > 0
+        for batch in ("batch_1", "batch_2"):
+            for part in ("fill", "apply", "mask"):
+                cost = row[batch][part]
+                assert cost["steps"] == row["answer_tokens"]
+                for field in ("us_per_step_median", "us_per_step_p90", "us_per_token_per_seq_median",
+                              "us_per_token_per_seq_p90"):
+                    assert cost[field] > 0, (batch, part, field)
