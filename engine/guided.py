@@ -22,6 +22,8 @@ import torch
 import xgrammar as xgr
 from jsonschema import SchemaError, validators
 
+from engine.tokenizer import SerializedTokenizer
+
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 CHECK_CACHE = 1024  # validated specs kept for the gateway (tokenizer-free grammars, a few KB each)
 COMPILED_CACHE = 256  # compiled grammars kept per engine (token tables: tens to hundreds of KB each)
@@ -171,14 +173,24 @@ class Guides:
 
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = COMPILED_CACHE):
         """`vocab_size` is the width of the model's logits (ids past the tokenizer's are masked)."""
-        self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        if isinstance(tokenizer, SerializedTokenizer):  # the engine's: xgrammar needs the real one
+            with tokenizer.exclusive() as inner:
+                self._info = xgr.TokenizerInfo.from_huggingface(inner, vocab_size=vocab_size)
+        else:
+            self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         # One bound on compiled grammars (ours); the library's own cache is off.
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
         self._compiled: OrderedDict[GuideSpec, xgr.CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
         self._stop_ids = list(self._info.stop_token_ids)
+        # The row of a matcher that has accepted EOS: xgrammar refuses to fill one, and it may only
+        # stop (an engine that masks a finished row by mistake must not get free tokens).
+        self._stop_only = torch.zeros((self.words,), dtype=torch.int32)
+        for t in self._stop_ids:
+            self._stop_only[t // 32] |= _bit(t % 32)
 
     def start(self, spec: GuideSpec) -> Matcher:
         """A matcher at the start of `spec`'s grammar. Raises GuideError on an invalid spec."""
@@ -197,7 +209,12 @@ class Guides:
         t%32 of word t//32 set: allowed); other rows allow everything."""
         rows = list(range(len(matchers))) if rows is None else rows
         bitmask = xgr.allocate_token_bitmask(batch or len(matchers), self.vocab_size)  # all allowed
-        self._batch.batch_fill_next_token_bitmask([m._matcher for m in matchers], bitmask, rows)
+        live = [(m._matcher, row) for m, row in zip(matchers, rows) if not m._matcher.is_terminated()]
+        if live:
+            self._batch.batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [row for _, row in live])
+        for m, row in zip(matchers, rows):
+            if m._matcher.is_terminated():
+                bitmask[row] = self._stop_only
         return bitmask
 
     def mask(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
@@ -210,6 +227,11 @@ class Guides:
         allowed = _allowed(self.fill([matcher]), self.vocab_size)[0]
         allowed[self._stop_ids] = False
         return not allowed.any()
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word as a signed value (bit 31 is the sign)."""
+    return (1 << i) - (1 << 32) * (i == 31)
 
 
 def _allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

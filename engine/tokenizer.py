@@ -8,6 +8,7 @@ lock costs less.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 
 class SerializedTokenizer:
@@ -29,6 +30,13 @@ class SerializedTokenizer:
     def apply_chat_template(self, *args, **kwargs):
         with self._lock:
             return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+    @contextmanager
+    def exclusive(self):
+        """The tokenizer itself, for a library that must be handed the real object (guided
+        decoding's token table); no other call runs meanwhile."""
+        with self._lock:
+            yield self._tokenizer
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)

@@ -34,6 +34,16 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One torch thread here: on a busy 2-core host torch's spinning threads made the sampled walk
+    40x slower (2 s to 90 s). Restored after, for the modules that share this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def guides(tokenizer) -> Guides:
     return Guides(tokenizer, VOCAB)
@@ -177,6 +187,24 @@ def test_answers_sampled_under_the_mask_always_validate_within_200_tokens(guides
                 break
             tokens.append(token)
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), BOUNDED)
+
+
+def test_logits_wider_than_the_tokenizer_get_their_extra_ids_masked(tokenizer):
+    from engine.tokenizer import SerializedTokenizer
+
+    guides = Guides(SerializedTokenizer(tokenizer), VOCAB + 64)  # the engine's tokenizer, padded logits
+    logits = torch.zeros((1, VOCAB + 64))
+    guides.mask(logits, [0], [guides.start(GuideSpec("regex", "[a-z]+"))])
+    assert torch.isinf(logits[0, VOCAB:]).all()
+    assert torch.isfinite(logits[0, :VOCAB]).any()
+
+
+def test_a_matcher_that_accepted_eos_allows_only_eos(guides, tokenizer):
+    matcher = guides.start(GuideSpec("choice", '["no"]'))
+    assert all(matcher.accept(t) for t in encode(tokenizer, "no") + [tokenizer.eos_token_id])
+    assert matcher.done
+    assert allowed(guides, matcher) == {tokenizer.eos_token_id}
+    assert not matcher.accept(encode(tokenizer, "no")[0])
 
 
 def test_compiled_grammars_are_kept_in_a_bounded_lru(tokenizer):

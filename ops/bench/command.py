@@ -90,6 +90,8 @@ def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
     p.add_argument("--libraries", default="xgrammar", help="comma-separated: xgrammar (Brigade's path, "
                    "engine/guided.py), xgrammar_own_apply, llguidance, outlines_core; or all")
     p.add_argument("--repeats", type=int, default=5, help="walks of each answer per batch size (default 5)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the apply (default 1: steadier on "
+                   "a shared host)")
 
 
 def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
@@ -236,7 +238,7 @@ def _guards(args, settings: Settings) -> dict:
 def _guided(args, settings: Settings) -> dict:
     from ops.bench.guided import run_on_model
 
-    return run_on_model(settings.model_dir, args.libraries, args.repeats)
+    return run_on_model(settings.model_dir, args.libraries, args.repeats, args.threads)
 
 
 def _quality(args, settings: Settings) -> dict | int:

@@ -119,11 +119,13 @@ def run(tokenizer, vocab_size: int, libraries: list[str], kinds: list[str] | Non
     return report
 
 
-def run_on_model(model_dir: Path, libraries: str, repeats: int) -> dict:
+def run_on_model(model_dir: Path, libraries: str, repeats: int, threads: int) -> dict:
     """`brigade bench guided`: the default model's tokenizer and logits width; `libraries` is
-    comma-separated, or "all"."""
+    comma-separated, or "all". `threads` torch threads apply the mask: one by default, since on a
+    busy host torch's spinning worker threads, not the library, set the figures (50x at times)."""
     from transformers import AutoTokenizer
 
+    torch.set_num_threads(threads)
     from engine.model_files import prepare_default_model
 
     path = prepare_default_model(model_dir)
