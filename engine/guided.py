@@ -224,7 +224,7 @@ class Guides:
         apply_bitmask(logits, rows, self.fill(matchers, rows, logits.shape[0]))
 
     def only_stop_allowed(self, matcher: Matcher) -> bool:
-        allowed = _allowed(self.fill([matcher]), self.vocab_size)[0]
+        allowed = ~_forbidden(self.fill([matcher]), self.vocab_size)[0]
         allowed[self._stop_ids] = False
         return not allowed.any()
 
@@ -234,18 +234,21 @@ def _bit(i: int) -> int:
     return (1 << i) - (1 << 32) * (i == 31)
 
 
-def _allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The bitmask as booleans [rows, vocab]. numpy's unpackbits is a few times faster here than
-    xgrammar's own CPU apply kernel (docs/guided.md)."""
-    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little").view(np.bool_)
-    return torch.from_numpy(bits[:, :vocab_size])
+def _forbidden(bitmask: torch.Tensor, vocab_size: int) -> np.ndarray:
+    """Booleans [rows, vocab], True where a bit is 0. numpy's unpackbits and a masked write cost
+    about 2.5x less here than xgrammar's own CPU apply kernel (docs/guided.md); the bytes are
+    inverted before unpacking, 8x fewer than the booleans."""
+    return np.unpackbits(~bitmask.numpy().view(np.uint8), axis=1, bitorder="little").view(np.bool_)[:, :vocab_size]
 
 
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
-    """-inf in logits[row] wherever bitmask[row] has a 0 bit, for each of `rows`."""
-    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
-        logits[~_allowed(bitmask, logits.shape[1])] = float("-inf")
-        return
-    forbidden = ~_allowed(bitmask[rows], logits.shape[1])
+    """-inf in logits[row] wherever bitmask[row] has a 0 bit, for each of `rows`. On contiguous
+    float32 CPU logits numpy writes in place (about 40% cheaper than torch's boolean index, the
+    path for any other logits)."""
+    forbidden = _forbidden(bitmask[rows], logits.shape[1])
+    numpy_ok = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
     for i, row in enumerate(rows):
-        logits[row][forbidden[i]] = float("-inf")  # logits[row] is a view: in place
+        if numpy_ok:
+            np.copyto(logits[row].numpy(), -np.inf, where=forbidden[i])
+        else:
+            logits[row][torch.from_numpy(forbidden[i])] = float("-inf")  # logits[row] is a view

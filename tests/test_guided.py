@@ -137,6 +137,15 @@ def test_a_batch_of_three_specs_masks_each_row_by_its_own_matcher(guides, tokeni
     assert torch.equal(logits[1], before[1])
 
 
+def test_bfloat16_and_non_contiguous_logits_are_masked_alike(guides, tokenizer):
+    matcher = guides.start(GuideSpec("choice", '["yes", "no"]'))
+    expected = allowed(guides, matcher)
+    for logits in (torch.zeros((2, VOCAB), dtype=torch.bfloat16), torch.zeros((VOCAB, 2)).t()):
+        guides.mask(logits, [1], [matcher])
+        assert set(torch.isfinite(logits[1]).nonzero().flatten().tolist()) == expected
+        assert torch.isfinite(logits[0]).all()
+
+
 def test_choice_allows_exactly_the_choices(guides, tokenizer):
     spec = GuideSpec("choice", '["yes", "no", "maybe later"]')
     finished = set()
