@@ -137,10 +137,18 @@ def test_a_batch_of_three_specs_masks_each_row_by_its_own_matcher(guides, tokeni
     assert torch.equal(logits[1], before[1])
 
 
-def test_bfloat16_and_non_contiguous_logits_are_masked_alike(guides, tokenizer):
-    matcher = guides.start(GuideSpec("choice", '["yes", "no"]'))
-    expected = allowed(guides, matcher)
-    for logits in (torch.zeros((2, VOCAB), dtype=torch.bfloat16), torch.zeros((VOCAB, 2)).t()):
+@pytest.mark.parametrize("spec, prefix", [
+    (GuideSpec("choice", '["yes", "no"]'), ""),  # nearly every token forbidden
+    (GuideSpec("regex", "[a-z]+"), "ab"),  # forbidden and allowed mixed
+    (GuideSpec("json_schema", json.dumps(PERSON)), '{"name":"A'),  # inside a string: nearly all allowed
+])
+def test_every_apply_path_forbids_exactly_the_zero_bits_of_the_bitmask(guides, tokenizer, spec, prefix):
+    matcher = guides.start(spec)
+    assert all(matcher.accept(t) for t in encode(tokenizer, prefix))
+    bits = (guides.fill([matcher]).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    expected = set(bits.flatten()[:VOCAB].nonzero().flatten().tolist())
+    for logits in (torch.zeros((2, VOCAB)), torch.zeros((2, VOCAB), dtype=torch.bfloat16),
+                   torch.zeros((VOCAB, 2)).t()):
         guides.mask(logits, [1], [matcher])
         assert set(torch.isfinite(logits[1]).nonzero().flatten().tolist()) == expected
         assert torch.isfinite(logits[0]).all()
