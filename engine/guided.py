@@ -212,12 +212,17 @@ class Guides:
         t%32 of word t//32 set: allowed); other rows allow everything."""
         rows = list(range(len(matchers))) if rows is None else rows
         bitmask = xgr.allocate_token_bitmask(batch or len(matchers), self.vocab_size)  # all allowed
-        live = [(m._matcher, row) for m, row in zip(matchers, rows) if not m._matcher.is_terminated()]
-        if live:
-            self._batch.batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [row for _, row in live])
+        live, live_rows = [], []
         for m, row in zip(matchers, rows):
             if m._matcher.is_terminated():
                 bitmask[row] = self._stop_only
+            else:
+                live.append(m._matcher)
+                live_rows.append(row)
+        if len(live) == 1:  # the batch call's own cost is about the fill's at batch 1
+            live[0].fill_next_token_bitmask(bitmask, live_rows[0])
+        elif live:
+            self._batch.batch_fill_next_token_bitmask(live, bitmask, live_rows)
         return bitmask
 
     def mask(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
