@@ -261,6 +261,7 @@ def test_bench_guided_reports_positive_costs_for_each_kind_and_batch(tokenizer):
     from ops.bench.guided import run
 
     report = run(tokenizer, VOCAB, ["xgrammar"], batches=(1, 2), repeats=1)
+    assert report["vocab_size"] == VOCAB and report["cores"] > 0 and report["cpu"]
     kinds = report["libraries"]["xgrammar"]
     assert set(kinds) == {"json_schema", "regex", "choice"}
     for row in kinds.values():

@@ -9,6 +9,7 @@ does it after sampling, off the logits path. Offline: the tokenizer only, no mod
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -47,6 +48,22 @@ class WrongMask(AssertionError):
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cpu() -> dict:
+    """The CPU's name, cores and the vector extensions that matter for the mask (whether a rerun is
+    on an AVX2-only or an AMX machine)."""
+    cpu = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return cpu
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    cpu["cpu"] = fields.get("model name", cpu["cpu"])
+    cpu["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return cpu
 
 
 def _summary(seconds: list[float], batch: int) -> dict:
@@ -107,8 +124,7 @@ def run(tokenizer, vocab_size: int, libraries: list[str], kinds: list[str] | Non
         batches: tuple[int, ...] = BATCHES, repeats: int = 5) -> dict:
     """The report for each of `libraries` that is installed (a missing one says so)."""
     kinds = kinds or list(WORKLOAD)
-    report: dict = {"cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
-                    "vocab_size": vocab_size, "libraries": {}}
+    report: dict = {**_cpu(), "torch_threads": torch.get_num_threads(), "vocab_size": vocab_size, "libraries": {}}
     for name in libraries:
         try:
             lib = LIBRARIES[name](tokenizer, vocab_size)
