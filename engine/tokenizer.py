@@ -31,6 +31,13 @@ class SerializedTokenizer:
         with self._lock:
             return self._tokenizer.apply_chat_template(*args, **kwargs)
 
+    @contextmanager
+    def exclusive(self):
+        """The tokenizer itself, for a library that must be handed the real object (guided
+        decoding's token table); no other call runs meanwhile."""
+        with self._lock:
+            yield self._tokenizer
+
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)
 

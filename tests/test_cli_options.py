@@ -315,10 +315,11 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
     targets = bench_targets()
-    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "guards", "quality", "scale", "serve",
-                               "soak"]
+    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "guards", "guided", "quality", "scale",
+                               "serve", "soak"]
     assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
     assert {"--clients", "--seconds", "--kill-every", "--kill-redis-primary"} <= flags(targets["soak"])
+    assert {"--libraries", "--repeats", "--threads"} <= flags(targets["guided"])
     assert {"--rate", "--slo", "--backend"} <= flags(targets["serve"]) & flags(targets["scale"])
     assert not {"--clients", "--rate", "--pairs", "--dtype"} & flags(targets["engine"])
     # Only the targets that talk to a running gateway take its connection options.

@@ -34,6 +34,16 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One torch thread here: on a busy 2-core host torch's spinning threads made the sampled walk
+    40x slower (2 s to 90 s). Restored after, for the modules that share this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def guides(tokenizer) -> Guides:
     return Guides(tokenizer, VOCAB)
@@ -127,6 +137,23 @@ def test_a_batch_of_three_specs_masks_each_row_by_its_own_matcher(guides, tokeni
     assert torch.equal(logits[1], before[1])
 
 
+@pytest.mark.parametrize("spec, prefix", [
+    (GuideSpec("choice", '["yes", "no"]'), ""),  # nearly every token forbidden
+    (GuideSpec("regex", "[a-z]+"), "ab"),  # forbidden and allowed mixed
+    (GuideSpec("json_schema", json.dumps(PERSON)), '{"name":"A'),  # inside a string: nearly all allowed
+])
+def test_every_apply_path_forbids_exactly_the_zero_bits_of_the_bitmask(guides, tokenizer, spec, prefix):
+    matcher = guides.start(spec)
+    assert all(matcher.accept(t) for t in encode(tokenizer, prefix))
+    bits = (guides.fill([matcher]).unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    expected = set(bits.flatten()[:VOCAB].nonzero().flatten().tolist())
+    for logits in (torch.zeros((2, VOCAB)), torch.zeros((2, VOCAB), dtype=torch.bfloat16),
+                   torch.zeros((VOCAB, 2)).t()):
+        guides.mask(logits, [1], [matcher])
+        assert set(torch.isfinite(logits[1]).nonzero().flatten().tolist()) == expected
+        assert torch.isfinite(logits[0]).all()
+
+
 def test_choice_allows_exactly_the_choices(guides, tokenizer):
     spec = GuideSpec("choice", '["yes", "no", "maybe later"]')
     finished = set()
@@ -179,6 +206,24 @@ def test_answers_sampled_under_the_mask_always_validate_within_200_tokens(guides
         jsonschema.validate(json.loads(tokenizer.decode(tokens)), BOUNDED)
 
 
+def test_logits_wider_than_the_tokenizer_get_their_extra_ids_masked(tokenizer):
+    from engine.tokenizer import SerializedTokenizer
+
+    guides = Guides(SerializedTokenizer(tokenizer), VOCAB + 64)  # the engine's tokenizer, padded logits
+    logits = torch.zeros((1, VOCAB + 64))
+    guides.mask(logits, [0], [guides.start(GuideSpec("regex", "[a-z]+"))])
+    assert torch.isinf(logits[0, VOCAB:]).all()
+    assert torch.isfinite(logits[0, :VOCAB]).any()
+
+
+def test_a_matcher_that_accepted_eos_allows_only_eos(guides, tokenizer):
+    matcher = guides.start(GuideSpec("choice", '["no"]'))
+    assert all(matcher.accept(t) for t in encode(tokenizer, "no") + [tokenizer.eos_token_id])
+    assert matcher.done
+    assert allowed(guides, matcher) == {tokenizer.eos_token_id}
+    assert not matcher.accept(encode(tokenizer, "no")[0])
+
+
 def test_compiled_grammars_are_kept_in_a_bounded_lru(tokenizer):
     guides = Guides(tokenizer, VOCAB, cache_size=2)
     for regex in ("a+", "b+", "c+", "a+"):
@@ -210,3 +255,21 @@ def test_a_named_tool_choice_gives_that_functions_parameters():
         tool_call_schema(TOOLS, {"type": "function", "function": {"name": "stocks"}})
     with pytest.raises(ValueError):
         tool_call_schema(TOOLS, "auto")
+
+
+def test_bench_guided_reports_positive_costs_for_each_kind_and_batch(tokenizer):
+    from ops.bench.guided import run
+
+    report = run(tokenizer, VOCAB, ["xgrammar"], batches=(1, 2), repeats=1)
+    assert report["vocab_size"] == VOCAB and report["cores"] > 0 and report["cpu"]
+    kinds = report["libraries"]["xgrammar"]
+    assert set(kinds) == {"json_schema", "regex", "choice"}
+    for row in kinds.values():
+        assert row["compile_ms"] > 0 and row["answer_tokens"] > 0
+        for batch in ("batch_1", "batch_2"):
+            for part in ("fill", "apply", "mask"):
+                cost = row[batch][part]
+                assert cost["steps"] == row["answer_tokens"]
+                for field in ("us_per_step_median", "us_per_step_p90", "us_per_token_per_seq_median",
+                              "us_per_token_per_seq_p90"):
+                    assert cost[field] > 0, (batch, part, field)

@@ -42,6 +42,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     _max_tokens(p, 128, "default 128")
 
     _add_cache_targets(targets, report)
+    _add_guided_target(targets, report)
     p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
                            "its own, a worker SIGKILLed every --kill-every seconds")
     p.add_argument("--clients", type=int, default=200, help="concurrent WebSocket clients")
@@ -81,6 +82,16 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
     _max_tokens(p, 32, "default 32")
     return bench
+
+
+def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
+    p = targets.add_parser("guided", parents=[report], help="guided decoding's token mask cost per token and "
+                           "compile time, per spec kind, at batch 1 and 32 (offline: the tokenizer only)")
+    p.add_argument("--libraries", default="xgrammar", help="comma-separated: xgrammar (Brigade's path, "
+                   "engine/guided.py), xgrammar_own_apply, llguidance, outlines_core; or all")
+    p.add_argument("--repeats", type=int, default=5, help="walks of each answer per batch size (default 5)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the apply (default 1: steadier on "
+                   "a shared host)")
 
 
 def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
@@ -127,7 +138,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return bench_serve(args, settings)
     bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "guards": _guards, "soak": _soak,
              "doors": _doors, "scale": _scale,
-             "quality": _quality}[args.target]
+             "quality": _quality, "guided": _guided}[args.target]
     report = bench(args, settings)
     if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
         return report
@@ -222,6 +233,12 @@ def _guards(args, settings: Settings) -> dict:
     from ops.bench.guards import run
 
     return run(args.pairs, args.limit, args.generated)
+
+
+def _guided(args, settings: Settings) -> dict:
+    from ops.bench.guided import run_on_model
+
+    return run_on_model(settings.model_dir, args.libraries, args.repeats, args.threads)
 
 
 def _quality(args, settings: Settings) -> dict | int:
