@@ -44,7 +44,8 @@ def test_logprobs_and_prompt_logprobs_equal_the_engines_scoring_of_prompt_and_an
         assert entry["top"][0][2] == token  # greedy: the chosen token is the best one
         assert entry["token"] == engine.tokenizer.decode([token])
     lps = done.prompt_logprobs
-    assert len(lps) == len(prompt) and lps[0] is None
+    first = {"token": engine.tokenizer.decode([prompt[0]]), "id": prompt[0], "logprob": None, "top": []}
+    assert len(lps) == len(prompt) and lps[0] == first  # nothing precedes it: no score, but its text
     for i in range(1, len(prompt)):
         assert lps[i]["logprob"] == pytest.approx(float(table[i - 1, prompt[i]]), abs=1e-4), f"prompt token {i}"
         assert [t for _, _, t in lps[i]["top"]] == table[i - 1].topk(2).indices.tolist()

@@ -153,7 +153,7 @@ def test_a_valid_generate_parses_with_the_fields_sent(frame, ensure_ascii):
     frame = json.loads(text)  # as the gateway reads it
     cmd = PROTOCOL.parse(text)
     assert isinstance(cmd, Generate) and cmd.id == frame["id"] and cmd.prompt == frame.get("prompt")
-    assert ([m.model_dump() for m in cmd.messages] if cmd.messages else None) == frame.get("messages")
+    assert ([m.model_dump(exclude_none=True) for m in cmd.messages] if cmd.messages else None) == frame.get("messages")
     assert cmd.model == SETTINGS.model_name and cmd.cache == frame.get("cache", "auto")
     assert cmd.cache_threshold == frame.get("cache_threshold") and cmd.deadline_ms == frame.get("deadline_ms")
     for name, value in cmd.params.model_dump().items():
