@@ -279,7 +279,7 @@ def test_bench_guided_engine_times_whole_decode_steps_plain_and_guided(tiny_engi
     from ops.bench import guided_engine
 
     engine = tiny_engine_factory(max_batch=4, max_wait_ms=0)
-    report = guided_engine.run(engine, batches=(1, 3), tokens=5)
+    report = guided_engine.run(engine, batches=(1, 3), tokens=5, rounds=1)
     assert report["tokens_per_sequence"] == 5 and set(report["batches"]) == {"1", "3"}
     for row in report["batches"].values():
         assert row["plain_step_ms"] > 0 and row["guided_step_ms"] > 0

@@ -43,13 +43,17 @@ def decode_steps(engine: Engine, batch: int, guided: bool, tokens: int) -> list[
     return seconds
 
 
-def run(engine: Engine, batches: tuple[int, ...] = (1, 32), tokens: int = 24) -> dict:
-    """Median step and per-token-per-sequence cost, plain and guided, at each batch size."""
+def run(engine: Engine, batches: tuple[int, ...] = (1, 32), tokens: int = 32, rounds: int = 2) -> dict:
+    """Median step and per-token-per-sequence cost, plain and guided, at each batch size; the two
+    alternate `rounds` times, so that a busy moment of the host falls on both."""
     decode_steps(engine, 1, True, 4)  # compile the grammar and warm the paths once
-    out = {"schema": json.loads(LONG_STRING.value), "tokens_per_sequence": tokens, "batches": {}}
+    out = {"schema": json.loads(LONG_STRING.value), "tokens_per_sequence": tokens, "rounds": rounds, "batches": {}}
     for batch in batches:
-        plain = statistics.median(decode_steps(engine, batch, False, tokens))
-        guided = statistics.median(decode_steps(engine, batch, True, tokens))
+        plain_steps, guided_steps = [], []
+        for _ in range(rounds):
+            plain_steps += decode_steps(engine, batch, False, tokens)
+            guided_steps += decode_steps(engine, batch, True, tokens)
+        plain, guided = statistics.median(plain_steps), statistics.median(guided_steps)
         out["batches"][str(batch)] = {
             "plain_step_ms": round(plain * 1000, 2), "guided_step_ms": round(guided * 1000, 2),
             "guide_ms_per_token_per_sequence": round((guided - plain) * 1000 / batch, 3),
