@@ -188,7 +188,8 @@ class Engine:
     def _check_fields(self, request: EngineRequest) -> None:
         """Fields a client can get wrong that the worker's mapping does not catch."""
         p = request.params
-        for name, ids in (("logit_bias", [t for t, _ in p.logit_bias]), ("stop_token_ids", p.stop_token_ids)):
+        for name, ids in (("logit_bias", [t for t, _ in p.logit_bias]), ("stop_token_ids", p.stop_token_ids),
+                          ("prompt_ids", request.prompt_ids or [])):
             bad = [t for t in ids if not 0 <= t < self.vocab_width]
             if bad:
                 raise RequestRejected("invalid_field", f"{name}: token id {bad[0]} is not in 0..{self.vocab_width - 1}")

@@ -136,7 +136,8 @@ class Admission:
     async def _admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str, store_answer: bool,
                      choice: Choice) -> Admitted:
         rid = uuid.uuid4().hex
-        guard_input = GuardInput(rid, cmd.model, cmd.prompt, cmd.messages, caller.key.name if caller.key else None)
+        guard_input = GuardInput(rid, cmd.model, self._prompt_text(cmd), cmd.messages,
+                                 caller.key.name if caller.key else None)
         context = RequestContext(caller, guard_input, key_id=caller.key.id if caller.key else None,
                                  store_answer=store_answer, choice=choice)
         await self._within_limits(caller, rid, cmd)
@@ -155,6 +156,19 @@ class Admission:
         for version in context.shadows:
             self._spawn(self.shadows.start(queued, Choice(choice.model, version, "shadow")))
         return Admitted(request_id=rid, model=choice.model, version=choice.version)
+
+    def _prompt_text(self, cmd: Generate) -> str | None:
+        """The prompt as the guards read it: a token-id prompt decoded with the model's tokenizer. A
+        gateway with guards but no tokenizer refuses such a prompt rather than let it pass unread."""
+        if cmd.prompt_ids is None:
+            return cmd.prompt
+        tokenizer = self.renderer.tokenizer if self.renderer is not None else None
+        if tokenizer is not None:
+            return tokenizer.decode(cmd.prompt_ids)
+        if self.guards:
+            raise ProtocolError("unsupported_field", "token-id prompts need the model's tokenizer at the gateway "
+                                "(its content guards read the prompt): send the prompt as text", cmd.id, "prompt")
+        return None
 
     async def _within_limits(self, caller: Caller, rid: str, cmd: Generate) -> None:
         if caller.key is None:
@@ -181,8 +195,8 @@ class Admission:
             raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", client_id)
 
     async def _look_up(self, cmd: Generate, context: RequestContext) -> Admitted | None:
-        if self.cache is None or cmd.cache == "off":
-            return None
+        if self.cache is None or cmd.cache == "off" or cmd.prompt_ids is not None:
+            return None  # a token-id prompt has no question to embed: the model answers it
         started = time.perf_counter()
         choice = context.choice
         try:
@@ -293,7 +307,8 @@ class Admission:
         now = time.time()
         return QueuedRequest(
             request_id=rid, client_id=client_id, reply_channel=self.reply_channel, enqueued_at=now,
-            model=choice.model, version=choice.version, prompt=cmd.prompt, messages=cmd.messages, tools=cmd.tools,
+            model=choice.model, version=choice.version, prompt=cmd.prompt, prompt_ids=cmd.prompt_ids,
+            messages=cmd.messages, tools=cmd.tools,
             params=params,
             deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
             api_key=key_id, lane=lane,

@@ -188,7 +188,7 @@ class _Stream:
             text, scored = event["text"], [event["logprobs"]] if self.opts.logprobs and event.get("logprobs") else None
             first = not self.started[index]
             if first and self.opts.echo is not None:  # the prompt, and its scores, come first
-                text = self.opts.echo + text
+                text = render.echo_text(self.opts, self.answer) + text
                 if self.opts.logprobs:
                     scored = (self.answer.prompt_logprobs or []) + (scored or [])
             if text or scored or first:  # an empty piece (a token still held back) says nothing

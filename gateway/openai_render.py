@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import tool_calls
-from gateway.openai_schema import Options
+from gateway.openai_schema import ECHO_TOKENS, Options
 
 LOWEST_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to the same value
 
@@ -127,6 +127,13 @@ def vllm_prompt_logprobs(entries: list[dict | None]) -> list:
     return out
 
 
+def echo_text(opts: Options, answer: Answer) -> str:
+    """What `echo` puts before the answer: the prompt, or a token-id prompt's tokens' texts."""
+    if opts.echo == ECHO_TOKENS:
+        return "".join(e["token"] for e in answer.prompt_logprobs or [])
+    return opts.echo or ""
+
+
 # ---- whole bodies ------------------------------------------------------------------------------------
 
 
@@ -151,7 +158,7 @@ def completion_body(opts: Options, rid: str, answer: Answer, done: dict, created
             if opts.logprobs:
                 out["logprobs"] = chat_logprobs(choice.logprobs)
         else:
-            out["text"] = (opts.echo or "") + choice.text if opts.echo is not None else choice.text
+            out["text"] = echo_text(opts, answer) + choice.text if opts.echo is not None else choice.text
             if opts.logprobs:
                 prompt = (answer.prompt_logprobs or []) if opts.echo is not None else []
                 out["logprobs"] = completion_logprobs(prompt + choice.logprobs)

@@ -67,6 +67,9 @@ SPECIAL_TOKENS = {True: (False, "must be false for chat: the chat template adds 
 MAX_TOP_LOGPROBS = 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions' `logprobs` (vLLM's is its own, 20)
+# `echo` of a token-id prompt: the door has no text, so the prompt's tokens' texts are echoed
+# (openai_render.echo_text), read from the prompt logprobs asked for them.
+ECHO_TOKENS = "\x00tokens"
 
 # Brigade's stable error codes -> HTTP status. Anything else a worker reports is a 500.
 STATUS = {
@@ -147,7 +150,8 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     if chat:
         fields["messages"] = chat_messages(body.get("messages"))
     else:
-        fields["prompt"] = _prompt(body.get("prompt"))
+        name, value = _prompt(body.get("prompt"))
+        fields[name] = value
         echo = _echo(body, fields)
     guide = _guide(body)
     if guide is not None:
@@ -202,8 +206,13 @@ def _echo(body: dict, fields: dict) -> str | None:
         return None
     if echo is not True:
         raise _invalid("echo", "must be a boolean")
-    if "logprobs" in fields and body.get("prompt_logprobs") is None:
-        fields["prompt_logprobs"] = fields["logprobs"]
+    if body.get("prompt_logprobs") is None:
+        if "logprobs" in fields:
+            fields["prompt_logprobs"] = fields["logprobs"]
+        elif "prompt_ids" in fields:  # the echoed text is read from the prompt tokens' own entries
+            fields["prompt_logprobs"] = 0
+    if "prompt_ids" in fields:
+        return ECHO_TOKENS
     return fields["prompt"] if isinstance(fields["prompt"], str) else ""
 
 
@@ -315,12 +324,17 @@ def _calls(calls: Any, i: int) -> list[dict]:
     return out
 
 
-def _prompt(prompt: Any) -> Any:
+def _prompt(prompt: Any) -> tuple[str, Any]:
+    """(the protocol's field, its value): one text, or one prompt of token ids (as evaluation harnesses
+    send them: `[1, 2, 3]` or `[[1, 2, 3]]`). Several prompts in one body are refused."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return "prompt_ids", prompt
     if isinstance(prompt, list):
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return prompt[0]
-        raise ProtocolError("unsupported_field", "`prompt` must be one string (lists of prompts and token ids are "
-                            "not supported: send one request per prompt)", None, "prompt")
-    return prompt
+        raise ProtocolError("unsupported_field", "`prompt` must be one prompt: a string or a list of token ids "
+                            "(several prompts in one request are not supported: send one request per prompt)",
+                            None, "prompt")
+    return "prompt", prompt
 
 

@@ -57,6 +57,7 @@ class Generate:
     # none | auto | required | function:NAME); None without tools.
     tools: list[dict] | None = None
     tool_choice: str | None = None
+    prompt_ids: list[int] | None = None  # a raw prompt given as token ids, instead of `prompt`
 
     def with_defaults(self, defaults: SamplingDefaults) -> Generate:
         """The one place a request's unset sampling fields are filled (every door passes here):
@@ -92,7 +93,7 @@ Command = Generate | Cancel | Resume | Feedback
 FEEDBACK_VERDICTS = ("wrong",)
 
 _GENERATE_FIELDS = {"type", "id", "prompt", "messages", "model", "user", "cache", "cache_threshold",
-                    "deadline_ms", "tools", "tool_choice", "parallel_tool_calls"} | set(
+                    "deadline_ms", "tools", "tool_choice", "parallel_tool_calls", "prompt_ids"} | set(
     GenerateParams.model_fields
 )
 _RESUME_FIELDS = {"type", "id", "after_index"}
@@ -170,9 +171,12 @@ class ClientProtocol:
     def _generate(self, data: dict, rid: str) -> Generate:
         s = self.settings
         _refuse_unknown(data, _GENERATE_FIELDS, rid)
-        prompt, messages = data.get("prompt"), data.get("messages")
-        if (prompt is None) == (messages is None):
-            raise ProtocolError("missing_field", "give exactly one of `prompt` or `messages`", rid, "prompt")
+        prompt, messages, prompt_ids = data.get("prompt"), data.get("messages"), data.get("prompt_ids")
+        if [prompt, messages, prompt_ids].count(None) != 2:
+            raise ProtocolError("missing_field", "give exactly one of `prompt`, `messages` or `prompt_ids`", rid,
+                                "prompt")
+        if prompt_ids is not None:
+            self._check_ids(prompt_ids, rid)
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise ProtocolError("invalid_field", "`prompt` must be a string", rid, "prompt")
@@ -200,7 +204,7 @@ class ClientProtocol:
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",
                                 rid, "deadline_ms")
         asked = self._params(data, rid)
-        tools, tool_choice = self._tools(data, rid, prompt is not None)
+        tools, tool_choice = self._tools(data, rid, messages is None)
         if tools and tool_choice:
             parallel = data.get("parallel_tool_calls")
             if parallel is not None and not isinstance(parallel, bool):
@@ -214,9 +218,18 @@ class ClientProtocol:
                                         "that forces a call", rid, "tool_choice")
                 asked = asked.model_copy(update={"guide": forced})
         cmd = Generate(rid, prompt, parsed_messages, model, asked, cache, threshold, deadline, version, user or None,
-                       asked, tools, tool_choice).with_defaults(defaults)
+                       asked, tools, tool_choice, prompt_ids).with_defaults(defaults)
         self._check_limits(cmd.params, rid)
         return cmd
+
+    def _check_ids(self, ids, rid: str) -> None:
+        """Token ids as a prompt: non-empty, integers >= 0, at most one per character a text prompt may
+        have (each token is at least one); the worker refuses an id past the vocabulary."""
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            and t >= 0 for t in ids):
+            raise ProtocolError("invalid_field", "`prompt_ids` must be a non-empty list of token ids (integers >= 0)",
+                                rid, "prompt_ids")
+        self._check_length(len(ids), rid, "prompt_ids", "tokens")
 
     def _tools(self, data: dict, rid: str, raw_prompt: bool) -> tuple[list[dict] | None, str | None]:
         try:
@@ -274,10 +287,10 @@ class ClientProtocol:
         self._check_length(sum(len(m.content) for m in parsed), rid, "messages")
         return parsed
 
-    def _check_length(self, chars: int, rid: str, field: str) -> None:
+    def _check_length(self, chars: int, rid: str, field: str, unit: str = "characters") -> None:
         if chars > self.settings.max_prompt_chars:
             raise ProtocolError(
-                "prompt_too_long", f"`{field}` has {chars} characters; the limit is {self.settings.max_prompt_chars}",
+                "prompt_too_long", f"`{field}` has {chars} {unit}; the limit is {self.settings.max_prompt_chars}",
                 rid, field,
             )
 

@@ -90,6 +90,26 @@ def test_completions_echo_scores_every_prompt_token_as_evaluation_harnesses_read
     assert "".join(lp.tokens) == response.choices[0].text and lp.text_offset[1] == len(lp.tokens[0])
 
 
+def test_a_token_id_prompt_scores_a_continuation_as_lm_evaluation_harness_reads_it(stack, invariant_engine):
+    """lm-evaluation-harness's `local-completions` loglikelihood: ids from the server's /tokenize,
+    `prompt: [[ids]]`, echo, logprobs 1, max_tokens 1; it sums token_logprobs[ctxlen:-1]."""
+    c = client(stack)
+    tokenize = lambda text: httpx.post(f"{stack.http}/tokenize", json={"prompt": text}).json()["tokens"]  # noqa: E731
+    context, whole = tokenize("The capital of France is"), tokenize("The capital of France is Paris")
+    assert whole[:len(context)] == context and len(whole) > len(context)
+    response = c.completions.create(model=MODEL, prompt=[whole], echo=True, logprobs=1, max_tokens=1, temperature=0,
+                                    seed=1234)
+    lp = response.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(whole) + 1
+    table = scores(invariant_engine, whole)
+    expected = sum(float(table[i - 1, whole[i]]) for i in range(len(context), len(whole)))
+    assert sum(lp.token_logprobs[len(context):-1]) == pytest.approx(expected, abs=1e-3)
+    greedy = all(t == max(top.values()) for t, top in zip(lp.token_logprobs[len(context):-1],
+                                                           lp.top_logprobs[len(context):-1]))
+    assert greedy == all(int(table[i - 1].argmax()) == whole[i] for i in range(len(context), len(whole)))
+    assert response.choices[0].text.startswith("The capital of France is Paris")
+
+
 def _prefilled(stack: Stack) -> int:
     """Prompt positions the worker's engine has computed, from a heartbeat sent after this call."""
     since = time.time()

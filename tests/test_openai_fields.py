@@ -48,6 +48,26 @@ def test_completions_echo_with_logprobs_asks_for_the_prompts_scores():
     assert cmd.params.prompt_logprobs is None and opts.echo == "Hi" and not opts.logprobs
 
 
+@pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7]]])
+def test_a_prompt_of_token_ids_as_harnesses_send_it_is_taken_and_echoed_from_its_tokens(prompt):
+    cmd, opts = parse({"prompt": prompt, "echo": True, "max_tokens": 1}, chat=False)
+    assert cmd.prompt_ids == [5, 6, 7] and cmd.prompt is None and opts.echo == oa.ECHO_TOKENS
+    assert cmd.params.prompt_logprobs == 0  # the echoed text comes from the prompt tokens' entries
+    answer = render.Answer()
+    answer.add({"type": "token", "index": 0, "text": "!", "prompt_logprobs": [
+        {"token": "A", "id": 5, "logprob": None, "top": []}, {"token": " b", "id": 6, "logprob": -1.0, "top": []},
+        {"token": "c", "id": 7, "logprob": -2.0, "top": []}]})
+    body = render.completion_body(opts, "r", answer, {"usage": {}}, 0, "r")
+    assert body["choices"][0]["text"] == "A bc!" and body["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], [1, "a"], [], [[]], [True, 1]])
+def test_several_prompts_or_mixed_ones_are_refused(prompt):
+    with pytest.raises(ProtocolError) as err:
+        parse({"prompt": prompt}, chat=False)
+    assert err.value.field in ("prompt", "prompt_ids") and oa.status_of(err.value.code) == 400
+
+
 @pytest.mark.parametrize("body, kind, value", [
     ({"response_format": {"type": "json_object"}}, "json_object", ""),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}},
@@ -233,3 +253,17 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta():
     delta = chunks[0]["choices"][0]["delta"]
     assert delta["content"] is None and delta["tool_calls"][0]["function"]["name"] == "get_weather"
     assert delta["tool_calls"][0]["index"] == 0 and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("frame, code, field", [
+    ({"prompt_ids": [1, -2]}, "invalid_field", "prompt_ids"),
+    ({"prompt_ids": []}, "invalid_field", "prompt_ids"),
+    ({"prompt_ids": [1, 2], "prompt": "x"}, "missing_field", "prompt"),
+    ({"prompt_ids": [1], "tools": [WEATHER]}, "invalid_field", "tools"),
+])
+def test_the_websocket_takes_a_prompt_of_token_ids_checked_like_any_field(frame, code, field):
+    ok = PROTOCOL.parse(json.dumps({"type": "generate", "id": "a", "prompt_ids": [3, 4]}))
+    assert ok.prompt_ids == [3, 4] and ok.prompt is None and ok.messages is None
+    with pytest.raises(ProtocolError) as err:
+        PROTOCOL.parse(json.dumps({"type": "generate", "id": "a", **frame}))
+    assert (err.value.code, err.value.field) == (code, field)

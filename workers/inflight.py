@@ -73,6 +73,7 @@ def engine_request(entry: InFlight, defaults: SamplingDefaults, logged: list[dic
         queued.request_id,
         sampling_params(queued, defaults),
         prompt=queued.prompt,
+        prompt_ids=queued.prompt_ids,
         messages=[m.model_dump(exclude_none=True) for m in queued.messages] if queued.messages is not None else None,
         tools=queued.tools,
         batch=queued.lane == "batch",

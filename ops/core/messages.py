@@ -108,6 +108,7 @@ class QueuedRequest(BaseModel):
     # The registered version it was routed to (its queue is that version's); empty: unversioned.
     version: str = ""
     prompt: str | None = None
+    prompt_ids: list[int] | None = None  # a prompt given as token ids (evaluation harnesses send them)
     messages: list[ChatMessage] | None = None
     # OpenAI function tools offered to the model (rendered into its prompt: engine/chat_prompt.py).
     tools: list[dict] | None = None
