@@ -85,6 +85,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int] = froze
     guided = [j for j, seq in enumerate(chosen) if seq.matcher is not None]
     if guided:
         guides.mask(work, guided, [chosen[j].matcher for j in guided])
+    # Greedy processed rows (penalties, bias, a guide...) share one argmax over the processed rows;
+    # only sampled rows are chosen one by one (each draws from its own seeded generator).
+    best = work.argmax(dim=-1).tolist()
     for j, i in enumerate(rows):
-        tokens[i] = choose(work[j], chosen[j])
+        tokens[i] = best[j] if chosen[j].params.greedy else choose(work[j], chosen[j])
     return tokens
