@@ -394,6 +394,8 @@ class Engine:
         if scored:
             score_prompts(scored, logits, self.token_texts)
         for seq, row in list(zip(sampled, rows)):
+            if seq.params.n == 1 or seq.output_ids:
+                continue  # forks happen at a request's first token only
             for child in self.requests[seq.request_id].fork(seq):
                 self._prepare(child)
                 self.scheduler.fork(seq, child)

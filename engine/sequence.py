@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from functools import cached_property
 
 
 class SequenceStatus(Enum):
@@ -50,7 +51,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    @property
+    @cached_property  # asked of every row at every step; the fields never change (frozen)
     def plain(self) -> bool:
         """Whether the raw logits' argmax is its token (the batch's one argmax serves it), once
         min_tokens is behind it."""

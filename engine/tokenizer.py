@@ -40,10 +40,3 @@ class SerializedTokenizer:
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)
-
-    @contextmanager
-    def exclusive(self):
-        """The tokenizer itself, under the lock: for a library that reads its tables once and
-        wants the real class (xgrammar's TokenizerInfo)."""
-        with self._lock:
-            yield self._tokenizer

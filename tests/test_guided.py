@@ -11,19 +11,10 @@ import torch
 
 from engine.guided import GuideError, Guides, GuideSpec, check
 from engine.tool_schema import tool_call_schema
+from ops.bench.guided import SCHEMA
 
 VOCAB = 49152  # SmolLM2's logits width
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "role": {"enum": ["admin", "editor", "viewer"]},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["name", "age", "role", "tags"],
-    "additionalProperties": False,
-}
+PERSON = SCHEMA  # the bench's realistic answer shape: a string, an integer, an enum, an array of strings
 PERSON_ANSWER = '{"name":"Ada","age":36,"role":"editor","tags":["math","poetry"]}'
 
 
