@@ -73,9 +73,8 @@ def test_readyz_turns_ready_only_after_a_worker_is_up(stack):
 
 def test_eight_clients_at_once_stream_the_engines_greedy_answers(stack, engine):
     params = SamplingParams(max_tokens=32)
-    expected = engine.generate(
-        [EngineRequest(f"q{i}", params, messages=[{"role": "user", "content": q}]) for i, q in enumerate(QUESTIONS)]
-    )
+    asks = [EngineRequest(f"q{i}", params, messages=[{"role": "user", "content": q}]) for i, q in enumerate(QUESTIONS)]
+    expected = engine.generate(asks)
 
     async def main():
         return await asyncio.gather(*[
@@ -233,10 +232,9 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     pubsub.subscribe(channel)
 
     def queued(rid: str) -> dict:
-        return QueuedRequest(
-            request_id=rid, client_id=rid, reply_channel=channel, enqueued_at=time.time(), model="smollm2-135m-instruct",
-            prompt="Hello", params=GenerateParams(max_tokens=4),
-        ).model_dump(mode="json")
+        return QueuedRequest(request_id=rid, client_id=rid, reply_channel=channel, enqueued_at=time.time(),
+                             model="smollm2-135m-instruct", prompt="Hello", params=GenerateParams(max_tokens=4),
+                             ).model_dump(mode="json")
 
     app = make_app(stack.redis.url)
     client.set(keys.cancelled("skipped-1"), "1", ex=60)
