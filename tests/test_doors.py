@@ -253,7 +253,9 @@ def test_chat_reconnects_when_the_gateway_restarts_and_keeps_its_conversation(do
 
 
 def test_an_answer_cut_by_a_gateway_restart_is_resumed_whole(doors):
-    args = ("--no-cache", "--max-tokens", "48", LONG_QUESTION)
+    # Long enough that the restart lands mid-answer: the tiny model makes a token in a few ms, and 48
+    # tokens once ended before the restart did.
+    args = ("--no-cache", "--max-tokens", "600", LONG_QUESTION)
     chat = Chat(doors, *args)
     try:
         wait_until(lambda: len(chat.out) > 10, 120, what="the answer to stream")

@@ -21,6 +21,7 @@ from websockets.asyncio.client import connect
 from engine import EngineRequest, SamplingParams
 from engine.kv_cache import SequenceKV
 from engine.sequence import Chunk, Sequence
+from ops.core import keys
 from tests.services import Stack, wait_until, worker_statuses
 
 MODEL = "smollm2-135m-instruct"
@@ -216,7 +217,10 @@ def test_langchain_calls_a_tool_and_fills_a_structured_answer(stack):
 
 def test_a_stored_answer_serves_only_requests_it_satisfies(stack):
     c = client(stack)
+    stored = lambda: stack.redis.client.zcard(keys.CACHE_LRU)  # noqa: E731 (entries stored so far)
+    entries = stored()
     plain = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    wait_until(lambda: stored() > entries, 15, what="the answer stored")  # stored after its `done`
     again = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
     assert again.model_extra["brigade"]["cached"] == "exact" and again.choices[0].message.content == \
         plain.choices[0].message.content
@@ -225,6 +229,7 @@ def test_a_stored_answer_serves_only_requests_it_satisfies(stack):
     shaped = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
                                        extra_body={"guided_choice": ["Rome", "Oslo"]})
     assert shaped.model_extra["brigade"]["cached"] is None and shaped.choices[0].message.content in ("Rome", "Oslo")
+    wait_until(lambda: stored() > entries + 1, 15, what="the guided answer stored")
     shaped_again = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
                                              extra_body={"guided_choice": ["Rome", "Oslo"]})
     assert shaped_again.model_extra["brigade"]["cached"] == "exact"  # keyed by its grammar: its own entry
@@ -281,7 +286,6 @@ def test_a_handed_over_n2_request_whose_every_choice_had_ended_gets_its_done_fro
     """A worker died after the last token of every choice was logged, before the `done` (a failover
     can lose that tail): the next worker runs nothing and publishes the done from the log (its
     usage with the prompt's tokens, each choice's end, the request's end as its last choice's)."""
-    from ops.core import keys
     from ops.core.messages import GenerateParams, QueuedRequest
     from ops.core.queue import QueueSender
     from ops.core.settings import Settings
