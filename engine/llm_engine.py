@@ -238,10 +238,12 @@ class Engine:
         return len(prompt_ids)
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request, every choice (any thread): a waiting one never runs, a running one leaves
-        at the next step."""
+        """Stop a request's every choice (any thread): waiting, it never runs; running, it leaves."""
         with self._lock:
-            self._cancels.append(request_id)
+            # Only one held now: a stale cancel would stop the next run under its id (a fenced
+            # worker that claims its own request again; its new run once ended "cancelled").
+            if request_id in self.requests or any(g.request_id == request_id for g in self._inbox):
+                self._cancels.append(request_id)
         self._wake.set()
 
     def holds(self, request_id: str) -> bool:
