@@ -6,7 +6,6 @@
     updates = self._postprocess(sampled, tokens)
 
 A request with n answers is one sequence until its first token, then n (engine/choices.py).
-
 `add_request` and `cancel` may be called from any thread; `step` and `run` belong to one thread.
 """
 from __future__ import annotations
