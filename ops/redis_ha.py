@@ -45,6 +45,19 @@ class RedisHA:
     sentinel_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
     master: str = MASTER_NAME
     password: str | None = None
+    # Addresses to listen on besides `host`, the one the sentinels announce: with `host` on a link
+    # the chaos bench made (ops/bench/netns.py), loopback too.
+    also_bind: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.host, *self.also_bind]
+
+    @property
+    def protected_mode(self) -> str:
+        """"no" where it must be: without a password, Redis refuses clients on any address but
+        loopback, and a bench's own link is reachable only from this host."""
+        return "yes" if self.password or all(a.startswith("127.") for a in self.addresses) else "no"
 
     @property
     def url(self) -> str:
@@ -66,7 +79,8 @@ class RedisHA:
         for i, port in enumerate(self.data_ports):
             data = self.folder / f"node-{port}"
             data.mkdir(exist_ok=True)
-            argv = [server, "--port", str(port), "--bind", self.host, "--save", "", "--appendonly", "yes",
+            argv = [server, "--port", str(port), "--bind", *self.addresses, "--protected-mode", self.protected_mode,
+                    "--save", "", "--appendonly", "yes",
                     "--appendfsync", "everysec", "--dir", str(data), "--logfile", str(data / "redis.log")]
             if self.password:
                 # replicas authenticate to whichever node is primary: every node has the same password
@@ -77,7 +91,8 @@ class RedisHA:
         for i, port in enumerate(self.sentinel_ports, 1):
             conf = self.folder / f"sentinel-{port}.conf"
             if not conf.exists():  # a sentinel rewrites its file with what it learned; a restart keeps it
-                lines = [f"port {port}", f"bind {self.host}", f"dir {self.folder}",
+                lines = [f"port {port}", f"bind {' '.join(self.addresses)}", f"protected-mode {self.protected_mode}",
+                         f"dir {self.folder}",
                          f"logfile {self.folder / f'sentinel-{port}.log'}",
                          f"sentinel monitor {self.master} {self.host} {primary} {QUORUM}",
                          f"sentinel down-after-milliseconds {self.master} {DOWN_AFTER_MS}",
