@@ -1,0 +1,197 @@
+"""A Brigade of its own on free ports, for the benchmarks that break it (`bench soak`, `bench chaos`).
+
+redis-server (or a primary, replicas and three sentinels: ops/redis_ha.py), gateways, a reaper and
+workers, under one Supervisor, so that any of them may be SIGKILLed and started again. Parts are
+named `gateway-0`, `worker-1`, `redis-primary`, ... One worker may run inside a network namespace
+(ops/bench/netns.py): Redis then listens on the namespace link's host address too, and everyone
+reaches it there, so that the link can be cut under that worker alone.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+from ops.bench.netns import CutLink
+from ops.core import redis_clients
+from ops.core.fleet import live_workers
+from ops.core.ports import free_port
+from ops.core.settings import get_settings
+from ops.redis_ha import RedisHA
+from ops.supervision import Supervisor, stop_graces
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+
+class Fleet:
+    """Redis, `gateways` gateways, a reaper and `workers` workers, each a supervised part that may be
+    killed and started again (always from the main thread: see Supervisor). `env` is added to every
+    Brigade part's environment (a model, a setting). With `cut_link` the last worker runs inside its
+    namespace."""
+
+    def __init__(self, workdir: Path, workers: int, redis_ha: bool = False, *, gateways: int = 1,
+                 redis_replicas: int = 2, env: dict[str, str] | None = None, cut_link: CutLink | None = None,
+                 worker_prefix: str = "soak"):
+        self.workdir = workdir
+        server = shutil.which("redis-server")
+        if server is None:
+            raise SystemExit("redis-server is not installed: sudo apt-get install -y redis-server")
+        self.supervisor = Supervisor(grace_s=stop_graces(get_settings()))
+        self.cut_link = cut_link
+        self.restarts: Counter[str] = Counter()
+        self._redis: redis.Redis | None = None
+        self.ha = None
+        if redis_ha:
+            host, also = (cut_link.host_ip, ("127.0.0.1",)) if cut_link else ("127.0.0.1", ())
+            self.ha = RedisHA(workdir / "redis-ha", host=host, also_bind=also,
+                              data_ports=[free_port() for _ in range(1 + redis_replicas)])
+            for name, argv in self.ha.parts(server).items():
+                self.supervisor.start(name, argv, death_signal=signal.SIGTERM)
+            self.supervisor.wait_for(self.ha.healthy, 60)
+            redis_url = self.ha.url
+        else:
+            port, host = free_port(), cut_link.host_ip if cut_link else "127.0.0.1"
+            binds = [host, "127.0.0.1"] if cut_link else [host]
+            self.supervisor.start("redis", [server, "--port", str(port), "--bind", *binds, "--protected-mode",
+                                            "no" if cut_link else "yes", "--save", "", "--appendonly", "no",
+                                            "--dir", str(workdir)], log=workdir / "redis.log",
+                                  death_signal=signal.SIGTERM)
+            redis_url = f"redis://{host}:{port}/0"
+        # Every gateway must see the same batch files (docs/batch.md); the bench's own folder.
+        self.env = dict(os.environ, BRIGADE_REDIS_URL=redis_url, BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1",
+                        BRIGADE_BATCH_FILES_DIR=str(workdir / "batches"), **(env or {}))
+        self.ports = [free_port() for _ in range(gateways)]
+        self.gateways = [f"gateway-{i}" for i in range(gateways)]
+        for part, port in zip(self.gateways, self.ports):
+            self._start(part, ["gateway"], BRIGADE_GATEWAY_PORT=str(port))
+        self._start("reaper", ["reaper"])
+        self.workers = [f"worker-{i}" for i in range(workers)]
+        for i, part in enumerate(self.workers):
+            inside = cut_link is not None and i == workers - 1
+            self._start(part, ["worker", "--name", f"{worker_prefix}{i}@bench"], inside=inside)
+        self.cut_worker = self.workers[-1] if cut_link else None
+
+    def _start(self, part: str, args: list[str], inside: bool = False, **env: str) -> None:
+        argv = [sys.executable, "-m", "ops.cli", *args]
+        self.supervisor.start(part, self.cut_link.command(argv) if inside else argv, env=dict(self.env, **env),
+                              log=self.workdir / f"{part}.log")
+
+    # ---- where it answers, and whether it is whole -------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def ws_urls(self) -> list[str]:
+        return [f"ws://127.0.0.1:{p}/v1/ws" for p in self.ports]
+
+    @property
+    def http_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    def pid(self, part: str) -> int:
+        return self.supervisor.process(part).pid
+
+    def ready(self) -> bool:
+        """Every gateway ready and seeing every worker's heartbeat."""
+        for url in self.http_urls:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+                    if json.loads(r.read())["workers"] < len(self.workers):
+                        return False
+            except (OSError, ValueError, KeyError):
+                return False
+        return True
+
+    @property
+    def redis(self) -> redis.Redis:
+        """A client of the fleet's Redis (through the sentinels), made on first use."""
+        if self._redis is None:
+            self._redis = redis_clients.client(self.env["BRIGADE_REDIS_URL"], timeout_s=2, connect_timeout_s=2)
+        return self._redis
+
+    def beating(self) -> set[str]:
+        """The worker parts whose current process has a live heartbeat (a killed one's heartbeat
+        outlives it by the TTL, and a gateway's count of workers cannot tell the two apart)."""
+        try:
+            pids = {status.get("pid") for status in live_workers(self.redis)}
+        except redis.RedisError:
+            return set()
+        return {w for w in self.workers if self.pid(w) in pids}
+
+    def whole(self) -> bool:
+        """Every worker's current process beating, every gateway ready, the Redis set healthy
+        (every replica linked, every sentinel agreeing)."""
+        return (len(self.beating()) == len(self.workers) and self.ready()
+                and (self.ha is None or self.ha.healthy()))
+
+    def rss(self) -> dict[str, float | None]:
+        """Every part's resident memory now, MB."""
+        return {name: rss_mb(part.process.pid) for name, part in self.supervisor.parts.items()
+                if part.process.poll() is None}
+
+    # ---- faults ----------------------------------------------------------------------------------------
+
+    def kill_and_restart(self, part: str) -> None:
+        self.supervisor.kill_and_restart(part)
+        self.restarts[part] += 1
+
+    def kill_one(self, spare: tuple[str, ...] = ()) -> str:
+        """SIGKILL a worker (any but `spare`) and start it again."""
+        part = random.choice([w for w in self.workers if w not in spare])
+        self.kill_and_restart(part)
+        return part
+
+    @property
+    def kills(self) -> int:
+        return sum(n for part, n in self.restarts.items() if part.startswith("worker"))
+
+    async def kill_primary(self) -> dict:
+        """SIGKILL the Redis primary, wait for the sentinels to promote a replica, start the killed
+        node again. Returns what happened, with timings."""
+        old = self.ha.primary_port()
+        name = self.ha.node_name(old)
+        self.supervisor.process(name).kill()
+        killed = time.monotonic()
+        new = None
+        while time.monotonic() - killed < 60:
+            await asyncio.sleep(0.1)
+            new = await asyncio.to_thread(self.ha.primary_port)
+            if new not in (None, old):
+                break
+        promoted_s = round(time.monotonic() - killed, 2)
+        part = self.supervisor.parts[name]
+        part.process.wait(10)
+        self.supervisor.start(name, part.argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
+        self.restarts[name] += 1
+        return {"killed": old, "promoted": new, "promoted_after_s": promoted_s}
+
+    def stop(self) -> None:
+        self.supervisor.stop()
