@@ -315,10 +315,12 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
     targets = bench_targets()
-    assert sorted(targets) == ["cache", "cache-replay", "doors", "engine", "guards", "guided", "quality", "scale",
-                               "serve", "soak"]
+    assert sorted(targets) == ["cache", "cache-replay", "chaos", "doors", "engine", "guards", "guided", "quality",
+                               "scale", "serve", "soak"]
     assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
     assert {"--clients", "--seconds", "--kill-every", "--kill-redis-primary"} <= flags(targets["soak"])
+    assert {"--clients", "--sse-clients", "--batch-lines", "--kill-worker-every", "--kill-redis-primary",
+            "--kill-gateway", "--cut-seconds", "--model"} <= flags(targets["chaos"])
     assert {"--libraries", "--repeats", "--threads"} <= flags(targets["guided"])
     assert {"--rate", "--slo", "--backend"} <= flags(targets["serve"]) & flags(targets["scale"])
     assert not {"--clients", "--rate", "--pairs", "--dtype"} & flags(targets["engine"])
@@ -327,10 +329,10 @@ def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
                                                                                        "doors", "serve"]
     assert all("--json" in flags(p) for p in targets.values())
     # Each target's --max-tokens default is its own, said in its help.
-    defaults = {name: targets[name].parse_args([]).max_tokens for name in ("engine", "quality", "soak", "doors",
-                                                                            "serve", "scale", "cache-replay")}
-    assert defaults == {"engine": 128, "quality": 32, "soak": 16, "doors": 16, "serve": None, "scale": None,
-                        "cache-replay": 48}
+    defaults = {name: targets[name].parse_args([]).max_tokens for name in ("engine", "quality", "soak", "chaos",
+                                                                            "doors", "serve", "scale", "cache-replay")}
+    assert defaults == {"engine": 128, "quality": 32, "soak": 16, "chaos": 16, "doors": 16, "serve": None,
+                        "scale": None, "cache-replay": 48}
     for argv in (["bench", "soak", "--n", "1"], ["bench", "engine", "--clients", "3"], ["bench", "doors", "--rate", "1"]):
         with pytest.raises(SystemExit) as exited:
             build_parser().parse_args(argv)

@@ -53,6 +53,8 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                         "evenly spaced (the sentinels fail over; the killed node rejoins as a replica)")
     _max_tokens(p, 16, "default 16")
 
+    _add_chaos_target(targets, report)
+
     p = targets.add_parser("doors", parents=[report], help="the same requests through each door of a running "
                            "gateway (WebSocket, OpenAI HTTP streaming and not)")
     p.add_argument("--rounds", type=int, default=20, help="requests through each door")
@@ -82,6 +84,28 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
     _max_tokens(p, 32, "default 32")
     return bench
+
+
+def _add_chaos_target(targets, report: argparse.ArgumentParser) -> None:
+    p = targets.add_parser("chaos", parents=[report], help="WebSocket, SSE and batch load on a fleet of its own "
+                           "(2 gateways, 2 workers, Redis primary + replica + 3 sentinels) while workers, the Redis "
+                           "primary and a gateway are SIGKILLed and a worker is cut from Redis")
+    p.add_argument("--seconds", type=float, default=600, help="how long to keep asking (default 600)")
+    p.add_argument("--clients", type=int, default=200, help="WebSocket clients, round-robin over the gateways")
+    p.add_argument("--sse-clients", type=int, default=20, help="OpenAI streaming chat clients (default 20)")
+    p.add_argument("--batch-lines", type=int, default=1000, help="lines of the batch job submitted at the start")
+    p.add_argument("--kill-worker-every", type=float, default=60, help="SIGKILL a worker this often and start it "
+                   "again (seconds; 0: never)")
+    p.add_argument("--kill-redis-primary", type=int, default=2, metavar="N", help="SIGKILL the Redis primary N times")
+    p.add_argument("--kill-gateway", type=int, default=1, metavar="N", help="SIGKILL a gateway N times (the one "
+                   "running the batch job), each started again")
+    p.add_argument("--cut-seconds", type=float, default=30, help="cut one worker from Redis this long, its process "
+                   "running on (a network namespace: needs root; 0: no cut)")
+    p.add_argument("--model", help="the fleet's model folder (default: BRIGADE_MODEL, else "
+                   "the default model); a small model's folder makes a quick run")
+    p.add_argument("--batch-wait", type=float, default=600, help="after the load, how long the batch job may take "
+                   "to finish (seconds)")
+    _max_tokens(p, 16, "default 16")
 
 
 def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
@@ -139,7 +163,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         return bench_serve(args, settings)
     bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "guards": _guards, "soak": _soak,
-             "doors": _doors, "scale": _scale,
+             "chaos": _chaos, "doors": _doors, "scale": _scale,
              "quality": _quality, "guided": _guided}[args.target]
     report = bench(args, settings)
     if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
@@ -211,6 +235,14 @@ def _soak(args, settings: Settings) -> dict:
     from ops.bench.soak import run
 
     return run(args.clients, args.seconds, args.kill_every, args.max_tokens, redis_primary_kills=args.kill_redis_primary)
+
+
+def _chaos(args, settings: Settings) -> dict:
+    from ops.bench.chaos import ChaosConfig, run
+
+    return run(ChaosConfig(args.seconds, args.clients, args.sse_clients, args.batch_lines, args.kill_worker_every,
+                           args.kill_redis_primary, args.kill_gateway, args.cut_seconds, args.max_tokens, args.model,
+                           args.batch_wait))
 
 
 def _doors(args, settings: Settings) -> dict:
