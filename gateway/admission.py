@@ -325,8 +325,8 @@ class Admission:
             context.shadows = [v for v in self.catalog.shadows(choice.model) if v != choice.version]
         # The answer is kept for the cache, the output guards, and to compare shadows' with.
         keep_text = context.cache_query is not None or bool(self.guards) or bool(context.shadows)
-        route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[], model=choice.model,
-                      version=choice.version)
+        route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[], stored=asyncio.Event(),
+                      model=choice.model, version=choice.version)
         self.router.add(route)
         try:
             await self.store.put(queued)
@@ -337,6 +337,10 @@ class Admission:
             self._spawn(self.store.stop(rid))  # the client was told it failed: it must not run later
             raise ProtocolError("unavailable", "the request could not be queued; try again shortly", cmd.id,
                                 retry_after_s=self.settings.retry_after_s) from None
+        finally:
+            # A catch-up that met this route while it was being stored judges it now (after the
+            # held deliveries below: this task runs on to its return before the waiter wakes).
+            route.stored.set()
         log.info("event=enqueued request_id=%s client_id=%s door=%s", rid, cmd.id, context.caller.door)
         sink.queued(cmd.id, rid)
         held, route.held = route.held, None

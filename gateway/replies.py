@@ -115,6 +115,14 @@ class ReplyIntake:
             route = self.router.live.get(rid)
             if route is None:
                 continue
+            if route.stored is not None and not route.stored.is_set():
+                # Admitted but not yet stored (its put may be waiting out the very failover that
+                # brought this catch-up): its record is missing because it is not written *yet*,
+                # and nothing of it can have been published. Ending it here told a request about
+                # to be queued that it was lost. It is caught up once stored.
+                route.catching_up = False
+                self.spawn(self._catch_up_once_stored(route))
+                continue
             try:
                 entries = await self._unread_retrying(route)
             finally:
@@ -128,7 +136,13 @@ class ReplyIntake:
                     self._send(self.router.forward(route, event))
             if (self.router.live.get(rid) is route and not entries
                     and not await self.redis.exists(keys.stream(rid), keys.request(rid))):
+                log.warning("event=request_lost_with_redis request_id=%s", rid)
                 self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+
+    async def _catch_up_once_stored(self, route: Route) -> None:
+        await route.stored.wait()
+        if self.router.live.get(route.request_id) is route:
+            await self.catch_up([route.request_id])
 
     async def _unread_retrying(self, route: Route) -> list:
         """_unread, tried again while Redis is coming back (a catch-up right after a restart meets

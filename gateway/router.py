@@ -57,6 +57,10 @@ class Route:
     # Deliveries that came before the request was confirmed queued (a list), sent right after
     # its `queued`; None once confirmed.
     held: list | None = None
+    # Set once admission is done storing the request (on the queue, or failed and removed); until
+    # then its record may not be in Redis *yet*, which a catch-up must not read as lost. None: the
+    # request was stored before this route was made (a resume, a follow).
+    stored: asyncio.Event | None = None
     # What admission knows of the request (cache query, caller, guard input): settled at the end.
     context: Any = None
     model: str = ""  # the model and version it runs on, named in its `done` event

@@ -18,7 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from ops.core import keys
-from tests.services import RedisHAServer, create_key, wait_until
+from tests.clients import Answer, absorb
+from tests.services import RedisHAServer, create_key, wait_until, wait_until_async
 from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
@@ -209,6 +210,63 @@ def test_every_part_survives_one_more_failover_after_those(ha: HAStack, expected
         assert "Unrecoverable error" not in log, f"{name}:\n{log[-3000:]}"
         assert "Connected to sentinel://" not in log, f"{name} fell back to kombu's own transport"
     ha.redis.restart(killed["node"])
+
+
+def test_a_request_sent_as_a_failover_ends_is_answered_not_called_lost(ha: HAStack, expected):
+    """Issue 38: 4 greedy streams, the primary SIGKILLed while they run (3 s after they started), and one new request
+    ("Say hello.", greedy) sent the moment they are done: it was answered `unavailable` ("lost while
+    Redis was unavailable") in 6 runs of 7. Its route was in the router while its put waited for the
+    new primary, and the catch-up after the subscriber's reconnection, finding no record yet, ended
+    it. Here, twice (each time a fresh failover): the streams come through whole, and requests sent
+    every 0.2 s from the kill until 3 s after the streams end (during the failover and right after
+    it) are all answered. A gateway without keys, as in
+    the report: with keys the request waits for its key before its route exists, which hides the
+    race."""
+    probes: dict[str, Answer] = {}
+
+    async def round_(url: str) -> tuple[list, str]:
+        loop = asyncio.get_running_loop()
+        probing: dict = {"until": None}
+
+        async def probe():
+            async with connect(url) as ws:
+                sent = []
+                while probing["until"] is None or time.monotonic() < probing["until"]:
+                    pid = f"p{len(probes)}"
+                    probes[pid] = Answer(pid)
+                    sent.append(pid)
+                    await ws.send(json.dumps({"type": "generate", "id": pid, "max_tokens": 8, "temperature": 0,
+                                              "messages": [{"role": "user", "content": "Say hello."}]}))
+                    await asyncio.sleep(0.2)
+
+                async def read():
+                    while not all(probes[p].end for p in sent):
+                        absorb(probes, json.loads(await ws.recv()))
+
+                await asyncio.wait_for(read(), 120)
+
+        def kill(clients):  # once every stream has its first tokens; requests are sent from then on
+            killed = ha.redis.kill_primary(), time.monotonic()
+            probing["task"] = asyncio.run_coroutine_threadsafe(probe(), loop)
+            return killed
+
+        clients, (killed, killed_at) = await stream_clients(url, kill, n=4)
+        streams_ended = time.monotonic()
+        probing["until"] = streams_ended + 3
+        await asyncio.wrap_future(probing["task"])
+        assert killed_at < streams_ended, "the streams ended before the kill: this round shows nothing"
+        return clients, killed
+
+    with ha.another_gateway("open", BRIGADE_AUTH="off") as open_gateway:
+        for _ in range(2):
+            ha.redis.ha.wait_healthy(60)
+            clients, killed = asyncio.run(round_(open_gateway.ws_url))
+            assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
+            failed = {pid: a.end for pid, a in probes.items() if a.end["type"] != "done"}
+            assert not failed, f"{len(failed)} of {len(probes)} requests failed: {failed}\n{open_gateway.tail(80)}"
+            ha.redis.restart(killed)
+    assert all(a.text.strip() for a in probes.values())
+    print(f"\n{len(probes)} requests sent as two failovers ended: all answered")
 
 
 def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_models_answer(ha: HAStack, expected):

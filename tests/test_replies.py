@@ -1,5 +1,7 @@
 """The gateway's reply intake against a real redis-server: a gap in a live route is filled from
-the replay log by reading only what the client lacks, not the whole log."""
+the replay log by reading only what the client lacks, not the whole log; a catch-up (after a
+lost subscription: a Redis restart, a Sentinel failover) ends a request whose records are gone,
+and never one whose records are merely not written yet."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +13,7 @@ from ops.core import keys
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
 from ops.core.redis_clients import async_client
+from tests.services import wait_until_async
 
 
 class Collect:
@@ -103,3 +106,36 @@ def test_the_gateways_pooled_client_survives_a_redis_restart_without_failing_a_c
             await client.aclose()
 
     assert asyncio.run(main()) == [True] * 8
+
+
+def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_server):
+    """Issue 38: a request admitted during a failover had its route in the router while its put
+    waited for the new primary; the catch-up after the resubscription found neither its record
+    nor its log and told its client it was lost, within 20 ms of its `enqueued`. Now it waits until
+    the request is stored, then catches up like any route; a stored route whose records are gone
+    is still ended (Redis lost its data)."""
+    client, pending, lost = redis_server.client, "not-yet-stored", "records-gone"
+    client.delete(keys.stream(pending), keys.request(pending), keys.stream(lost), keys.request(lost))
+
+    async def main():
+        async with intake_on(redis_server.url) as (intake, delivered):
+            storing = asyncio.Event()
+            route = Route(pending, "c1", Collect(), held=[], stored=storing)
+            intake.router.add(route)
+            intake.router.add(Route(lost, "c2", Collect()))
+            await intake.catch_up([pending, lost])
+            await asyncio.sleep(0.2)  # any task the catch-up spawned has run by now
+            after_catch_up = [(d.route.request_id, d.event["type"]) for d in delivered]
+            still_live = pending in intake.router.live
+            # The put goes through: record, then the worker's first token is logged (pub/sub lost it).
+            client.set(keys.request(pending), "{}", ex=60)
+            log_tokens(client, pending, 0, 1)
+            route.held = None
+            storing.set()
+            await wait_until_async(lambda: len(delivered) > len(after_catch_up), 5, what="the stored route's catch-up")
+            return after_catch_up, still_live, [(d.route.request_id, d.event["type"]) for d in delivered]
+
+    after_catch_up, still_live, after_stored = asyncio.run(main())
+    assert after_catch_up == [(lost, "error")], after_catch_up  # the pending one was not judged
+    assert still_live
+    assert after_stored == [(lost, "error"), (pending, "token")], after_stored
