@@ -11,21 +11,41 @@ flags are part of the cache key with the sources' text and torch's version: a ho
 machines of different kinds never loads a kernel built for another. The sources are built from a
 copy inside the cache folder, so a checkout and an installed wheel of the same sources share one
 build (the build files name the sources' paths: built where they lie, each rebuilt the other's
-module in turn, 40 s a time). `-ffp-contract=off`: the grid's weights are made by a product and a
-sum each rounded (no fused multiply-add), and must be remade so.
+module in turn, 40 s a time). The build files also name the include and library paths of the torch
+and Python they were made under, so those paths are part of the key too: two environments (a
+checkout's venv and a fresh clone's) each get their own build instead of rebuilding each other's,
+58 s a time. `-ffp-contract=off`: the grid's weights are made by a product and a sum each rounded
+(no fused multiply-add), and must be remade so.
+
+One process builds or loads a folder at a time, under an `flock` on `<build>/brigade.lock`: the
+kernel drops that lock when its holder dies, however it dies. torch's own lock (`<build>/lock`,
+a file whose mere existence means "building") is left behind by a builder killed part-way (Ctrl-C,
+an OOM kill, a stack stopped in a test), and every later load then waited for it for ever, in
+silence. Under the flock no other Brigade process is inside torch's builder, so a `lock` found there
+is stale: it is removed and the build done again. A process that waits for another's build says so,
+and for whom.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
+import sys
+import sysconfig
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger("brigade.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = ("grid_linear.cpp", "attention.cpp", "bindings.cpp")
 _FILES = (*_SOURCES, "kernels.h")
 _module = None
+WAIT_LOG_EVERY_S = 30.0  # how often a process waiting for another's build says it still waits
 
 
 class KernelUnavailable(RuntimeError):
@@ -39,6 +59,10 @@ def build_dir() -> Path:
     for name in _FILES:
         digest.update((_CSRC / name).read_bytes())
     digest.update(" ".join(sorted(cpu_flags())).encode() + torch.__version__.encode())
+    # The paths the build files name (see the module's note): torch's headers and libraries, Python's.
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    digest.update("\n".join([*include_paths(), *library_paths(), sysconfig.get_paths()["include"]]).encode())
     root = Path(os.environ.get("BRIGADE_KERNEL_DIR") or Path.home() / ".cache" / "brigade" / "kernels")
     return root / digest.hexdigest()[:16]
 
@@ -57,6 +81,50 @@ def _sources_in(build: Path) -> list[str]:
     return [str(src / name) for name in _SOURCES]
 
 
+def _holder(lock_file: Path) -> str:
+    try:
+        return lock_file.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@contextmanager
+def build_lock(build: Path):
+    """This build folder to this process alone (see the module's note); a wait is logged with the
+    holder (pid and command), then again every WAIT_LOG_EVERY_S."""
+    lock_file = build / "brigade.lock"
+    with open(lock_file, "a+") as handle:
+        waited_from = logged_at = None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                waited_from = waited_from or now
+                if logged_at is None or now - logged_at >= WAIT_LOG_EVERY_S:
+                    logged_at = now
+                    log.warning("event=kernels_build_wait build=%s holder=%r waited_s=%.0f", build,
+                                _holder(lock_file), now - waited_from)
+                time.sleep(0.2)
+        if waited_from is not None:
+            log.info("event=kernels_build_waited build=%s waited_s=%.1f", build, time.monotonic() - waited_from)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid={os.getpid()} command={' '.join(sys.argv)[:200]}")
+        handle.flush()
+        stale = build / "lock"
+        if stale.exists():
+            log.warning("event=kernels_stale_lock build=%s action=rebuild", build)
+            stale.unlink()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()  # the flock goes with the file's close
+
+
 def kernels():
     """The compiled module (about 40 s the first time on a machine, then a load from the cache)."""
     global _module
@@ -66,9 +134,10 @@ def kernels():
         build = build_dir()
         build.mkdir(parents=True, exist_ok=True)
         try:
-            _module = load(name="brigade_kernels", sources=_sources_in(build),
-                           build_directory=str(build), extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
-                           verbose=False)
+            with build_lock(build):
+                _module = load(name="brigade_kernels", sources=_sources_in(build),
+                               build_directory=str(build),
+                               extra_cflags=["-O3", "-march=native", "-ffp-contract=off"], verbose=False)
         except Exception as e:  # a missing compiler or ninja: say what to install
             raise KernelUnavailable(
                 f"could not build engine/csrc ({type(e).__name__}: {str(e)[-300:]}); it needs g++ "

@@ -1,0 +1,128 @@
+"""The CPU kernels' build (engine/kernels.py) under the faults people meet: a build killed part-way
+(Ctrl-C in `make install`, an OOM kill, a stack stopped in a test) must not leave every later
+worker waiting for ever on torch's lock file, and two environments (a checkout's venv and a fresh
+clone's) must not rebuild each other's kernels. Real builds with the real compiler, a real
+redis-server and a real `brigade worker` (the tiny model); the second environment is the same
+torch reached through another path, which is all that tells two environments apart in torch's
+build files (its include and library paths)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.services import RedisServer, Stack, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+LOAD = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from engine.kernels import kernels, build_dir\n"
+        "print('build', build_dir(), flush=True)\n"
+        "print('isa', kernels().isa(), flush=True)\n")
+BUILD_TIMEOUT_S = 300  # a whole build is 40-60 s on 2 idle cores; the suite may share them
+
+
+@pytest.fixture(scope="module")
+def kernel_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="module")
+def other_env(tmp_path_factory) -> dict:
+    """A second environment: the same torch, imported from another folder (as a fresh clone's venv
+    would hold it), first on PYTHONPATH."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("other-env")
+    (folder / "torch").symlink_to(Path(torch.__file__).parent)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
+
+
+def loader(kernel_root: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LOAD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "BRIGADE_KERNEL_DIR": str(kernel_root), **env})
+
+
+def load(kernel_root: Path, **env: str) -> tuple[Path, str]:
+    """Load (building if need be) in a fresh process; its build folder and its output."""
+    proc = loader(kernel_root, **env)
+    out, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
+    assert proc.returncode == 0, out[-3000:]
+    build = next(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("build "))
+    return Path(build), out
+
+
+def built_at(build: Path) -> float:
+    return (build / "brigade_kernels.so").stat().st_mtime
+
+
+def test_a_build_killed_part_way_is_redone_and_a_worker_started_after_it_gets_ready(kernel_root, tiny_model_dir,
+                                                                                     tmp_path):
+    builder = loader(kernel_root)
+    build_dirs = []
+
+    def building() -> bool:
+        # torch's own lock: the builder is inside the build (compiling), not just starting.
+        build_dirs[:] = [p for p in kernel_root.iterdir() if (p / "lock").exists()]
+        return bool(build_dirs)
+
+    wait_until(building, 120, what="the build to take torch's lock")
+    builder.send_signal(signal.SIGKILL)
+    builder.wait(timeout=10)
+    lock = build_dirs[0] / "lock"
+    assert lock.exists(), "the killed build left no lock: this test would not show the fault"
+    assert not (build_dirs[0] / "brigade_kernels.so").exists(), "the build finished before it was killed"
+
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "logs").mkdir()
+    redis_server = RedisServer(tmp_path / "redis")
+    with Stack(redis_server, tmp_path / "logs", own_redis=True, BRIGADE_MODEL=str(tiny_model_dir),
+               BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_KERNEL_DIR=str(kernel_root)) as stack:
+        worker = stack.start_worker("w@kernels")
+        started = time.monotonic()
+        # Before the fix the worker slept in torch's wait after event=model_loaded, for ever.
+        stack.wait_ready(workers=["w@kernels"], gateways=[], timeout=BUILD_TIMEOUT_S)
+        print(f"\nworker ready {time.monotonic() - started:.1f} s after the killed build (a whole build included)")
+        log = worker.tail(400)
+    assert "event=kernels_stale_lock" in log, log[-3000:]
+    assert (build_dirs[0] / "brigade_kernels.so").exists()
+    assert not lock.exists()
+
+
+def test_a_process_waiting_for_another_build_says_for_whom(kernel_root):
+    """While another process holds the build folder (here this one, through the same lock a build
+    takes), a worker's load waits, says so with the holder's pid, and loads once it is free."""
+    from engine.kernels import build_lock
+
+    here = next(p for p in kernel_root.iterdir() if (p / "brigade_kernels.so").exists())  # the test above's
+    with build_lock(here):
+        waiting = loader(kernel_root)
+        out_so_far = []
+
+        def says_it_waits() -> bool:
+            line = waiting.stdout.readline()
+            out_so_far.append(line)
+            return "event=kernels_build_wait" in line
+
+        wait_until(says_it_waits, 60, interval=0, what="the load to say it waits")
+        assert waiting.poll() is None  # still waiting, not done
+    out, _ = waiting.communicate(timeout=BUILD_TIMEOUT_S)
+    said = "".join(out_so_far) + out
+    assert waiting.returncode == 0, said[-2000:]
+    assert f"pid={os.getpid()} " in said, said[-2000:]
+    assert "event=kernels_build_waited" in said and "isa " in said
+
+
+def test_two_environments_taking_turns_build_once_each(kernel_root, other_env):
+    here, _ = load(kernel_root)  # built by the first test
+    there, out = load(kernel_root, **other_env)  # the other environment builds its own, once
+    assert here != there, out[-2000:]
+    first = {here: built_at(here), there: built_at(there)}
+    for _ in range(2):  # before the fix each turn rebuilt the other's module (58 s a time)
+        assert load(kernel_root)[0] == here
+        assert load(kernel_root, **other_env)[0] == there
+    assert {here: built_at(here), there: built_at(there)} == first
