@@ -26,6 +26,10 @@ def batch_lines(n: int, max_tokens: int) -> list[dict]:
                       "max_tokens": max_tokens, "temperature": 0}} for i in range(n)]
 
 
+class NoGateway(Exception):
+    """No gateway answered for a minute."""
+
+
 async def _any_gateway(http: httpx.AsyncClient, urls: list[str], method: str, path: str, **kw) -> httpx.Response:
     """The first gateway to answer (one may be dead or starting), trying each again for a minute."""
     deadline = time.monotonic() + 60
@@ -38,7 +42,7 @@ async def _any_gateway(http: httpx.AsyncClient, urls: list[str], method: str, pa
             if resp.status_code < 500:
                 return resp
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no gateway answered {method} {path} for a minute")
+            raise NoGateway(f"no gateway answered {method} {path} for a minute")
         await asyncio.sleep(1)
 
 
@@ -51,6 +55,7 @@ class BatchLoad:
         self.job_id: str | None = None
         self.job: dict = {}
         self.written_at: dict[str, int] = {}  # moment -> lines written then (e.g. when the load ends)
+        self.unanswered = 0  # polls that no gateway answered for a minute
 
     async def submit(self) -> str:
         resp = await _any_gateway(self.http, self.urls, "POST", "/v1/batches",
@@ -60,7 +65,12 @@ class BatchLoad:
         return self.job_id
 
     async def poll(self) -> dict:
-        resp = await _any_gateway(self.http, self.urls, "GET", f"/v1/batches/{self.job_id}")
+        """The job as a gateway says it is now; as last seen when none answers (noted in `unanswered`)."""
+        try:
+            resp = await _any_gateway(self.http, self.urls, "GET", f"/v1/batches/{self.job_id}")
+        except NoGateway:
+            self.unanswered += 1
+            return self.job
         self.job = resp.json()
         return self.job
 
@@ -77,12 +87,17 @@ class BatchLoad:
     async def check(self) -> dict:
         """The job's end and its output line by line: lost, doubled, out of order, failed."""
         out = {"lines": len(self.lines), "job_id": self.job_id, "status": self.job.get("status"),
-               "request_counts": self.job.get("request_counts"), "written_at": self.written_at}
+               "request_counts": self.job.get("request_counts"), "written_at": self.written_at,
+               "polls_unanswered": self.unanswered}
         file_id = self.job.get("output_file_id")
         if file_id is None:  # not ended: what it wrote so far is in no file we can read
             out.update(lost=None, doubled=None, note="the job had not ended: its output was not read")
             return out
-        resp = await _any_gateway(self.http, self.urls, "GET", f"/v1/files/{file_id}/content")
+        try:
+            resp = await _any_gateway(self.http, self.urls, "GET", f"/v1/files/{file_id}/content")
+        except NoGateway as exc:
+            out.update(lost=None, doubled=None, note=str(exc))
+            return out
         results = [json.loads(x) for x in resp.text.splitlines() if x.strip()]
         ids = [r["custom_id"] for r in results]
         counts = Counter(ids)

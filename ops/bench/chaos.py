@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from ops.bench.netns import CutLink, NamespaceUnavailable
 from ops.core import keys
 from ops.supervision import PartExited, say
 
+ROOT = Path(__file__).resolve().parents[2]
 WHOLE_WAIT_S = 120  # a fault waits this long at most for the fleet to be whole after the last one
 MEMORY_EVERY_S = 10
 # Memory is flat when no Brigade process that ran the whole load grew, from the warm-up sample
@@ -47,6 +49,7 @@ FLAT_SHARE, FLAT_MB = 0.10, 25.0
 EVENTS = ("reaped", "fenced", "orphan_requeued", "unclaimed_requeued", "log_refill", "publish_failed",
           "publish_recovered", "publish_abandoned", "claim_unconfirmed", "reply_router_reconnect",
           "reply_router_reconnected", "heartbeat_failed", "dead_lettered", "resumed")
+SENTINEL_EVENTS = ("+switch-master", "+tilt", "-failover-abort-no-good-slave")
 
 
 @dataclass
@@ -256,7 +259,7 @@ class Chaos:
         goal["met"] = (goal["failed_except_sse_cut_by_its_gateway"] == 0 and goal["broken_websocket_streams"] == 0
                        and goal["tokens_duplicated"] == 0 and goal["tokens_skipped"] == 0
                        and goal["batch_lines_lost_or_doubled"] == 0 and goal["batch_completed"] and flat)
-        return {"config": asdict(self.config), "fleet": self.fleet_shape(), "goal": goal, "websocket": ws, "sse": sse,
+        return {"config": asdict(self.config), "fleet": self.fleet_shape(), "code": code_version(), "goal": goal, "websocket": ws, "sse": sse,
                 "batch": batch, "faults": self.faults, "memory_mb": memory,
                 "log_events": log_events(self.fleet.workdir),
                 "wall_s": self.now(), "logs": str(self.fleet.workdir)}
@@ -268,14 +271,31 @@ class Chaos:
                           f"{self.link.ns_ip} (worker), the worker's end set down" if self.link else None}
 
 
+def code_version() -> dict:
+    """The commit the fleet ran, and the tracked files changed from it (a run on work in progress says so)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return ""
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "changed_files": git("diff", "--name-only", "HEAD").splitlines()}
+
+
 def log_events(workdir: Path) -> dict[str, dict[str, int]]:
-    """For each event of EVENTS, how many lines of each part's log carry it."""
-    out: dict[str, Counter] = {e: Counter() for e in EVENTS}
+    """For each event of EVENTS, how many lines of each part's log carry it; and the sentinels'
+    SENTINEL_EVENTS (a sentinel in TILT, frozen for over 2 s, fails nothing over for 30 s)."""
+    out: dict[str, Counter] = {e: Counter() for e in EVENTS + SENTINEL_EVENTS}
     pattern = re.compile(r"event=(\w+)")
     for log in sorted(workdir.glob("*.log")):
         for match in pattern.finditer(log.read_text(errors="replace")):
             if match.group(1) in out:
                 out[match.group(1)][log.stem] += 1
+    for log in sorted(workdir.glob("redis-ha/sentinel-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            for event in SENTINEL_EVENTS:
+                if f" {event} " in line:
+                    out[event][log.stem] += 1
     return {e: dict(c) for e, c in out.items() if c}
 
 

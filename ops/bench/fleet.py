@@ -49,6 +49,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 4)
 
 
+def _without_replicaof(argv: list[str]) -> list[str]:
+    if "--replicaof" not in argv:
+        return argv
+    at = argv.index("--replicaof")
+    return argv[:at] + argv[at + 3:]
+
+
 class Fleet:
     """Redis, `gateways` gateways, a reaper and `workers` workers, each a supervised part that may be
     killed and started again (always from the main thread: see Supervisor). `env` is added to every
@@ -189,9 +196,14 @@ class Fleet:
         promoted_s = round(time.monotonic() - killed, 2)
         part = self.supervisor.parts[name]
         part.process.wait(10)
-        self.supervisor.start(name, part.argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
+        # Started as it was, less the replica's `--replicaof` of its first start: the sentinels make it
+        # a replica of whoever is primary now, or take it back as primary if none was promoted. (As a
+        # replica of the node it replaced, a node whose failover never happened replicated the other,
+        # which replicated it: no primary at all.)
+        argv = _without_replicaof(part.argv)
+        self.supervisor.start(name, argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
         self.restarts[name] += 1
-        return {"killed": old, "promoted": new, "promoted_after_s": promoted_s}
+        return {"killed": old, "promoted": new if new != old else None, "promoted_after_s": promoted_s}
 
     def stop(self) -> None:
         self.supervisor.stop()

@@ -77,14 +77,16 @@ class Tally:
     resent: int = 0  # WebSocket requests sent again: the connection broke before their `queued`
     cut_by_gateway_kill: Counter[str] = field(default_factory=Counter)  # SSE: how each such stream ended
     connect_retries: int = 0  # connections refused or broken while no request was in flight
+    broken: list[dict] = field(default_factory=list)  # the first broken streams, each with what was wrong
 
     def fail(self, code: str, **about) -> None:
         self.failed[code] += 1
         if len(self.failures) < FAILURES_LISTED:
             self.failures.append({"at_s": round(time.monotonic() - self.t0, 2), "code": code, **about})
 
-    def answered(self, order: TokenOrder, tokens: int, sent: float, first: float | None) -> None:
-        """An answer ended normally with `tokens` tokens (the server's count)."""
+    def answered(self, order: TokenOrder, tokens: int, sent: float, first: float | None, **about) -> None:
+        """An answer ended normally with `tokens` tokens (the server's count); `about` names it in
+        the report if its stream was broken."""
         now = time.monotonic()
         self.completed += 1
         self.ttft.append((first or now) - sent)
@@ -95,6 +97,11 @@ class Tally:
         self.skipped_tokens += skipped
         if order.duplicated or extra or skipped or order.out_of_order:
             self.broken_streams += 1
+            if len(self.broken) < FAILURES_LISTED:
+                missing = [i for i in range(tokens) if i not in order.received]
+                self.broken.append({"at_s": round(now - self.t0, 2), "tokens": tokens, "missing": missing[:20],
+                                    "duplicated": order.duplicated + extra, "out_of_order": order.out_of_order,
+                                    **about})
 
     def report(self) -> dict:
         out = {"requests_sent": self.sent, "requests_completed": self.completed,
@@ -108,6 +115,7 @@ class Tally:
         if self.cut_by_gateway_kill:
             out["cut_by_gateway_kill"] = dict(self.cut_by_gateway_kill)
         out["failures"] = self.failures
+        out["broken"] = self.broken
         return out
 
 
@@ -122,6 +130,7 @@ class InFlight:
     first: float | None = None
     order: TokenOrder = field(default_factory=TokenOrder)
     reconnects: int = 0
+    resumed_after: list[int] = field(default_factory=list)  # the after_index of each resume sent
 
 
 async def websocket_client(urls: list[str], n: int, until: float, max_tokens: int, tally: Tally) -> None:
@@ -138,6 +147,7 @@ async def websocket_client(urls: list[str], n: int, until: float, max_tokens: in
                         await ws.send(_generate(asking, max_tokens))
                     else:
                         tally.resumed += 1
+                        asking.resumed_after.append(asking.order.last)
                         await ws.send(json.dumps({"type": "resume", "id": asking.request_id,
                                                   "after_index": asking.order.last}))
                 while True:
@@ -184,7 +194,8 @@ async def _read_answer(ws, asking: InFlight, tally: Tally, url: str) -> None:
             asking.order.add(event["index"])
         elif kind == "done":
             tally.answered(asking.order, event.get("usage", {}).get("completion_tokens", asking.order.last + 1),
-                           asking.sent, asking.first)
+                           asking.sent, asking.first, request_id=asking.request_id, reconnects=asking.reconnects,
+                           resumed_after=asking.resumed_after, gateway=url)
             return
         elif kind == "error":
             tally.fail(event.get("code", "?"), door="websocket", request_id=asking.request_id, gateway=url,
@@ -250,4 +261,4 @@ async def _read_sse(http, url: str, body: dict, sent: float, tally: Tally) -> No
         if usage is None:
             tally.fail("no_usage", door="sse", request_id=rid)  # [DONE] without the usage chunk
             return
-        tally.answered(order, usage["completion_tokens"], sent, first)
+        tally.answered(order, usage["completion_tokens"], sent, first, request_id=rid)
