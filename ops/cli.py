@@ -11,6 +11,7 @@ from ops.cli_options import BrigadeParser, add_connection_options, report_failur
 from ops.commands.up import cmd_up
 from ops.commands.worker import cmd_worker
 from ops.core.logs import setup_logging
+from ops.core.redis_address import tls_options
 from ops.core.settings import Settings
 
 
@@ -79,6 +80,7 @@ def cmd_flower(args, settings: Settings) -> int:
         # Flower splits FLOWER_BASIC_AUTH into several user:password pairs at commas.
         print("BRIGADE_FLOWER_USER and BRIGADE_FLOWER_PASSWORD may not contain a comma", file=sys.stderr)
         return 2
+    tls_options(settings.redis_url)  # a TLS file that is not there: said here, in one line, not in Flower's traceback
     argv = [
         sys.executable, "-m", "workers.flower",  # Flower on workers.app; its exit never waits on Redis
         f"--address={settings.flower_host}", f"--port={settings.flower_port}",

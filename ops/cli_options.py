@@ -105,10 +105,13 @@ def report_failure(args: argparse.Namespace, exc: Exception) -> int:
     does not answer, or a missing file, in one line; anything else (a bug) as its traceback, redacted."""
     import redis
 
-    from ops.core.redis_address import RedisAddressError
+    from ops.core.redis_address import RedisAddressError, RedisTLSError
     from ops.core.redis_clients import one_line
 
     name = command_name(args)
+    if isinstance(exc, RedisTLSError):  # it names the setting to change itself
+        print(f"brigade {name}: Redis over TLS: {redact(str(exc))}", file=sys.stderr)
+        return 2
     if isinstance(exc, RedisAddressError):
         variable = "BRIGADE_CACHE_REDIS_URL" if args.command == "cache" else "BRIGADE_REDIS_URL"
         print(f"brigade {name}: {variable} (or --redis-url): {redact(str(exc))}", file=sys.stderr)

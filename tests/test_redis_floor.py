@@ -271,6 +271,68 @@ def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwor
             parse_sentinel(bad)
 
 
+def test_the_tls_settings_travel_in_the_redis_urls_and_every_client_reads_them_alike(tmp_path):
+    """BRIGADE_REDIS_TLS_* fill in the ssl_* options that a TLS URL leaves out (its own win), in a URL
+    given later too (--redis-url); redis-py and Celery's broker (kombu, Flower) read the same options.
+    tests/test_redis_tls.py runs Brigade on a real TLS Redis."""
+    import ssl
+
+    from pydantic import ValidationError
+
+    from ops.core.queue import make_app
+    from ops.core.redis_address import RedisTLSError, parse_sentinel, tls_options
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("a CA")
+    settings = Settings(redis_url="rediss://h:6380/0?ssl_check_hostname=false", redis_tls_ca_file=str(ca),
+                        redis_tls_verify="none", cache_redis_url="redis://c:6379/0")
+    assert settings.redis_url == f"rediss://h:6380/0?ssl_check_hostname=false&ssl_ca_certs={ca}&ssl_cert_reqs=none"
+    assert settings.cache_redis_url == "redis://c:6379/0"  # no TLS there: nothing added
+    assert tls_options(settings.redis_url) == {"ssl_check_hostname": False, "ssl_ca_certs": str(ca),
+                                               "ssl_cert_reqs": "none"}
+    assert settings.model_copy(update={"redis_url": "rediss://h2/1"}).redis_url == \
+        f"rediss://h2/1?ssl_ca_certs={ca}&ssl_cert_reqs=none"
+    # kombu gets them once, as broker_use_ssl, and a URL without them (it would read them its own way).
+    app = make_app(settings=settings, set_as_current=False)
+    assert app.conf.broker_url == "rediss://h:6380/0"
+    assert app.conf.broker_use_ssl == {"ssl_check_hostname": False, "ssl_ca_certs": str(ca),
+                                       "ssl_cert_reqs": ssl.CERT_NONE}
+    assert app.connection_for_write().ssl == app.conf.broker_use_ssl
+    # Sentinel with TLS: the sentinels and the data nodes alike, the certificate checked by default.
+    sentinel = Settings(redis_url="rediss+sentinel://s1,s2:26380/m/0", redis_tls_ca_file=str(ca))
+    address = parse_sentinel(sentinel.redis_url)
+    assert address.node_kwargs() == {"db": 0, "ssl": True, "ssl_ca_certs": str(ca)}
+    assert address.sentinel_kwargs() == {"ssl": True, "ssl_ca_certs": str(ca)}
+    sentinel_app = make_app(settings=sentinel, set_as_current=False)
+    assert sentinel_app.conf.broker_use_ssl == {"ssl_ca_certs": str(ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    assert sentinel_app.conf.broker_transport_options["sentinel_kwargs"] == address.sentinel_kwargs()
+    # A URL without TLS is left alone; a file that is not there is said naming its setting, before any command.
+    assert Settings(redis_url="redis://h:6379/0", redis_tls_ca_file=str(ca)).redis_url == "redis://h:6379/0"
+    missing = Settings(redis_url="rediss://h/0", redis_tls_cert_file=str(tmp_path / "gone.crt")).redis_url
+    for build in (redis_clients.client, redis_clients.async_client, make_app):
+        with pytest.raises(RedisTLSError, match="gone.crt is not a file .*set BRIGADE_REDIS_TLS_CERT_FILE"):
+            build(missing)
+    with pytest.raises(RedisTLSError, match="should be one of none, optional, required"):
+        tls_options("rediss://h/0?ssl_cert_reqs=sometimes")
+    with pytest.raises(ValidationError):
+        Settings(redis_tls_verify="optional")  # the same as required for a client: one word for it
+
+
+def test_a_failed_tls_handshake_says_which_setting_to_change():
+    # The ssl module's words inside redis-py's errors, as a real TLS Redis gives them (tests/test_redis_tls.py).
+    for error, setting in [
+        ("Error 1 connecting to h:6380. [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed "
+         "certificate in certificate chain (_ssl.c:1006).", "set BRIGADE_REDIS_TLS_CA_FILE"),
+        ("Error 1 connecting to 10.0.0.5:6380. [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP "
+         "address mismatch, certificate is not valid for '10.0.0.5'. (_ssl.c:1006).", "BRIGADE_REDIS_TLS_CHECK_HOSTNAME"),
+        ("Error while reading from h:6380 : (1, '[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate "
+         "required (_ssl.c:2580)')", "set BRIGADE_REDIS_TLS_CERT_FILE and BRIGADE_REDIS_TLS_KEY_FILE"),
+    ]:
+        said = redis_clients.one_line(RedisError(error))
+        assert said.startswith(error[:30]) and setting in said and 'docs/operations.md, "Redis over TLS"' in said, said
+    assert redis_clients.one_line(RedisError("Connection refused")) == "Connection refused"
+
+
 def test_the_factory_follows_a_sentinel_url_to_the_primary(tmp_path):
     """A real primary, two replicas and three sentinels: the sync and async clients of a
     redis+sentinel:// URL write to the primary and read back; a redis:// client of the primary sees it."""

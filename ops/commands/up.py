@@ -15,7 +15,7 @@ import time
 from urllib.parse import urlparse
 
 from ops.core.redaction import redact_url
-from ops.core.redis_address import is_sentinel
+from ops.core.redis_address import is_sentinel, is_tls
 from ops.core.settings import Settings
 
 
@@ -116,6 +116,12 @@ def _start_local_redis(args, supervisor, settings: Settings, stopping) -> int | 
     if is_sentinel(settings.redis_url):
         print(f"Redis at {redact_url(settings.redis_url)} does not answer: start its sentinels and nodes, "
               "or try failover on this machine with `brigade up --redis-ha`", file=sys.stderr)
+        return 1
+    if is_tls(settings.redis_url):
+        # `up` starts Redis without TLS: on this port it would be a second server, or one that the
+        # parts, speaking TLS, could not talk to. A TLS Redis that does not answer is the operator's.
+        print(f"Redis at {redact_url(settings.redis_url)} does not answer over TLS: start it, or check "
+              "BRIGADE_REDIS_TLS_* (`brigade status` says why; docs/operations.md, \"Redis over TLS\")", file=sys.stderr)
         return 1
     url = urlparse(settings.redis_url)
     if url.hostname not in ("127.0.0.1", "localhost", "::1"):

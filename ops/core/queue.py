@@ -8,11 +8,8 @@ Importing this module loads no model and no torch.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
-import ssl
 import uuid
-from urllib.parse import urlsplit
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -21,10 +18,9 @@ from redis.exceptions import RedisError
 from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
-from ops.core.redis_address import is_sentinel, kombu_broker, kombu_ssl, parse_sentinel
+from ops.core.redis_address import (is_sentinel, is_tls, kombu_broker, kombu_ssl, parse_sentinel, tls_options,
+                                    without_tls_options)
 from ops.core.settings import Settings
-
-log = logging.getLogger("brigade.queue")
 
 GENERATE_TASK = "brigade.generate"
 BATCH_TASK = "brigade.generate.batch"  # the same work under its own name, so Flower shows batch lines apart
@@ -48,19 +44,21 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
     """A Celery app on Brigade's broker: JSON only, late acks, one message prefetched at a time.
     `settings`: the caller's; without them, the environment's (a test's, a one-off's)."""
     settings = settings if settings is not None else Settings()
-    broker = redis_url or settings.redis_url
+    url = redis_url or settings.redis_url
+    tls = tls_options(url)  # the URL's (the settings' BRIGADE_REDIS_TLS_* are in it), its files checked
+    broker = without_tls_options(url)  # TLS goes to kombu once, as broker_use_ssl (below)
     transport_options: dict = {}
-    sentinel = parse_sentinel(broker) if is_sentinel(broker) else None
+    sentinel = parse_sentinel(url) if is_sentinel(url) else None
     if sentinel is not None:
         # kombu's form of the same primary: a `sentinel://` URL per sentinel, the master's name
-        # and the sentinels' own password as transport options (kombu's SentinelChannel)
+        # and the sentinels' own password (and TLS) as transport options (kombu's SentinelChannel)
         broker, transport_options = kombu_broker(sentinel)
     app = Celery("brigade", broker=broker, include=include or [], set_as_current=set_as_current)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],  # never pickle
         result_serializer="json",
-        task_ignore_result=True,  # answers travel as token events, not as task results
+        task_ignore_result=True,  # answers travel as token events, not as task results: no result backend
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -73,18 +71,16 @@ def make_app(redis_url: str | None = None, include: list[str] | None = None, tra
         # the visibility timeout is the second line, and its duplicates are skipped by the claim.
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s, **transport_options},
     )
-    if sentinel is not None and sentinel.tls:
-        app.conf.broker_use_ssl = kombu_ssl(sentinel)
+    if is_tls(url):
+        # TLS for the broker as every other client has it, from the URL's options: kombu reads a
+        # bare rediss:// as TLS without a certificate check, and only when the URL's scheme picks the
+        # transport (a transport named below would connect in the clear); Flower's broker page
+        # reads TLS from broker_use_ssl alone, never from the URL.
+        app.conf.broker_use_ssl = kombu_ssl(tls)
     if sentinel is not None and not transport:
         transport = SENTINEL_TRANSPORT  # every sentinel, after any failover (the module says why)
     if transport:
         app.conf.broker_transport = transport
-        if urlsplit(broker).scheme == "rediss" and "ssl_" not in urlsplit(broker).query:
-            # kombu turns TLS on for a bare rediss:// URL only when the URL's scheme chooses the
-            # transport; a transport named here would connect in the clear, so TLS is asked for as
-            # kombu would (no certificate check, with kombu's warning). ssl_* in the URL still win.
-            log.warning("event=broker_tls_unverified reason=rediss_url_without_ssl_cert_reqs")
-            app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_NONE}
     return app
 
 

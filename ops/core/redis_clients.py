@@ -15,6 +15,9 @@
   that the sentinels name. redis-py asks them again when a connection breaks, and turns a READONLY
   reply (a demoted primary still answering) into a ConnectionError, which the retries above send
   to the new primary: a failover costs callers a retried command, not a restart.
+- TLS: a rediss:// or rediss+sentinel:// URL carries its TLS options (ops/core/redis_address.py),
+  the settings' BRIGADE_REDIS_TLS_* already in it; a file it names that is not there is said when
+  the client is built, naming the setting, instead of as "No such file" at the first command.
 - Pools: the gateway's async clients use a blocking pool. redis-py's default async pool raises
   MaxConnectionsError once 100 commands are in flight (seen in the soak with 200 clients); a
   blocking pool makes the 101st command wait for a connection instead, bounded by `wait_s`, so
@@ -33,7 +36,7 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError, RedisError
 from redis.retry import Retry
 
-from ops.core.redis_address import SentinelAddress, is_sentinel, parse_sentinel
+from ops.core.redis_address import SentinelAddress, is_sentinel, parse_sentinel, tls_options
 
 POOL_SIZE = 100
 COMMAND_TIMEOUT_S = 5.0  # a stuck Redis must not freeze a caller (the engine thread inside a publish)
@@ -83,11 +86,25 @@ def outage_pause_s(failures: int, cap_s: float = 2.0, first_s: float = 0.25) -> 
     return _outage_backoff(cap_s, first_s).compute(failures)
 
 
+# What a failed TLS handshake says (the ssl module's words, inside redis-py's), and what to set.
+TLS_HINTS = (
+    (("Hostname mismatch", "IP address mismatch"), "Redis's certificate does not name the host in the URL: connect "
+     "by a name it lists, or set BRIGADE_REDIS_TLS_CHECK_HOSTNAME=false"),
+    (("CERTIFICATE_VERIFY_FAILED",), "Redis's certificate is not signed by a CA this client trusts: set "
+     "BRIGADE_REDIS_TLS_CA_FILE to the PEM file of the CA that signed it"),
+    (("EOF occurred in violation of protocol", "TLSV13_ALERT_CERTIFICATE_REQUIRED"), "Redis ended the TLS "
+     "handshake: if it asks clients for a certificate (tls-auth-clients), set BRIGADE_REDIS_TLS_CERT_FILE and "
+     "BRIGADE_REDIS_TLS_KEY_FILE"),
+)
+
+
 def one_line(exc: Exception) -> str:
     """A Redis error for a message: redis-py's "No master found for 'm' : <client repr>" loses
-    the repr (hundreds of characters of pool settings)."""
+    the repr (hundreds of characters of pool settings); a failed TLS handshake says what to set."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text.split(" : <", 1)[0]
+    text = text.split(" : <", 1)[0]
+    hint = next((hint for marks, hint in TLS_HINTS if any(mark in text for mark in marks)), None)
+    return f"{text} ({hint}; docs/operations.md, \"Redis over TLS\")" if hint else text
 
 
 def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float, retry) -> dict:
@@ -102,6 +119,7 @@ def _sentinel_kwargs(address: SentinelAddress, connect_timeout_s: float, retry) 
 def client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S,
            connect_timeout_s: float = CONNECT_TIMEOUT_S) -> redis.Redis:
     """A synchronous client (workers, the reaper, commands)."""
+    tls_options(url)  # a TLS file that is not there: said now, naming its setting
     options = dict(decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
                    retry=Retry(backoff(), RETRIES, supported_errors=(ConnectionError,)))
     if is_sentinel(url):
@@ -120,6 +138,7 @@ class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.Blockin
 def async_client(url: str, timeout_s: float | None = COMMAND_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  wait_s: float = 5.0, health_check_interval: int = 0) -> aioredis.Redis:
     """A pooled asyncio client (the gateway, the answer cache, async commands)."""
+    tls_options(url)  # a TLS file that is not there: said now, naming its setting
     options = dict(max_connections=POOL_SIZE, timeout=wait_s, decode_responses=True, socket_timeout=timeout_s,
                    socket_connect_timeout=connect_timeout_s, health_check_interval=health_check_interval,
                    retry=AsyncRetry(backoff(), RETRIES, supported_errors=(ConnectionError,)))

@@ -8,10 +8,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ops.core.redis_address import is_sentinel
+from ops.core.redis_address import is_sentinel, with_tls_defaults
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -40,6 +40,22 @@ class Settings(BaseSettings):
     # starts (unless --ephemeral) and batch jobs' files.
     data_dir: Path = Field(default_factory=_default_data_dir)
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # TLS to Redis, for a rediss:// or rediss+sentinel:// URL (docs/operations.md, "Redis over TLS"):
+    # the default for each of redis-py's ssl_* options that the URL's query leaves out (a URL's own
+    # option wins: a cache Redis with another CA names it in BRIGADE_CACHE_REDIS_URL). The CA that
+    # signed the server's certificate (PEM, ssl_ca_certs); empty: the system's trust store, enough
+    # for a managed Redis whose certificate a public CA signed.
+    redis_tls_ca_file: str = ""
+    # The certificate and key Brigade presents (ssl_certfile, ssl_keyfile), for a Redis that asks
+    # clients for one (`tls-auth-clients yes`, redis-server's default on a TLS port); empty: none.
+    redis_tls_cert_file: str = ""
+    redis_tls_key_file: str = ""
+    # Whether the server's certificate is checked (ssl_cert_reqs): required or none (none still
+    # encrypts, but anyone on the path can pose as Redis: a throwaway test bench at most). redis-py's
+    # third value, optional, is the same as required for a client (Python's ssl module).
+    redis_tls_verify: str = Field(default="required", pattern="^(required|none)$")
+    # Whether the certificate must name the URL's host (ssl_check_hostname; so must a sentinel's).
+    redis_tls_check_hostname: bool = True
 
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8765
@@ -264,6 +280,23 @@ class Settings(BaseSettings):
     flower_password: str = "brigade"
     # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
     flower_show_prompts: bool = False
+
+    @model_validator(mode="after")
+    def _tls_in_redis_urls(self) -> "Settings":
+        # The TLS settings travel inside the URLs: every client is built from a URL alone
+        # (ops/core/redis_clients.py), and so are Celery's broker and Flower (ops/core/queue.py).
+        tls = {"ssl_ca_certs": self.redis_tls_ca_file, "ssl_certfile": self.redis_tls_cert_file,
+               "ssl_keyfile": self.redis_tls_key_file,
+               "ssl_cert_reqs": "" if self.redis_tls_verify == "required" else self.redis_tls_verify,
+               "ssl_check_hostname": "" if self.redis_tls_check_hostname else "false"}
+        self.redis_url = with_tls_defaults(self.redis_url, tls)
+        self.cache_redis_url = with_tls_defaults(self.cache_redis_url, tls)
+        return self
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "Settings":
+        # A copy with another URL (--redis-url, `up --redis-ha`) gets the TLS settings in it too:
+        # model_copy runs no validator.
+        return super().model_copy(update=update, deep=deep)._tls_in_redis_urls()
 
     @property
     def batch_dir(self) -> Path:
