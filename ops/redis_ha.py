@@ -13,7 +13,10 @@ Settings, and why (Redis's own Sentinel and replication documentation is the ref
   crash comes back with its data and the sentinels make it a replica of the new primary;
 - `replica-serve-stale-data yes` (the default) and no `min-replicas-to-write`: Brigade asks for the
   writes whose loss matters to be confirmed with WAIT (workers/claims.py), instead of refusing every
-  write while a replica is away.
+  write while a replica is away;
+- with `tls` (`TLSFiles`), every node and sentinel speaks only TLS, replication and the sentinels'
+  own links too, and asks each client for a certificate signed by the same CA (redis-server's
+  default): the set a managed Redis with TLS is, for tests/test_redis_tls.py.
 """
 from __future__ import annotations
 
@@ -26,13 +29,36 @@ import redis
 
 from ops.core import redis_clients
 from ops.core.ports import free_port
-from ops.core.redis_address import sentinel_url
+from ops.core.redis_address import sentinel_url, with_tls_defaults
 
 MASTER_NAME = "brigade"
 QUORUM = 2
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 5000
 INSTALL_HINT = "redis-server (which also runs the sentinels) is not installed: sudo apt-get install -y redis-server"
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """One side's files of a TLS link: its certificate and key, and the CA that signed them, against
+    which it checks the other side's certificate. A Redis that speaks only TLS checks its clients'
+    too; its replicas and sentinels present the same certificate, and so do the set's own clients here."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def server_args(self, port: int) -> list[str]:
+        """redis-server's (and a sentinel's) arguments for TLS on `port` and nothing in the clear;
+        they go after the others, whose `--port` they override (the last one given wins)."""
+        return ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.cert_file),
+                "--tls-key-file", str(self.key_file), "--tls-ca-cert-file", str(self.ca_file),
+                "--tls-replication", "yes"]
+
+    def client_options(self) -> dict[str, str]:
+        """redis-py's TLS options (a URL's ssl_* query) for a client of such a Redis."""
+        return {"ssl_ca_certs": str(self.ca_file), "ssl_certfile": str(self.cert_file),
+                "ssl_keyfile": str(self.key_file)}
 
 
 @dataclass
@@ -48,6 +74,7 @@ class RedisHA:
     # Addresses to listen on besides `host`, the one the sentinels announce: with `host` on a link
     # the chaos bench made (ops/bench/netns.py), loopback too.
     also_bind: tuple[str, ...] = ()
+    tls: TLSFiles | None = None  # every node and sentinel on TLS alone
 
     @property
     def addresses(self) -> list[str]:
@@ -61,11 +88,17 @@ class RedisHA:
 
     @property
     def url(self) -> str:
-        return sentinel_url([(self.host, p) for p in self.sentinel_ports], self.master, 0, self.password)
+        return sentinel_url([(self.host, p) for p in self.sentinel_ports], self.master, 0, self.password,
+                            tls=self.tls.client_options() if self.tls else None)
 
     def node_url(self, port: int) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{self.host}:{port}/0"
+        return self._url(f"{auth}{self.host}:{port}/0")
+
+    def _url(self, address: str) -> str:
+        if self.tls is None:
+            return f"redis://{address}"
+        return with_tls_defaults(f"rediss://{address}", self.tls.client_options())
 
     def parts(self, server: str | None = None) -> dict[str, list[str]]:
         """Name -> argv: `redis-primary`, `redis-replica1`, `redis-replica2`, `redis-sentinel1..3`.
@@ -87,6 +120,8 @@ class RedisHA:
                 argv += ["--requirepass", self.password, "--masterauth", self.password]
             if i:
                 argv += ["--replicaof", self.host, str(primary)]
+            if self.tls:
+                argv += self.tls.server_args(port)
             out["redis-primary" if i == 0 else f"redis-replica{i}"] = argv
         for i, port in enumerate(self.sentinel_ports, 1):
             conf = self.folder / f"sentinel-{port}.conf"
@@ -101,13 +136,14 @@ class RedisHA:
                 if self.password:
                     lines.append(f"sentinel auth-pass {self.master} {self.password}")
                 conf.write_text("\n".join(lines) + "\n")
-            out[f"redis-sentinel{i}"] = [server, str(conf), "--sentinel"]
+            tls = self.tls.server_args(port) if self.tls else []
+            out[f"redis-sentinel{i}"] = [server, str(conf), "--sentinel", *tls]
         return out
 
     # ---- asking the running set -------------------------------------------------------------------
 
     def _sentinel(self, port: int) -> redis.Redis:
-        return redis_clients.client(f"redis://{self.host}:{port}", timeout_s=1, connect_timeout_s=1)
+        return redis_clients.client(self._url(f"{self.host}:{port}"), timeout_s=1, connect_timeout_s=1)
 
     def primary_port(self) -> int | None:
         """The primary's port as the sentinels name it (the first that answers); None if none does."""

@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
+from ops.redis_ha import TLSFiles
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -55,19 +56,48 @@ async def wait_until_async(predicate, timeout: float, interval: float = 0.05, wh
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def issue_certificates(folder: Path) -> tuple[TLSFiles, TLSFiles]:
+    """A CA made here and two certificates it signed, each for 127.0.0.1 and localhost: a server's
+    and a client's (real openssl, EC keys: a few milliseconds each)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("openssl is not installed, and the TLS tests make their certificates with it: "
+                    "sudo apt-get install -y openssl", pytrace=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = folder / "ca.crt", folder / "ca.key"
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", *new_key, "-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=Brigade test CA")
+    names = folder / "names.cnf"
+    names.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    issued = []
+    for who in ("server", "client"):
+        cert, key, request = folder / f"{who}.crt", folder / f"{who}.key", folder / f"{who}.csr"
+        run("req", *new_key, "-keyout", str(key), "-out", str(request), "-subj", f"/CN=brigade-test-{who}")
+        run("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+            "-out", str(cert), "-days", "2", "-extfile", str(names))
+        issued.append(TLSFiles(ca_file=ca, cert_file=cert, key_file=key))
+    return issued[0], issued[1]
+
+
 class RedisServer:
     """A real redis-server on a free port. `persistent` keeps an append-only file, so that a
-    restart brings the data back as a production Redis would."""
+    restart brings the data back as a production Redis would. With `tls` it speaks only TLS and
+    asks every client for a certificate (`url` is rediss://; `client` presents the server's own)."""
 
-    def __init__(self, tmp: Path, persistent: bool = False):
+    def __init__(self, tmp: Path, persistent: bool = False, tls: TLSFiles | None = None):
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "yes" if persistent else "no", "--dir", str(tmp)]
-        self.client = redis.Redis.from_url(self.url, decode_responses=True)
+                     "--appendonly", "yes" if persistent else "no", "--dir", str(tmp),
+                     *(tls.server_args(self.port) if tls else [])]
+        self.client = redis.Redis.from_url(self.url, decode_responses=True, **(tls.client_options() if tls else {}))
         self.start()
 
     def start(self) -> None:
@@ -86,18 +116,19 @@ class RedisServer:
 
 
 class RedisHAServer:
-    """A real primary, two replicas and three sentinels (ops/redis_ha.py) on free ports, seen by a
-    Stack as its Redis: `url` is the redis+sentinel:// URL every Brigade process gets, `client`
-    follows the primary through failovers. `kill_primary` is the fault: SIGKILL of whichever node
-    the sentinels name primary."""
+    """A real primary, `replicas` replicas (two by default) and three sentinels (ops/redis_ha.py) on
+    free ports, seen by a Stack as its Redis: `url` is the redis+sentinel:// URL every Brigade
+    process gets, `client` follows the primary through failovers. `kill_primary` is the fault: SIGKILL of whichever node
+    the sentinels name primary. With `tls` every node and sentinel speaks only TLS, and `url` is
+    rediss+sentinel:// with the CA and a certificate in its query."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, replicas: int = 2, tls: TLSFiles | None = None):
         from ops.core.redis_clients import client
         from ops.redis_ha import RedisHA
 
         if shutil.which("redis-server") is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
-        self.ha = RedisHA(tmp)
+        self.ha = RedisHA(tmp, data_ports=[free_port() for _ in range(1 + replicas)], tls=tls)
         self.procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                       for name, argv in self.ha.parts().items()}
         self.ha.wait_healthy(60)
