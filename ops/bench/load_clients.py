@@ -7,7 +7,8 @@ the break came before its `queued` event (nothing was promised yet). An SSE clie
 streaming chat) cannot resume: a stream cut by its own gateway's death is counted apart from the
 failures, with how it ended, and the next request goes to the next gateway. Every answer's tokens
 are checked: WebSocket indexes for repeats, gaps and disorder against the `done` event's count,
-SSE chunks (one logprob entry per token) against the usage chunk's count.
+SSE chunks (one logprob entry per token) against the usage chunk's count. No client here cancels,
+so a `done` whose finish reason is `cancelled` is a failure.
 """
 from __future__ import annotations
 
@@ -192,6 +193,10 @@ async def _read_answer(ws, asking: InFlight, tally: Tally, url: str) -> None:
         elif kind == "token":
             asking.first = asking.first or time.monotonic()
             asking.order.add(event["index"])
+        elif kind == "done" and event.get("finish_reason") == "cancelled":  # no client here cancels
+            tally.fail("cancelled", door="websocket", request_id=asking.request_id, gateway=url,
+                       tokens=event.get("usage", {}).get("completion_tokens"), tokens_before=len(asking.order.received))
+            return
         elif kind == "done":
             tally.answered(asking.order, event.get("usage", {}).get("completion_tokens", asking.order.last + 1),
                            asking.sent, asking.first, request_id=asking.request_id, reconnects=asking.reconnects,
