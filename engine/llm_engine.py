@@ -137,8 +137,13 @@ class Engine:
         # pass, on the engine thread: the worker's metrics take the batch size here. Must be cheap;
         # None: nobody listens.
         self.on_step: Callable[[int], None] | None = None
+        # Told the requests whose context starts computing in this step (a first prefill chunk, or
+        # a recompute after preemption), before the forward pass, on the engine thread: from here on
+        # a crash may be the request's doing (the worker's claim counts it). None: nobody listens.
+        self.on_started: Callable[[set[str]], None] | None = None
         self._inbox: list[RequestChoices] = []
-        self._cancels: list[str] = []
+        # The very groups to stop: a stale cancel must never stop a later run under the same id.
+        self._cancels: list[RequestChoices] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
@@ -239,10 +244,12 @@ class Engine:
     def cancel(self, request_id: str) -> None:
         """Stop a request's every choice (any thread): waiting, it never runs; running, it leaves."""
         with self._lock:
-            # Only one held now: a stale cancel would stop the next run under its id (a fenced
-            # worker that claims its own request again; its new run once ended "cancelled").
-            if request_id in self.requests or any(g.request_id == request_id for g in self._inbox):
-                self._cancels.append(request_id)
+            # The group held now, not the id: a cancel taken after that group ended on its own would
+            # stop the next run under its id (a fenced worker that claims its own request again; its
+            # new run ended "cancelled" 5 ms after its claim in the chaos bench).
+            group = self.requests.get(request_id) or next((g for g in self._inbox if g.request_id == request_id), None)
+            if group is not None:
+                self._cancels.append(group)
         self._wake.set()
 
     def holds(self, request_id: str) -> bool:
@@ -268,6 +275,10 @@ class Engine:
             return updates
         if self.on_step is not None:
             self.on_step(sum(c.decodes for c in chunks))
+        if self.on_started is not None:
+            started = {c.seq.request_id for c in chunks if c.start == 0}
+            if started:
+                self.on_started(started)
         try:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
@@ -337,9 +348,10 @@ class Engine:
                 self._prepare(seq)
                 self.scheduler.add(seq)
         updates = []
-        for request_id in cancels:
-            group = self.requests.get(request_id)
-            for seq in list(group.live) if group is not None else []:
+        for group in cancels:
+            if self.requests.get(group.request_id) is not group:
+                continue  # it ended before the cancel was taken; a new run under its id is not its
+            for seq in list(group.live):
                 updates.append(self._finish(seq, FinishReason.CANCELLED))
         return updates
 

@@ -88,6 +88,40 @@ def test_cancel_stops_every_choice_and_frees_their_memory(tiny):
     assert tiny.kv.used_tokens == 0 and not tiny.holds("c")
 
 
+def test_a_cancel_taken_after_its_run_ended_never_stops_the_next_run_under_that_id(tiny):
+    """Issue 38's chaos bench: a fenced worker cancelled its run of a request in the very step that
+    run finished on its own, then claimed the request again; the new run under the same id took the
+    old cancel and ended "cancelled" 5 ms after its claim. A cancel stops the run it was asked
+    about, never a later one."""
+    tiny.add_request(ask("again", PROMPT, max_tokens=1, ignore_eos=True))
+    tiny.on_step = lambda decodes: tiny.cancel("again")  # mid-step: the run is held, and ends below
+    try:
+        first = [u for u in tiny.step() if u.finish_reason]
+    finally:
+        tiny.on_step = None
+    assert [u.finish_reason for u in first] == ["length"] and not tiny.holds("again")
+    tiny.add_request(ask("again", PROMPT, max_tokens=4, ignore_eos=True))
+    ends = []
+    while not ends:
+        ends = [u.finish_reason for u in tiny.step() if u.finish_reason]
+    assert ends == ["length"]  # its own end, four tokens, not the stale cancel
+
+
+def test_the_engine_says_which_requests_start_computing_before_it_computes_them(tiny):
+    """A worker counts a death as a request's attempt only once its engine computes it (engage)."""
+    told: list[tuple[set, int]] = []
+    tiny.on_started = lambda started: told.append((set(started), tiny.tokens_generated))
+    try:
+        tiny.add_request(ask("s1", PROMPT, max_tokens=3, ignore_eos=True))
+        tiny.add_request(ask("s2", PROMPT, max_tokens=3, ignore_eos=True))
+        while tiny.has_work():
+            tiny.step()
+    finally:
+        tiny.on_started = None
+    assert set().union(*(t[0] for t in told)) == {"s1", "s2"}
+    assert told[0][1] == 0  # told before its first token was made
+
+
 def test_prompt_logprobs_are_collected_over_chunks_and_equal_the_scoring(tiny_engine_factory):
     engine = tiny_engine_factory(max_batch=4, max_wait_ms=0, max_prefill_tokens=16)
     engine.generate([ask("warm", PROMPT)])  # the prompt is in the prefix cache: scoring must not use it

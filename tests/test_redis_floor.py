@@ -105,8 +105,10 @@ def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_
     settings = Settings(stream_ttl_s=1234, max_attempts=2)
     claims = ClaimStore.from_settings(client, settings)
     client.set(keys.request("r1"), queued("r1").model_dump_json())
-    assert claims.claim("r1", "a#1").outcome == "claimed"
+    first_claim = claims.claim("r1", "a#1")
+    assert first_claim.outcome == "claimed"
     assert client.ttl(keys.claim("r1")) == keys.claim_ttl_s(settings) == 1234
+    claims.engage({"r1": first_claim.epoch})  # its engine computes it: a death now costs an attempt
     client.set(keys.worker("a#1"), "{}", px=keys.worker_ttl_ms(settings))
     assert claims.claim("r1", "b#1").outcome == "busy"  # its owner's heartbeat lives
     first = int(client.hget(keys.claim("r1"), "epoch"))
@@ -155,7 +157,7 @@ def test_a_burial_by_the_reaper_or_at_a_claim_writes_the_same_dead_letter_and_no
     for rid, bury in (("by-reap", lambda: claims.reap("by-reap", "dead#1")),
                       ("by-claim", lambda: claims.claim("by-claim", "w#2").outcome)):
         client.set(keys.request(rid), queued(rid).model_dump_json())
-        client.hset(keys.claim(rid), mapping={"state": "running", "owner": "dead#1", "attempts": 1})
+        client.hset(keys.claim(rid), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "engaged": 1})
         assert bury() in ("buried", "dead")
         assert client.hget(keys.claim(rid), "state") == "dead"
         assert client.ttl(keys.stream(rid)) == keys.stream_ttl_s(settings)
@@ -173,7 +175,8 @@ def test_two_that_decide_a_burial_bury_the_request_once(client):
     settings = Settings(max_attempts=1)
     claims = ClaimStore.from_settings(client, settings)
     client.set(keys.request("r3"), queued("r3").model_dump_json())
-    client.hset(keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4})
+    client.hset(keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4,
+                                          "engaged": 1})
     reap = scripts.register(client, "reap")
     outcome, epoch = reap(keys=[keys.claim("r3"), keys.CLAIMS, keys.UNCLAIMED], args=["r3", "dead#1", 1, time.time()])
     assert outcome == "bury" and int(epoch) > 4 and epoch == client.hget(keys.claim("r3"), "epoch")
@@ -403,3 +406,51 @@ def test_a_call_waits_out_a_failover_for_its_budget_and_no_longer():
         asyncio.run(redis_clients.through_failover(call, 0))
     assert len(calls) == 1
     assert Settings(redis_url="redis+sentinel://h/m").failover_budget_s == 10.0 and Settings().failover_budget_s == 0
+
+
+def test_a_death_costs_an_attempt_only_to_the_requests_its_engine_was_computing(client):
+    """Issue 38's chaos bench: batch lines that each sat, waiting for a row, in three workers that
+    were killed for other reasons were buried as poison (`worker_failed`). A run counts as an
+    attempt only once its engine starts computing it (engage.lua): by the reaper and at a takeover
+    by claim alike; a fenced caller cannot mark another's run."""
+    settings = Settings(max_attempts=2)
+    claims = ClaimStore.from_settings(client, settings)
+    for rid in ("waited", "computed"):
+        client.delete(keys.claim(rid), keys.stream(rid))
+        client.set(keys.request(rid), queued(rid).model_dump_json())
+    for death in range(5):  # five deaths while waiting: none counts, never buried
+        took = claims.claim("waited", f"w{death}#1")
+        assert took.outcome == "claimed" and took.attempts == 1, took
+        reap = claims.reap if death % 2 else (lambda rid, owner: claims.claim(rid, "next#1").outcome)
+        assert reap("waited", f"w{death}#1") in ("requeue", "claimed")
+        if death % 2 == 0:  # taken over by a claim: hand it back for the next round
+            assert claims.release("waited", "next#1", int(client.hget(keys.claim("waited"), "epoch")))
+    first = claims.claim("computed", "a#1")
+    assert not claims.release("computed", "x#1", first.epoch)  # (another's claim: untouched)
+    claims.engage({"computed": first.epoch - 1})  # a stale epoch marks nothing
+    assert client.hget(keys.claim("computed"), "engaged") is None
+    claims.engage({"computed": first.epoch})
+    assert claims.reap("computed", "a#1") == "requeue"  # one death while computing: 1 of 2
+    second = claims.claim("computed", "b#1")
+    assert second.attempts == 2 and client.hget(keys.claim("computed"), "engaged") is None  # a new run
+    claims.engage({"computed": second.epoch})
+    assert claims.reap("computed", "b#1") == "buried"  # the second: poison
+    assert "computed" in {e["request_id"] for e in claims.dead_letters()}
+    assert "waited" not in {e["request_id"] for e in claims.dead_letters()}
+
+
+def test_a_fenced_worker_queues_again_only_a_request_nobody_will_queue(client):
+    """Issue 38's chaos bench: a worker back from a cut was fenced on a request the reaper had just
+    queued again, took it for an orphan and queued it a second time; its second copy ran beside the
+    first. A claim `queued` (reaped, handed back) has its sender; only a lost claim is an orphan."""
+    claims = ClaimStore.from_settings(client, Settings())
+    client.delete(keys.claim("o1"))
+    client.set(keys.request("o1"), queued("o1").model_dump_json())
+    claims.claim("o1", "cut#1")
+    assert claims.reap("o1", "cut#1") == "requeue"
+    assert not claims.orphaned("o1", "cut#1")  # the reaper sends it
+    claims.claim("o1", "other#1")
+    client.set(keys.worker("other#1"), "{}", ex=30)
+    assert not claims.orphaned("o1", "cut#1")  # another runs it
+    client.delete(keys.claim("o1"))  # a failover lost the claim: nobody will send it
+    assert claims.orphaned("o1", "cut#1")

@@ -11,9 +11,12 @@ that it is atomic against every other worker and reaper:
   that stalled and was taken over can never write into the stream again.
 - release (graceful hand-back) and reap (owner's heartbeat expired): the epoch goes up, which
   fences the old owner, and the request is free to be claimed again.
-- bury: after max_attempts claims that ended in a crash, the request goes to the dead-letter list.
+- engage: the worker's engine starts computing the request; only a run that did counts as an
+  attempt when its worker dies (a request that merely waited for a row is no poison).
+- bury: after max_attempts claims that ended in a crash while the request was computed, the
+  request goes to the dead-letter list.
 
-The scripts are ops/core/lua/{claim,publish,release,reap,bury,take_unclaimed}.lua. A claim or a
+The scripts are ops/core/lua/{claim,publish,release,reap,bury,take_unclaimed,engage}.lua. A claim or a
 reap that finds max_attempts reached answers 'bury' with the claim's epoch, and bury.lua buries
 the request only if the claim is still as it was seen: two deciders bury it once, and a caller
 that dies in between leaves a running claim of a dead owner, which the reaper buries next.
@@ -66,6 +69,7 @@ class ClaimStore:
         self._reap = scripts.register(client, "reap")
         self._bury = scripts.register(client, "bury")
         self._take_unclaimed = scripts.register(client, "take_unclaimed")
+        self._engage = scripts.register(client, "engage")
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> "ClaimStore":
@@ -149,12 +153,22 @@ class ClaimStore:
             return "buried" if self._buried(rid, epoch) else "skip"
         return outcome
 
+    def engage(self, started: dict[str, int]) -> None:
+        """These requests (id -> our claim's epoch) start computing in our engine: from now on our
+        death counts as one of their attempts (engage.lua; a wait for a row does not)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for rid, epoch in started.items():
+            self._engage(keys=[keys.claim(rid)], args=[epoch], client=pipe)
+        pipe.execute()
+
     def orphaned(self, rid: str, me: str) -> bool:
         """After this worker was fenced on `rid`: does nobody hold it now? True when its claim is
-        neither running under another owner nor ended: a failover lost the claim that fenced us
-        out (or ours), so nobody else will run it unless it is queued again."""
+        neither running under another owner, nor queued again, nor ended: a failover lost the claim
+        that fenced us out (or ours), so nobody else will run it unless it is queued again. A claim
+        in state `queued` was handed back or reaped, and its sender (or the reaper's unclaimed
+        sweep) queues it: queued here too, it ran twice, the second copy cancelled mid-stream."""
         state, owner = self.redis.hmget(keys.claim(rid), "state", "owner")
-        if state in ("done", "dead") or not self.redis.exists(keys.request(rid)):
+        if state in ("done", "dead", QUEUED) or not self.redis.exists(keys.request(rid)):
             return False
         return not (state == "running" and owner and owner != me)
 

@@ -56,11 +56,14 @@ class EngineHost:
         self.metrics = WorkerMetrics(settings.model_name, settings.model_version)
         self.metrics.watch_engine(engine.stats)
         engine.on_step = self.metrics.on_step
+        engine.on_started = self._engaged
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()
         self._unsettled: list[InFlight] = []  # ended, but their last event is not in Redis yet
+        # The engine made no progress for engine_stall_s: the heartbeat stops vouching for us.
+        self._stalled = False
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=engine.run, args=(self._on_updates, self._stop), name="engine", daemon=True),
@@ -191,7 +194,24 @@ class EngineHost:
             log.info("event=skipped_cancelled request_id=%s", rid)
             self.redis.zrem(keys.UNCLAIMED, rid)
             return None
+        vouching = not self._stalled and self._threads[0].is_alive()  # as the heartbeat thread would
+        if vouching and not self.redis.exists(keys.worker(self.instance)):
+            # Back from a cut from Redis, our heartbeat had expired and the heartbeat thread beats
+            # again only on its next turn: a claim made before then was reaped at once (no
+            # heartbeat), and our run of it fenced. Beat first, so that the claim is vouched for.
+            self._record_beat(0.0)
+            log.info("event=heartbeat_renewed_before_claim request_id=%s", rid)
         return self.claims.claim(rid, self.instance)
+
+    def _engaged(self, started: set[str]) -> None:
+        """The engine starts computing these requests (engine thread): our death counts as an
+        attempt for each from now on (workers/claims.py, engage)."""
+        with self._lock:
+            epochs = {rid: self.inflight[rid].epoch for rid in started if rid in self.inflight}
+        try:
+            self.claims.engage(epochs)
+        except redis.RedisError as exc:  # a death now would cost them no attempt: nothing worse
+            log.warning("event=engage_failed requests=%d error=%r", len(epochs), exc)
 
     def _retrying(self, call):
         """Redis calls a task cannot do without: wait out an outage instead of failing the request
@@ -395,11 +415,17 @@ class EngineHost:
             "updated_at": time.time(),
         }
 
+    def _record_beat(self, tokens_per_s: float, prune: bool = False) -> None:
+        """Our status, with the TTL whose expiry tells the reaper we are gone."""
+        pipe = self.redis.pipeline(transaction=False)
+        fleet.record_beat(pipe, self.instance, self.status(tokens_per_s), keys.worker_ttl_ms(self.settings),
+                          time.time(), prune=prune)
+        pipe.execute()
+
     def _beat(self) -> None:
         last_tokens, last_time = self.engine.tokens_generated, time.monotonic()
         interval = self.settings.heartbeat_interval_s
-        ttl_ms = keys.worker_ttl_ms(self.settings)
-        stalled, beats = False, 0
+        beats = 0
         while not self._stop.is_set():
             if not self._threads[0].is_alive():
                 # No engine, no progress: stop beating so that the reaper hands our requests on.
@@ -412,20 +438,17 @@ class EngineHost:
             if silent > self.settings.engine_stall_s:
                 # A live process whose engine makes no progress must not vouch for its requests:
                 # the key expires, the reaper fences us and continues them elsewhere.
-                if not stalled:
+                if not self._stalled:
                     log.error("event=engine_stalled seconds=%.1f heartbeat=stopped requests=%d", silent,
                               len(self.inflight))
-                stalled = True
+                self._stalled = True
                 self._stop.wait(interval)
                 continue
-            if stalled:
+            if self._stalled:
                 log.warning("event=engine_recovered heartbeat=resumed")
-                stalled = False
+                self._stalled = False
             try:
-                pipe = self.redis.pipeline(transaction=False)
-                fleet.record_beat(pipe, self.instance, self.status(rate), ttl_ms, time.time(),
-                                  prune=beats % fleet.PRUNE_EVERY == 0)
-                pipe.execute()
+                self._record_beat(rate, prune=beats % fleet.PRUNE_EVERY == 0)
                 beats += 1
             except redis.RedisError as exc:
                 log.warning("event=heartbeat_failed error=%r", exc)

@@ -10,7 +10,7 @@ from importlib import resources
 
 from redis.commands.core import AsyncScript, Script
 
-NAMES = ("claim", "publish", "release", "reap", "bury", "take_unclaimed", "admit", "renew_lease", "drop_lease",
+NAMES = ("claim", "publish", "release", "reap", "bury", "take_unclaimed", "engage", "admit", "renew_lease", "drop_lease",
          "record_hit")
 
 
