@@ -48,13 +48,19 @@ def test_a_stream_s_repeats_gaps_and_disorder_are_each_counted():
     assert gapped.out_of_order == 1 and whole.out_of_order == 0
 
 
-def _can_make_a_namespace() -> bool:
-    return sys.platform.startswith("linux") and os.geteuid() == 0 and shutil.which("ip") is not None
+def _need_a_namespace() -> None:
+    """The worker cut runs a worker in a network namespace of its own: root and iproute2's `ip`."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.fail("the chaos test cuts a worker from Redis in a network namespace: run it as root on Linux "
+                    "(CI and `make test-long` do)", pytrace=False)
+    if shutil.which("ip") is None:
+        pytest.fail("the chaos test needs `ip` (iproute2) for its network namespace: "
+                    "sudo apt-get install -y iproute2", pytrace=False)
 
 
 @pytest.mark.long
-@pytest.mark.skipif(not _can_make_a_namespace(), reason="the worker cut needs root and `ip netns`")
 def test_two_minutes_of_every_fault_lose_no_request_token_or_batch_line(tiny_model_dir, tmp_path):
+    _need_a_namespace()
     out = tmp_path / "chaos.json"
     argv = [sys.executable, "-m", "ops.cli", "bench", "chaos", "--seconds", "120", "--clients", "40",
             "--sse-clients", "6", "--batch-lines", "200", "--kill-worker-every", "20", "--kill-redis-primary", "2",
