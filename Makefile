@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test test-long install redis compiler browser model kernels bench bench-peers clean
+.PHONY: up test test-long install redis compiler cmake browser model kernels bench bench-peers clean
 
 # `install` prepares the default model; `brigade up` registers it (smollm2-135m-instruct@v1, in place)
 # once its Redis answers, when the registry is empty and BRIGADE_MODEL unset: the registry lives in
@@ -63,11 +63,15 @@ kernels: $(STAMP) compiler
 bench: install
 	$(BIN)/brigade bench engine --json bench-engine.json
 
-# llama.cpp beside Brigade (`brigade bench engine --peer llama-cpp`); only this benchmark needs it.
-# It builds from source: about 10-15 minutes on 2 cores.
-bench-peers: install
-	$(BIN)/pip install llama-cpp-python==0.3.36
-	$(BIN)/brigade bench engine --peer llama-cpp --json bench-engine.json
+cmake:
+	@command -v cmake >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y cmake; }
+
+# llama.cpp beside Brigade: `llama-server` and `llama-bench`, built from the source inside the pinned
+# llama-cpp-python sdist for this CPU (about 6 minutes on 2 cores, then cached in
+# ~/.cache/brigade/peers), for `brigade bench engine --peer llama-cpp` and
+# `brigade bench serve --versus llama-server` (ops/bench/llama_cpp_build.py).
+bench-peers: $(STAMP) compiler cmake
+	$(BIN)/python -m ops.bench.llama_cpp_build
 
 clean:
 	rm -rf $(VENV) .pytest_cache

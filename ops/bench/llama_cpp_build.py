@@ -1,0 +1,208 @@
+"""llama.cpp's `llama-server` and `llama-bench`, built here from the source inside the pinned
+llama-cpp-python sdist: the peer that `brigade bench engine --peer llama-cpp` and `brigade bench
+serve --versus llama-server` measure Brigade against.
+
+One download, then offline: `pip download` fetches the sdist (its sha256 checked against
+PINNED_SHA256; pip also fetches the sdist's build backend into a throwaway environment to read its
+metadata, and nothing of that is used), which carries vendor/llama.cpp with tools/server and
+tools/llama-bench. cmake builds the two for this CPU (GGML_NATIVE), statically linked, with nothing
+fetched during the build: no OpenSSL (no HTTPS client), and no web UI (llama-server's build would
+otherwise download a prebuilt one from Hugging Face). LLAMA_CURL is no longer an option of this
+llama.cpp (it only warns), so it is not passed.
+
+Cached like Brigade's own kernels (engine/kernels.py): `~/.cache/brigade/peers/<key>/bin`
+(BRIGADE_PEER_DIR moves it), the key made of the version, the sdist's hash, the cmake flags, the
+compiler and the CPU's flags, so that a home shared between machines of different kinds keeps a
+build for each. One process builds a key at a time, under an flock on `<key>.lock` that the kernel
+drops when its holder dies; a process that waits says for whom.
+
+`python -m ops.bench.llama_cpp_build` (`make bench-peers`) builds them, or says where they are.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.placement import cpu_flags
+
+PACKAGE = "llama-cpp-python"
+VERSION = "0.3.36"
+PINNED_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's sdist of 0.3.36
+TARGETS = ("llama-server", "llama-bench")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
+TOOLS = {"cmake": "cmake", "c++": "g++", "cc": "gcc", "make": "make"}  # command: the apt package that has it
+INSTALL_HINT = "`make bench-peers` builds them (about 6 minutes on 2 cores; it installs cmake and g++ when missing)"
+WAIT_SAY_EVERY_S = 30.0
+
+
+class PeerUnavailable(RuntimeError):
+    """llama.cpp's binaries are not here and cannot be built now; the message says what to do."""
+
+
+def peers_root() -> Path:
+    if os.environ.get("BRIGADE_PEER_DIR"):
+        return Path(os.environ["BRIGADE_PEER_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
+
+
+def compiler_version() -> str:
+    """The C++ compiler's first line of `--version` ('' when there is none)."""
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.splitlines()[0].strip() if out else ""
+
+
+def build_key(flags: frozenset[str] | set[str], compiler: str) -> str:
+    """`llama.cpp-<version>-<16 hex>`: what the binaries were built from, with, and for."""
+    digest = hashlib.sha256()
+    for part in (PACKAGE, VERSION, PINNED_SHA256, " ".join(CMAKE_FLAGS), compiler, " ".join(sorted(flags))):
+        digest.update(part.encode() + b"\0")
+    return f"llama.cpp-{VERSION}-{digest.hexdigest()[:16]}"
+
+
+def bin_dir() -> Path:
+    return peers_root() / build_key(cpu_flags(), compiler_version()) / "bin"
+
+
+def built(folder: Path | None = None) -> dict[str, Path] | None:
+    """Each target's path when every one is built in `folder` (default: this machine's key)."""
+    folder = folder or bin_dir()
+    paths = {name: folder / name for name in TARGETS}
+    return paths if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()) else None
+
+
+def missing_tools() -> list[str]:
+    return [f"{command} (apt-get install {package})" for command, package in TOOLS.items() if not shutil.which(command)]
+
+
+def ensure_built(say=None) -> dict[str, Path]:
+    """The binaries' paths, built first when they are not (minutes; `say` hears what happens)."""
+    say = say or _say
+    folder = bin_dir()
+    paths = built(folder)
+    if paths is not None:
+        return paths
+    missing = missing_tools()
+    if missing:
+        raise PeerUnavailable(f"llama.cpp's {' and '.join(TARGETS)} are not built here, and building them needs "
+                              f"{', '.join(missing)}: {INSTALL_HINT}")
+    with build_lock(folder.parent, say):
+        paths = built(folder)
+        if paths is None:  # nobody built it while this process waited
+            say(f"llama.cpp: building {' and '.join(TARGETS)} {VERSION} for this CPU into {folder} "
+                "(about 6 minutes on 2 cores, once; `make bench-peers` does it ahead)")
+            _build(folder.parent, say)
+            paths = built(folder)
+    return paths
+
+
+@contextmanager
+def build_lock(key_dir: Path, say):
+    """`key_dir` to this process alone; a wait is told, with the holder, every WAIT_SAY_EVERY_S."""
+    key_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = key_dir.parent / f"{key_dir.name}.lock"
+    with open(lock_file, "a+") as handle:
+        waited_from = said_at = None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                waited_from = waited_from or now
+                if said_at is None or now - said_at >= WAIT_SAY_EVERY_S:
+                    said_at = now
+                    handle.seek(0)
+                    say(f"event=peer_build_wait key={key_dir.name} holder={handle.read().strip() or 'unknown'!r} "
+                        f"waited_s={now - waited_from:.0f}")
+                time.sleep(0.5)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid={os.getpid()} command={' '.join(sys.argv)[:200]}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()  # the flock goes with the file's close
+
+
+def sdist(say) -> Path:
+    """The pinned sdist, downloaded once into the peers' folder and checked against its hash."""
+    folder = peers_root() / "sdist"
+    path = folder / f"{PACKAGE.replace('-', '_')}-{VERSION}.tar.gz"
+    if not path.exists():
+        say(f"llama.cpp: pip download --no-deps --no-binary :all: {PACKAGE}=={VERSION}")
+        folder.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}",
+              "-d", str(folder)], "pip download", folder / "pip.log")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != PINNED_SHA256:
+        path.unlink()
+        raise PeerUnavailable(f"{path.name} has sha256 {digest}, not the pinned {PINNED_SHA256}: removed; "
+                              "try again, and if it persists the package index serves another file")
+    return path
+
+
+def _build(key_dir: Path, say) -> None:
+    work = key_dir / "work"
+    shutil.rmtree(work, ignore_errors=True)  # a build killed part-way leaves one
+    work.mkdir(parents=True)
+    with tarfile.open(sdist(say)) as archive:
+        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
+        archive.extractall(work, members=members, filter="data")
+    source = work / f"{PACKAGE.replace('-', '_')}-{VERSION}" / "vendor" / "llama.cpp"
+    build = work / "build"
+    jobs = str(os.cpu_count() or 1)
+    say(f"llama.cpp: cmake {' '.join(CMAKE_FLAGS)}")
+    _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS], "cmake (configure)", work / "cmake.log")
+    say(f"llama.cpp: cmake --build -j{jobs} --target {' '.join(TARGETS)} (log: {work / 'build.log'})")
+    _run(["cmake", "--build", str(build), "-j", jobs, "--target", *TARGETS], "cmake --build", work / "build.log")
+    partial = key_dir / f"bin.{os.getpid()}"
+    partial.mkdir()
+    for name in TARGETS:
+        shutil.copy2(build / "bin" / name, partial / name)
+    os.replace(partial, key_dir / "bin")  # whole or absent
+    shutil.rmtree(work)
+    say(f"llama.cpp: built {key_dir / 'bin'}")
+
+
+def _run(argv: list[str], what: str, log: Path) -> None:
+    with open(log, "w") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise PeerUnavailable(f"llama.cpp: {what} failed (exit {code}; {log}):\n{log.read_text()[-2000:]}")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    try:
+        paths = ensure_built()
+    except PeerUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
