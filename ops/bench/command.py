@@ -37,8 +37,9 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "'' for none)")
     p.add_argument("--full", action="store_true", help="HF generate timed at every N (not once on 4 requests), "
                    "and the long-prompt rows (16 streams while a 1,500-token prompt loads)")
-    p.add_argument("--peer", choices=["llama-cpp"], help="the same prompts through a peer too "
-                   "(llama-cpp: `make bench-peers` installs it)")
+    p.add_argument("--peer", choices=["llama-cpp"], help="a peer's engine benchmark beside the rows (llama-cpp: "
+                   "llama-bench's pp512 and tg128 at the same thread count; `make bench-peers` builds it, else it is "
+                   "built first)")
     _max_tokens(p, 128, "default 128")
 
     _add_cache_targets(targets, report)
@@ -66,6 +67,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     _max_tokens(p, None, "default: each dataset line's")
     add_serve_arguments(p, "the load")
     add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+    _add_versus_arguments(p)
 
     p = targets.add_parser("scale", parents=[report], help="output tokens/s as the fleet grows: a `brigade up` "
                            "of its own per size, each under the same serve load")
@@ -84,6 +86,20 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
                    "of 16, after a prefix hit, resumed and chunked, per mode (slow: one at a time; 0 skips)")
     _max_tokens(p, 32, "default 32")
     return bench
+
+
+def _add_versus_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("side by side (ops/bench/versus.py)")
+    g.add_argument("--versus", choices=["llama-server"], help="start a Brigade of its own (one worker, the answer "
+                   "cache off) and then llama.cpp's server, and run the same streamed load against each: every "
+                   "--prompt-lengths at every --concurrency, 128 tokens per answer with ignore_eos unless "
+                   "--max-tokens; --num-requests per row (default 2 x concurrency, at least 8)")
+    g.add_argument("--concurrency", default="1,4,16,32", help="with --versus: requests in flight, one row each "
+                   "(llama-server gets as many slots)")
+    g.add_argument("--prompt-lengths", default="short,long", help="with --versus: short (about 64 tokens) and/or "
+                   "long (about 1,000)")
+    g.add_argument("--threads", type=int, help="with --versus: Brigade's worker's torch threads and llama-server's "
+                   "-t (default: every core)")
 
 
 def _add_chaos_target(targets, report: argparse.ArgumentParser) -> None:
@@ -158,6 +174,10 @@ def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the target `args` names; its report printed as JSON (and written to --json)."""
+    if args.target == "serve" and args.versus:
+        from ops.bench.versus import main as bench_versus
+
+        return bench_versus(args, settings)
     if args.target == "serve":  # prints its own report, and its exit code says whether the SLOs held
         from ops.bench.serve import main as bench_serve
 
@@ -176,11 +196,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _engine(args, settings: Settings) -> dict:
+def _engine(args, settings: Settings) -> dict | int:
     from engine import Engine
     from ops.bench.engine import DEFAULT_COMPARE, run
     from workers.engine_loading import engine_config
 
+    if args.peer == "llama-cpp":  # built (minutes) before anything is timed, or the command stops here
+        from ops.bench.llama_cpp_build import PeerUnavailable, ensure_built
+
+        try:
+            ensure_built()
+        except PeerUnavailable as exc:
+            print(f"brigade bench engine --peer llama-cpp: {exc}", file=sys.stderr)
+            return 2
     engine = Engine.load(engine_config(settings))
     compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
     return run(engine, [int(n) for n in args.n.split(",")], args.max_tokens, args.peer, compare,

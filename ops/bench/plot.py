@@ -1,4 +1,5 @@
-"""`brigade bench serve --plot out.png`: one figure of a run, drawn from its report.
+"""`brigade bench serve --plot out.png`: one figure of a run, drawn from its report (and with
+`--versus llama-server`, plot_versus: the two programs side by side, from that report).
 
 Four panels: the latency CDFs (TTFT and end to end, with the SLO thresholds on them), each
 request's latency against when it was sent, throughput over time (output tokens/s and answers
@@ -131,3 +132,41 @@ def _requests_in_flight(ax, rows: list[dict], duration: float, mean: float | Non
     ax.set_title("requests in flight")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
+
+
+# ---- `brigade bench serve --versus llama-server --plot out.png` ----------------------------------
+
+VERSUS_PROGRAMS = (("brigade", "Brigade", "tab:blue"), ("llama_server", "llama-server", "tab:orange"))
+
+
+def plot_versus(report: dict, path: str) -> None:
+    """One column per prompt length; rows: output tok/s, TTFT (p50 and p95), inter-token latency (p50
+    and p99), each against the concurrency, one line per program."""
+    lengths = list(dict.fromkeys(row["prompt"] for row in report["rows"]))
+    fig, axes = plt.subplots(3, len(lengths), figsize=(6.5 * len(lengths), 10), squeeze=False)
+    fig.suptitle(f"brigade bench serve --versus llama-server\n{report['threads']} threads each, "
+                 f"{report['max_tokens']} tokens per answer, {report['cpu']['model_name'] or 'CPU'}", fontsize=11)
+    for column, length in enumerate(lengths):
+        rows = [row for row in report["rows"] if row["prompt"] == length]
+        cs = [row["concurrency"] for row in rows]
+        tokens = round(sum(row["prompt_tokens_mean"] for row in rows) / len(rows))
+        panels = (("output tokens/s", (("output_tok_s", "-"),), 1),
+                  ("time to first token (ms)", (("ttft_p50_s", "--"), ("ttft_p95_s", "-")), 1000),
+                  ("inter-token latency (ms)", (("itl_p50_s", "--"), ("itl_p99_s", "-")), 1000))
+        for line, (label, keys, scale) in enumerate(panels):
+            ax = axes[line][column]
+            for key, name, colour in VERSUS_PROGRAMS:
+                for figure, style in keys:
+                    values = [None if row[key][figure] is None else row[key][figure] * scale for row in rows]
+                    stat = figure.split("_")[1] if len(keys) > 1 else ""
+                    ax.plot(cs, values, style, marker="o", color=colour, label=f"{name} {stat}".strip())
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(cs, [str(c) for c in cs])
+            ax.set_xlabel("concurrent requests")
+            ax.set_ylabel(label)
+            ax.set_title(f"{length} prompts (about {tokens} tokens): {label}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
