@@ -8,6 +8,7 @@ build files (its include and library paths)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,19 +28,28 @@ BUILD_TIMEOUT_S = 300  # a whole build is 40-60 s on 2 idle cores; the suite may
 
 
 @pytest.fixture(scope="module")
-def kernel_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("kernels")
+def kernel_root() -> Path:
+    """The kernels' real cache, where this environment's build already is (`make install`): the
+    other environment builds beside it, once, and its folder is removed at the end."""
+    from engine.kernels import build_dir
+
+    return build_dir().parent
 
 
 @pytest.fixture(scope="module")
-def other_env(tmp_path_factory) -> dict:
+def other_env(tmp_path_factory, kernel_root) -> dict:
     """A second environment: the same torch, imported from another folder (as a fresh clone's venv
-    would hold it), first on PYTHONPATH."""
+    would hold it), first on PYTHONPATH. Its build folder goes when the module ends."""
     import torch
 
     folder = tmp_path_factory.mktemp("other-env")
     (folder / "torch").symlink_to(Path(torch.__file__).parent)
-    return {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
+    env = {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
+    yield env
+    shutil.rmtree(OTHER_BUILD.get("dir", kernel_root / "none"), ignore_errors=True)
+
+
+OTHER_BUILD: dict[str, Path] = {}  # the other environment's build folder, once known
 
 
 def loader(kernel_root: Path, **env: str) -> subprocess.Popen:
@@ -60,47 +70,44 @@ def built_at(build: Path) -> float:
     return (build / "brigade_kernels.so").stat().st_mtime
 
 
-def test_a_build_killed_part_way_is_redone_and_a_worker_started_after_it_gets_ready(kernel_root, tiny_model_dir,
-                                                                                     tmp_path):
-    builder = loader(kernel_root)
-    build_dirs = []
-
-    def building() -> bool:
-        # torch's own lock: the builder is inside the build (compiling), not just starting.
-        build_dirs[:] = [p for p in kernel_root.iterdir() if (p / "lock").exists()]
-        return bool(build_dirs)
-
-    wait_until(building, 120, what="the build to take torch's lock")
+def test_a_build_killed_part_way_is_redone_and_a_worker_started_after_it_gets_ready(kernel_root, other_env,
+                                                                                     tiny_model_dir, tmp_path):
+    # The other environment's build: a fresh one, which this environment's processes never touch.
+    builder = loader(kernel_root, **other_env)
+    build = Path(builder.stdout.readline().split(" ", 1)[1].strip())
+    OTHER_BUILD["dir"] = build
+    lock = build / "lock"
+    # torch's own lock: the builder is inside the build (compiling), not just starting.
+    wait_until(lambda: lock.exists() or builder.poll() is not None, 120, what="the build to take torch's lock")
     builder.send_signal(signal.SIGKILL)
     builder.wait(timeout=10)
-    lock = build_dirs[0] / "lock"
     assert lock.exists(), "the killed build left no lock: this test would not show the fault"
-    assert not (build_dirs[0] / "brigade_kernels.so").exists(), "the build finished before it was killed"
+    assert not (build / "brigade_kernels.so").exists(), "the build finished before it was killed"
 
     (tmp_path / "redis").mkdir()
     (tmp_path / "logs").mkdir()
     redis_server = RedisServer(tmp_path / "redis")
     with Stack(redis_server, tmp_path / "logs", own_redis=True, BRIGADE_MODEL=str(tiny_model_dir),
                BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_KERNEL_DIR=str(kernel_root)) as stack:
-        worker = stack.start_worker("w@kernels")
+        worker = stack.start_worker("w@kernels", **other_env)
         started = time.monotonic()
         # Before the fix the worker slept in torch's wait after event=model_loaded, for ever.
         stack.wait_ready(workers=["w@kernels"], gateways=[], timeout=BUILD_TIMEOUT_S)
         print(f"\nworker ready {time.monotonic() - started:.1f} s after the killed build (a whole build included)")
         log = worker.tail(400)
     assert "event=kernels_stale_lock" in log, log[-3000:]
-    assert (build_dirs[0] / "brigade_kernels.so").exists()
+    assert (build / "brigade_kernels.so").exists()
     assert not lock.exists()
 
 
-def test_a_process_waiting_for_another_build_says_for_whom(kernel_root):
+def test_a_process_waiting_for_another_build_says_for_whom(kernel_root, other_env):
     """While another process holds the build folder (here this one, through the same lock a build
     takes), a worker's load waits, says so with the holder's pid, and loads once it is free."""
     from engine.kernels import build_lock
 
-    here = next(p for p in kernel_root.iterdir() if (p / "brigade_kernels.so").exists())  # the test above's
+    here = OTHER_BUILD["dir"]  # built by the test above
     with build_lock(here):
-        waiting = loader(kernel_root)
+        waiting = loader(kernel_root, **other_env)
         out_so_far = []
 
         def says_it_waits() -> bool:
@@ -118,9 +125,9 @@ def test_a_process_waiting_for_another_build_says_for_whom(kernel_root):
 
 
 def test_two_environments_taking_turns_build_once_each(kernel_root, other_env):
-    here, _ = load(kernel_root)  # built by the first test
-    there, out = load(kernel_root, **other_env)  # the other environment builds its own, once
-    assert here != there, out[-2000:]
+    here, _ = load(kernel_root)  # this environment's build (`make install`'s)
+    there, out = load(kernel_root, **other_env)  # the other's, built by the first test
+    assert here != there and there == OTHER_BUILD["dir"], out[-2000:]
     first = {here: built_at(here), there: built_at(there)}
     for _ in range(2):  # before the fix each turn rebuilt the other's module (58 s a time)
         assert load(kernel_root)[0] == here
