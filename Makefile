@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test test-long install redis compiler cmake browser model kernels bench bench-peers clean
+.PHONY: up test test-long test-peers install redis tools compiler cmake browser model kernels bench bench-peers clean
 
 # `install` prepares the default model; `brigade up` registers it (smollm2-135m-instruct@v1, in place)
 # once its Redis answers, when the registry is empty and BRIGADE_MODEL unset: the registry lives in
@@ -21,12 +21,17 @@ up: install
 PYTEST_PARALLEL := -n 2 --dist loadfile
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not long"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not long and not peers"
 
 test-long: install
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m long
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "long and not peers"
 
-install: $(STAMP) redis browser model kernels
+# The whole `bench serve --versus llama-server` run in small (pytest marker `peers`): it needs
+# llama.cpp built, which takes minutes, so neither suite above waits on it.
+test-peers: bench-peers
+	$(BIN)/python -m pytest -m peers
+
+install: $(STAMP) redis tools browser model kernels
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -43,6 +48,12 @@ $(STAMP): pyproject.toml
 
 redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+
+# The fault tests' tools: `ip` (iproute2) puts a worker in a network namespace to cut it from Redis
+# (tests/test_chaos.py, bench chaos); openssl makes the TLS tests' certificates.
+tools:
+	@command -v ip >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y iproute2; }
+	@command -v openssl >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y openssl; }
 
 # Brigade's CPU kernels (engine/csrc/) are C++ built for this machine's CPU.
 compiler:

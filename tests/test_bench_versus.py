@@ -172,7 +172,7 @@ def test_the_table_and_the_plot_show_both_programs(tmp_path):
 # ---- the command itself (needs llama.cpp built) -----------------------------------------------------
 
 
-@pytest.mark.long
+@pytest.mark.peers
 def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
     """The smallest whole run: 2 requests at 2 in flight with short prompts, 8 tokens each, against a
     Brigade of its own and a llama-server; both answer every request with every token asked."""
