@@ -93,7 +93,7 @@ def _add_versus_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--versus", choices=["llama-server"], help="start a Brigade of its own (one worker, the answer "
                    "cache off) and then llama.cpp's server, and run the same streamed load against each: every "
                    "--prompt-lengths at every --concurrency, 128 tokens per answer with ignore_eos unless "
-                   "--max-tokens; --num-requests per row (default 2 x concurrency, at least 8)")
+                   "--max-tokens, the programs taking turns row by row; --num-requests per row (default 2 x concurrency, at least 8)")
     g.add_argument("--concurrency", default="1,4,16,32", help="with --versus: requests in flight, one row each "
                    "(llama-server gets as many slots)")
     g.add_argument("--prompt-lengths", default="short,long", help="with --versus: short (about 64 tokens) and/or "

@@ -12,8 +12,10 @@ prompt is common to all, in both programs).
 
 Brigade: `brigade up --ephemeral` of its own (scale.Fleet: gateway, Redis, reaper and one worker
 with all `--threads`, the answer cache off), started once for every row. llama-server: the default
-model's GGUF with `-np C -t threads`, one server per concurrency (its slots are fixed at start).
-Each is warmed by two short requests first. Per row and program: output tok/s, TTFT p50/p95,
+model's GGUF with `-np C -t threads`, one server per concurrency (its slots are fixed at start),
+started beside the idle Brigade. Each is warmed by two short requests first. The programs take turns
+row by row, so that on a shared machine both meet it in about the same state; the one not measured
+sits idle. Per row and program: output tok/s, TTFT p50/p95,
 inter-token latency p50/p99, errors (serve_stats.run_metrics); answers shorter than asked are
 counted, since they would flatter a rate; and how busy the whole machine was meanwhile, with its load
 average, since on a shared machine another program's work would pass for a slow server.
@@ -134,23 +136,26 @@ def figures(report: dict, max_tokens: int) -> dict:
     }
 
 
-def _run_rows(url: str, rows: list[Row], base: LoadConfig, datasets: dict[str, Path], warm_up: Path) -> dict[str, dict]:
+def _warm(url: str, base: LoadConfig, warm_up: Path) -> None:
+    """Two short requests, so that first-call costs stay out of the rows."""
     from ops.bench.serve import run as run_load
 
-    warm = Row("short", 2, 2)
-    run_load(dataclasses.replace(row_load(base, url, warm, warm_up), max_tokens=8))
-    out = {}
-    for row in rows:
-        before = _cpu_jiffies()
-        f = out[row.tag] = figures(run_load(row_load(base, url, row, datasets[row.tag])), base.max_tokens)
-        busy, total = (after - first for after, first in zip(_cpu_jiffies(), before))
-        # How much of the machine was in use during the row (every process's), and the load average at its
-        # end: on a shared machine, a load well above the program's own threads says something else ran.
-        f["machine_busy"] = round(busy / total, 3) if total else None
-        f["load_average_1m"] = round(os.getloadavg()[0], 2)
-        _say(f"  {row.tag}: {f['output_tok_s']} output tok/s, {f['failed']} failed, machine busy "
-             f"{f['machine_busy']}, load average {f['load_average_1m']}")
-    return out
+    run_load(dataclasses.replace(row_load(base, url, Row("short", 2, 2), warm_up), max_tokens=8))
+
+
+def _run_row(name: str, url: str, row: Row, base: LoadConfig, dataset: Path) -> dict:
+    from ops.bench.serve import run as run_load
+
+    before = _cpu_jiffies()
+    f = figures(run_load(row_load(base, url, row, dataset)), base.max_tokens)
+    busy, total = (after - first for after, first in zip(_cpu_jiffies(), before))
+    # How much of the machine was in use during the row (every process's), and the load average at its
+    # end: on a shared machine, a load well above the program's own threads says something else ran.
+    f["machine_busy"] = round(busy / total, 3) if total else None
+    f["load_average_1m"] = round(os.getloadavg()[0], 2)
+    _say(f"  {row.tag} {name}: {f['output_tok_s']} output tok/s, {f['failed']} failed, machine busy "
+         f"{f['machine_busy']}, load average {f['load_average_1m']}")
+    return f
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -167,10 +172,10 @@ def _cpu_jiffies() -> tuple[int, int]:
 
 def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable[[str], int],
         log_dir: Path | None = None) -> dict:
-    """Every row against Brigade, then every row against llama-server; the report as a dict."""
+    """Each row against Brigade, then against llama-server; the report as a dict."""
     from engine.model_files import default_gguf_path
     from ops.bench.llama_cpp_build import bin_dir, ensure_built
-    from ops.bench.llama_server import LlamaServer, server_argv, slot_tokens
+    from ops.bench.llama_server import LlamaServer, slot_tokens
     from ops.bench.scale import Fleet
 
     binary = ensure_built(_say)["llama-server"]
@@ -184,18 +189,21 @@ def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable
     per_slot = slot_tokens(max(max(v) for v in lengths.values()), base.max_tokens)
 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    results: dict[str, dict[str, dict]] = {}
+    results: dict[str, dict[str, dict]] = {name: {} for name in PROGRAMS}
+    argvs = {}
     _say(f"versus: Brigade (1 worker, {threads} threads, answer cache off), {len(rows)} rows")
     with Fleet(1, threads, log_dir) as fleet:
-        results["brigade"] = _run_rows(f"http://127.0.0.1:{fleet.port}", rows, base, datasets, warm_up)
-    results["llama-server"] = {}
-    argvs = {}
-    for c in dict.fromkeys(row.concurrency for row in rows):
-        _say(f"versus: llama-server -np {c} -t {threads}")
-        with LlamaServer(binary, default_gguf_path(), c, per_slot, threads, log_dir / f"llama-server-np{c}.log") as server:
-            argvs[c] = " ".join([binary.name, *server.argv[1:]])
-            mine = [row for row in rows if row.concurrency == c]
-            results["llama-server"].update(_run_rows(server.url, mine, base, datasets, warm_up))
+        brigade = f"http://127.0.0.1:{fleet.port}"
+        _warm(brigade, base, warm_up)
+        for c in dict.fromkeys(row.concurrency for row in rows):
+            _say(f"versus: llama-server -np {c} -t {threads}")
+            log = log_dir / f"llama-server-np{c}.log"
+            with LlamaServer(binary, default_gguf_path(), c, per_slot, threads, log) as server:
+                argvs[c] = " ".join([binary.name, *server.argv[1:]])
+                _warm(server.url, base, warm_up)
+                for row in (r for r in rows if r.concurrency == c):
+                    for name, url in (("brigade", brigade), ("llama-server", server.url)):
+                        results[name][row.tag] = _run_row(name, url, row, base, datasets[row.tag])
 
     table = []
     for row in rows:
