@@ -326,7 +326,7 @@ class Admission:
         # The answer is kept for the cache, the output guards, and to compare shadows' with.
         keep_text = context.cache_query is not None or bool(self.guards) or bool(context.shadows)
         route = Route(rid, cmd.id, sink, keep_text=keep_text, context=context, held=[], stored=asyncio.Event(),
-                      model=choice.model, version=choice.version)
+                      queued=queued, model=choice.model, version=choice.version)
         self.router.add(route)
         try:
             await self.store.put(queued)

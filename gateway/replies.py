@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
 from gateway.events import stream_error
 from gateway.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
-from ops.core.messages import ReplyEvent
+from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.redis_clients import async_client, async_outage_retry, outage_pause_s
 from ops.core.settings import Settings
 
@@ -30,8 +30,11 @@ CATCH_UP_PAGE = 64  # replay-log entries read per round trip when reading back f
 
 class ReplyIntake:
     def __init__(self, settings: Settings, router: ReplyRouter, redis: aioredis.Redis, reply_channel: str,
-                 deliver: Callable[[Delivery], None], spawn: Callable):
+                 deliver: Callable[[Delivery], None], spawn: Callable,
+                 resend: Callable[[QueuedRequest], Awaitable[None]] | None = None):
         self.settings = settings
+        # Puts a request on the queue again (RequestStore.put): for one Redis lost before it ran.
+        self.resend = resend
         self.router = router
         self.redis = redis
         self.reply_channel = reply_channel
@@ -137,7 +140,22 @@ class ReplyIntake:
             if (self.router.live.get(rid) is route and not entries
                     and not await self.redis.exists(keys.stream(rid), keys.request(rid))):
                 log.warning("event=request_lost_with_redis request_id=%s", rid)
-                self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
+                await self._resend_or_end(route)
+
+    async def _resend_or_end(self, route: Route) -> None:
+        """Redis lost this request's records (a failover that lost the primary's last writes: seen
+        when sentinels on a starved machine promoted two replicas in turn). One that never sent its
+        client a token is put on the queue again, as it was stored: its client sees a later first
+        token, not a lost request. One that had begun cannot be continued without its log: its
+        client is told to resend it."""
+        if route.next_index == 0 and route.queued is not None and self.resend is not None:
+            try:
+                await self.resend(route.queued)
+                log.warning("event=request_resent_after_loss request_id=%s", route.request_id)
+                return
+            except Exception as exc:  # Redis still away: the error below stands
+                log.warning("event=request_resend_failed request_id=%s error=%r", route.request_id, exc)
+        self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
 
     async def _catch_up_once_stored(self, route: Route) -> None:
         await route.stored.wait()

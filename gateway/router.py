@@ -61,6 +61,9 @@ class Route:
     # then its record may not be in Redis *yet*, which a catch-up must not read as lost. None: the
     # request was stored before this route was made (a resume, a follow).
     stored: asyncio.Event | None = None
+    # The request as admission stored it (a QueuedRequest): sent again when Redis lost it before it
+    # ran (a failover that lost the primary's last writes). None: this gateway never held it.
+    queued: Any = None
     # What admission knows of the request (cache query, caller, guard input): settled at the end.
     context: Any = None
     model: str = ""  # the model and version it runs on, named in its `done` event

@@ -105,9 +105,10 @@ class Gateway:
         self.load = LoadMonitor(self.redis, settings, on_statuses=self.catalog.observe_workers)
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)
-        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn)
-        limiter, guards = KeyLimiter(self.redis), configured(settings)
         store = RequestStore(settings, self.redis, QueueSender(settings))
+        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn,
+                                  resend=store.put)
+        limiter, guards = KeyLimiter(self.redis), configured(settings)
         shadows = Shadows(settings, self.router, store, spawn)
         self.audits = Audits(settings, self.router, store, spawn)
         self.lifecycle = RequestLifecycle(settings, self.redis, self.router, self.intake, store, shadows,

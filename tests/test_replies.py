@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from gateway.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.router import ReplyRouter, Route
@@ -139,3 +140,45 @@ def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_ser
     assert after_catch_up == [(lost, "error")], after_catch_up  # the pending one was not judged
     assert still_live
     assert after_stored == [(lost, "error"), (pending, "token")], after_stored
+
+
+def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_is_told(redis_server):
+    """Seen in make test-long on a starved machine: sentinels promoted two replicas in turn, and the
+    first one's writes (requests stored and queued on it) were lost when it was made a replica of
+    the second. A request that never sent its client a token is put on the queue again, as it was
+    stored; one that had begun cannot continue without its log, and its client is told."""
+    from gateway.request_store import RequestStore
+    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.queue import QueueSender
+
+    client = redis_server.client
+    settings = Settings(redis_url=redis_server.url)
+
+    def queued(rid: str) -> QueuedRequest:
+        client.delete(keys.stream(rid), keys.request(rid), keys.claim(rid))
+        return QueuedRequest(request_id=rid, client_id=rid, reply_channel="reply", enqueued_at=time.time(),
+                             model="lost-model", prompt="hi", params=GenerateParams(max_tokens=4))
+
+    async def main():
+        aio = async_client(redis_server.url)
+        store = RequestStore(settings, aio, QueueSender(settings))
+        delivered = []
+        intake = ReplyIntake(settings, ReplyRouter(), aio, "reply", delivered.append, asyncio.ensure_future,
+                             resend=store.put)
+        try:
+            unstarted = Route("unstarted", "c1", Collect(), queued=queued("unstarted"))
+            begun = Route("begun", "c2", Collect(), next_index=3, queued=queued("begun"))
+            intake.router.add(unstarted)
+            intake.router.add(begun)
+            await intake.catch_up(["unstarted", "begun"])
+            return [(d.route.request_id, d.event["type"]) for d in delivered], list(intake.router.live)
+        finally:
+            await intake.close()
+            await aio.aclose()
+
+    delivered, live = asyncio.run(main())
+    assert delivered == [("begun", "error")]
+    assert live == ["unstarted"]  # still waiting for its answer
+    assert QueuedRequest.model_validate_json(client.get(keys.request("unstarted"))).prompt == "hi"  # stored again
+    assert client.zscore(keys.UNCLAIMED, "unstarted") is not None  # and on its way to the queue
+    assert any("unstarted" in m for name in keys.queue_lists("lost-model", "") for m in client.lrange(name, 0, -1))
