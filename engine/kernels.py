@@ -27,17 +27,16 @@ and for whom.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
-import sys
 import sysconfig
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from engine.build_lock import held
 
 log = logging.getLogger("brigade.engine")
 
@@ -81,48 +80,20 @@ def _sources_in(build: Path) -> list[str]:
     return [str(src / name) for name in _SOURCES]
 
 
-def _holder(lock_file: Path) -> str:
-    try:
-        return lock_file.read_text().strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 @contextmanager
 def build_lock(build: Path):
-    """This build folder to this process alone (see the module's note); a wait is logged with the
-    holder (pid and command), then again every WAIT_LOG_EVERY_S."""
-    lock_file = build / "brigade.lock"
-    with open(lock_file, "a+") as handle:
-        waited_from = logged_at = None
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                waited_from = waited_from or now
-                if logged_at is None or now - logged_at >= WAIT_LOG_EVERY_S:
-                    logged_at = now
-                    log.warning("event=kernels_build_wait build=%s holder=%r waited_s=%.0f", build,
-                                _holder(lock_file), now - waited_from)
-                time.sleep(0.2)
-        if waited_from is not None:
-            log.info("event=kernels_build_waited build=%s waited_s=%.1f", build, time.monotonic() - waited_from)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid={os.getpid()} command={' '.join(sys.argv)[:200]}")
-        handle.flush()
+    """This build folder to this process alone (engine/build_lock.py), torch's stale lock cleared."""
+    def waiting(holder: str, waited_s: float) -> None:
+        log.warning("event=kernels_build_wait build=%s holder=%r waited_s=%.0f", build, holder, waited_s)
+
+    with held(build / "brigade.lock", waiting, WAIT_LOG_EVERY_S) as waited_s:
+        if waited_s is not None:
+            log.info("event=kernels_build_waited build=%s waited_s=%.1f", build, waited_s)
         stale = build / "lock"
         if stale.exists():
             log.warning("event=kernels_stale_lock build=%s action=rebuild", build)
             stale.unlink()
-        try:
-            yield
-        finally:
-            handle.seek(0)
-            handle.truncate()
-            handle.flush()  # the flock goes with the file's close
+        yield
 
 
 def kernels():

@@ -20,17 +20,16 @@ drops when its holder dies; a process that waits says for whom.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.build_lock import held
 from engine.placement import cpu_flags
 
 PACKAGE = "llama-cpp-python"
@@ -112,34 +111,12 @@ def ensure_built(say=None) -> dict[str, Path]:
 
 @contextmanager
 def build_lock(key_dir: Path, say):
-    """`key_dir` to this process alone; a wait is told, with the holder, every WAIT_SAY_EVERY_S."""
-    key_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_file = key_dir.parent / f"{key_dir.name}.lock"
-    with open(lock_file, "a+") as handle:
-        waited_from = said_at = None
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                waited_from = waited_from or now
-                if said_at is None or now - said_at >= WAIT_SAY_EVERY_S:
-                    said_at = now
-                    handle.seek(0)
-                    say(f"event=peer_build_wait key={key_dir.name} holder={handle.read().strip() or 'unknown'!r} "
-                        f"waited_s={now - waited_from:.0f}")
-                time.sleep(0.5)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid={os.getpid()} command={' '.join(sys.argv)[:200]}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.seek(0)
-            handle.truncate()
-            handle.flush()  # the flock goes with the file's close
+    """`key_dir` to this process alone (engine/build_lock.py); a wait is told, with the holder."""
+    def waiting(holder: str, waited_s: float) -> None:
+        say(f"event=peer_build_wait key={key_dir.name} holder={holder!r} waited_s={waited_s:.0f}")
+
+    with held(key_dir.parent / f"{key_dir.name}.lock", waiting, WAIT_SAY_EVERY_S):
+        yield
 
 
 def sdist(say) -> Path:
