@@ -41,10 +41,14 @@ from engine.build_lock import held
 log = logging.getLogger("brigade.engine")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ("grid_linear.cpp", "attention.cpp", "bindings.cpp")
+_SOURCES = ("grid_linear.cpp", "attention.cpp", "decoder.cpp", "bindings.cpp")
 _FILES = (*_SOURCES, "kernels.h")
 _module = None
 WAIT_LOG_EVERY_S = 30.0  # how often a process waiting for another's build says it still waits
+# -fopenmp: the kernels split their work with at::parallel_for, whose OpenMP loop is in a header and
+# compiled here; built without it the loop ran on one thread, whatever torch's thread count (found
+# in 2026-12: every grid product had used one of the two cores). The flags are part of the key.
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 class KernelUnavailable(RuntimeError):
@@ -57,7 +61,7 @@ def build_dir() -> Path:
     digest = hashlib.sha256()
     for name in _FILES:
         digest.update((_CSRC / name).read_bytes())
-    digest.update(" ".join(sorted(cpu_flags())).encode() + torch.__version__.encode())
+    digest.update(" ".join(sorted(cpu_flags())).encode() + torch.__version__.encode() + " ".join(CFLAGS).encode())
     # The paths the build files name (see the module's note): torch's headers and libraries, Python's.
     from torch.utils.cpp_extension import include_paths, library_paths
 
@@ -108,7 +112,8 @@ def kernels():
             with build_lock(build):
                 _module = load(name="brigade_kernels", sources=_sources_in(build),
                                build_directory=str(build),
-                               extra_cflags=["-O3", "-march=native", "-ffp-contract=off"], verbose=False)
+                               extra_cflags=CFLAGS,
+                               extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # a missing compiler or ninja: say what to install
             raise KernelUnavailable(
                 f"could not build engine/csrc ({type(e).__name__}: {str(e)[-300:]}); it needs g++ "

@@ -28,7 +28,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from engine.batch_invariance import padded, row_quantum
 from engine import grid_store
-from engine.grid_linear import GridMatrix, matmul
+from engine.grid_linear import PANEL_FROM, GridMatrix, matmul
 from engine.kernels import KernelUnavailable, kernels
 from engine.placement import Placement
 from engine.sequence import Chunk
@@ -67,6 +67,7 @@ class Weights:
         self.norm = cast(body.norm.weight)
         self.eps = config.rms_norm_eps
         self.rotary = body.rotary_emb
+        self.act_name = config.hidden_act
         self.act = ACT2FN[config.hidden_act]
         attn = body.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -148,6 +149,8 @@ class ModelRunner:
         # the kernels are built and the KV is float32 (a CPU); else a loop of SDPA calls per query.
         self.exact_attention = (batch_invariant and self.kernels is not None
                                 and placement.kv_dtype == torch.float32)
+        # Every layer of the primary copy in one native call, where it can be (`native_decoder`).
+        self.native = native_decoder(self.kernels, self.primary) if self.exact_attention else None
 
     def weights_for(self, tokens: int) -> Weights:
         if self.fast is not None and tokens <= self.fast_max_tokens:
@@ -180,12 +183,15 @@ class ModelRunner:
         else:
             views = [c.seq.kv.step_views(c.start, c.start + c.length) for c in chunks]
         width = (hidden.shape[1],)
-        for index, layer in enumerate(w.layers):
-            x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
-            hidden = hidden + matmul(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
-            x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
-            gate, up = matmul(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + matmul(w.act(gate) * up, layer.down)
+        if self.native is not None and w is self.primary:
+            hidden = self.native.forward(hidden, cos[:, 0], sin[:, 0], *views)
+        else:
+            for index, layer in enumerate(w.layers):
+                x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
+                hidden = hidden + matmul(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
+                x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
+                gate, up = matmul(x, layer.gate_up).chunk(2, dim=-1)
+                hidden = hidden + matmul(w.act(gate) * up, layer.down)
         ends, at = [], 0
         for c in chunks:
             at += c.length
@@ -252,6 +258,21 @@ class ModelRunner:
         # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
         out = F.scaled_dot_product_attention(grouped[None], keys, values, attn_mask=seen.repeat(g, 1), scale=w.scale)
         return out[0].view(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+
+
+def native_decoder(kernels, w: Weights):
+    """The layers of `w` as one native call (engine/csrc/decoder.cpp): the loop in `forward`, the
+    same numbers bit for bit, without its ~15 torch calls per layer. Only for what that file
+    computes: every matrix on a grid, SiLU, Llama's halves rotary; else None (the loop serves)."""
+    if w.storage != "grid" or w.act_name != "silu":
+        return None
+
+    def grid(m: GridMatrix, bias=None):
+        return kernels.GridWeight(m.codes, m.scale, m.low, bias)
+
+    layers = [kernels.DecoderLayer(l.attn_norm, l.mlp_norm, grid(l.qkv, l.qkv_bias), grid(l.o), grid(l.gate_up),
+                                   grid(l.down)) for l in w.layers]
+    return kernels.Decoder(layers, w.eps, w.heads, w.kv_heads, w.head_dim, w.scale, PANEL_FROM)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -110,3 +110,49 @@ def renderer(model_dir):
     from cache.query import PromptRenderer
 
     return PromptRenderer(model_dir)
+
+
+def snap_to_grids(model) -> None:
+    """Put a model's matrices on GGUF's grids as a Q4_1 / Q8_0 file would leave them once
+    dequantised: every linear layer on a 4-bit grid, the (tied) embedding on an 8-bit one."""
+    import torch
+
+    def q4(w: torch.Tensor) -> torch.Tensor:
+        b = w.reshape(w.shape[0], -1, 32)
+        low, top = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
+        scale = ((top - low) / 15).half().float()
+        low = low.half().float()
+        q = torch.round((b - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
+        return ((q * scale) + low).reshape(w.shape)
+
+    def q8(w: torch.Tensor) -> torch.Tensor:
+        b = w.reshape(w.shape[0], -1, 32)
+        scale = (b.abs().amax(-1, keepdim=True) / 127).half().float()
+        # A zero block (the padding token's row) has scale 0 and codes 0.
+        return (torch.round(b / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127) * scale).reshape(w.shape)
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings():
+                module.weight.copy_(q4(module.weight))
+        embedding = model.get_input_embeddings().weight
+        embedding.copy_(q8(embedding))
+        head = model.get_output_embeddings().weight
+        if head.data_ptr() != embedding.data_ptr():  # untied once loaded from a folder
+            head.copy_(q8(head))
+
+
+@pytest.fixture(scope="session")
+def grid_tiny(tiny_model_dir, tmp_path_factory):
+    """The tiny model with its weights on GGUF's grids, saved as a model folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    snap_to_grids(model)
+    out = tmp_path_factory.mktemp("grid-tiny")
+    model.save_pretrained(out)
+    for name in tiny_model_dir.iterdir():
+        if name.name.startswith(("tokenizer", "chat_template")):
+            (out / name.name).write_bytes(name.read_bytes())
+    return out

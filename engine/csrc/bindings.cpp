@@ -5,5 +5,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &brigade::q4_linear, "x @ W.T, W on a 4-bit block grid (scale, low)");
   m.def("q8_linear", &brigade::q8_linear, "x @ W.T, W on an 8-bit block grid (scale)");
   m.def("isa", &brigade::isa, "the vector instructions this build uses");
+  py::class_<brigade::GridWeight>(m, "GridWeight")
+      .def(py::init([](torch::Tensor codes, torch::Tensor scale, std::optional<torch::Tensor> low,
+                       std::optional<torch::Tensor> bias) {
+             return brigade::GridWeight{codes, scale, low.value_or(torch::Tensor()), bias.value_or(torch::Tensor())};
+           }),
+           py::arg("codes"), py::arg("scale"), py::arg("low"), py::arg("bias"));
+  py::class_<brigade::DecoderLayer>(m, "DecoderLayer")
+      .def(py::init<torch::Tensor, torch::Tensor, brigade::GridWeight, brigade::GridWeight, brigade::GridWeight,
+                    brigade::GridWeight>(),
+           py::arg("attn_norm"), py::arg("mlp_norm"), py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"));
+  py::class_<brigade::Decoder>(m, "Decoder")
+      .def(py::init<std::vector<brigade::DecoderLayer>, double, int64_t, int64_t, int64_t, double, int64_t>())
+      .def("forward", &brigade::Decoder::forward, py::call_guard<py::gil_scoped_release>(),
+           "hidden after every decoder layer, in one call");
   m.def("attend", &brigade::attend, "a pass's attention, each query over exactly its keys, in a fixed order");
 }

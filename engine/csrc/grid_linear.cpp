@@ -124,31 +124,68 @@ inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
 }
 #endif
 
-// Few rows: each lane group's weights decoded in registers, used for up to R rows of x at once.
-template <bool Q4, int R>
-inline void direct_tile(const Matrix& w, int64_t g, const float* x, float* out, int64_t ldo) {
-  G acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = gzero();
+// Few rows: each lane group's weights decoded in registers, used for up to R rows of x at once,
+// D lane groups side by side. Every output's sum is one chain of fused multiply-adds, k in order,
+// and each has to wait for the one before it (4 cycles); a decode step (one row) with one group
+// at a time waited on that chain for most of its time (measured: 9 GB/s of weights, a third of
+// the machine's bandwidth). D independent chains hide the wait without changing any sum.
+constexpr int kAhead = 4;  // blocks read ahead of the one being multiplied (a decode step waits on memory)
+
+template <bool Q4, int D>
+inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
+  for (int j = 0; j < D; ++j) {
+    const int64_t g = g0 + j;
+    const char* codes = reinterpret_cast<const char*>(w.codes + (g * (Q4 ? w.K / 2 : w.K) + b * (Q4 ? kBlock / 2 : kBlock)) * kGroup);
+    for (int line = 0; line < (Q4 ? 4 : 8); ++line) _mm_prefetch(codes + 64 * line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.scale + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
+    if (Q4) _mm_prefetch(reinterpret_cast<const char*>(w.low + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
+  }
+}
+
+template <bool Q4, int R, int D>
+inline void direct_tile(const Matrix& w, int64_t g0, const float* x, float* out, int64_t ldo) {
+  G acc[R][D];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < D; ++j) acc[r][j] = gzero();
   for (int64_t b = 0; b < w.blocks; ++b) {
-    const G s = gload(w.scale + (g * w.blocks + b) * kGroup);
-    const G l = Q4 ? gload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+    G s[D], l[D];
+    if (b + kAhead < w.blocks) prefetch_block<Q4, D>(w, g0, b + kAhead);
+    for (int j = 0; j < D; ++j) {
+      s[j] = gload(w.scale + ((g0 + j) * w.blocks + b) * kGroup);
+      l[j] = Q4 ? gload(w.low + ((g0 + j) * w.blocks + b) * kGroup) : gzero();
+    }
     for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
-      G wv[2];
-      decode<Q4>(w, g, k, s, l, wv);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = gfma(x[r * w.K + k], wv[0], acc[r]);
-        acc[r] = gfma(x[r * w.K + k + 1], wv[1], acc[r]);
+      for (int j = 0; j < D; ++j) {
+        G wv[2];
+        decode<Q4>(w, g0 + j, k, s[j], l[j], wv);
+        for (int r = 0; r < R; ++r) {
+          acc[r][j] = gfma(x[r * w.K + k], wv[0], acc[r][j]);
+          acc[r][j] = gfma(x[r * w.K + k + 1], wv[1], acc[r][j]);
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r) gstore(out + r * ldo, acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < D; ++j) gstore(out + r * ldo + j * kGroup, acc[r][j]);
 }
 
+// Groups side by side for R rows: enough independent chains (R x D of them) to keep the
+// multiply-add units busy, few enough for the registers.
+template <int R>
+constexpr int groups_beside() { return R == 1 ? 4 : (R <= 3 ? 2 : 1); }
+
 template <bool Q4, int R>
-inline void direct_rows(const Matrix& w, int64_t g, const float* x, float* out, int64_t ldo, int64_t rows) {
+inline void direct_rows(const Matrix& w, int64_t g, int64_t groups, const float* x, float* out, int64_t ldo,
+                        int64_t rows) {
   if constexpr (R > 0) {
-    if (rows == R) direct_tile<Q4, R>(w, g, x, out, ldo);
-    else direct_rows<Q4, R - 1>(w, g, x, out, ldo, rows);
+    if (rows == R) {
+      constexpr int D = groups_beside<R>();
+      int64_t j = 0;
+      for (; j + D <= groups; j += D) direct_tile<Q4, R, D>(w, g + j, x, out + j * kGroup, ldo);
+      for (; j < groups; ++j) direct_tile<Q4, R, 1>(w, g + j, x, out + j * kGroup, ldo);
+    } else {
+      direct_rows<Q4, R - 1>(w, g, groups, x, out, ldo, rows);
+    }
   }
 }
 
@@ -214,10 +251,10 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
   if (M < panel_from || groups % NG != 0) {
-    at::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        for (int64_t m = 0; m < M; m += kDirect)
-          direct_rows<Q4, kDirect>(w, g, xp + m * K, op + m * N + g * kGroup, N, std::min<int64_t>(kDirect, M - m));
+    at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+      for (int64_t m = 0; m < M; m += kDirect)
+        direct_rows<Q4, kDirect>(w, g0, g1 - g0, xp + m * K, op + m * N + g0 * kGroup, N,
+                                 std::min<int64_t>(kDirect, M - m));
     });
     return out;
   }

@@ -21,4 +21,35 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& new_kv, const 
                      const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
                      double scale, int64_t group);
 
+// A matrix read from its grid: q4 when `low` is defined, else q8; `bias` added when defined.
+struct GridWeight {
+  torch::Tensor codes, scale, low, bias;
+  torch::Tensor operator()(const torch::Tensor& x, int64_t panel_from) const;
+};
+
+struct DecoderLayer {
+  torch::Tensor attn_norm, mlp_norm;
+  GridWeight qkv, o, gate_up, down;
+};
+
+// Every decoder layer of a Llama-shaped model on grids, in one call (decoder.cpp).
+class Decoder {
+ public:
+  Decoder(std::vector<DecoderLayer> layers, double eps, int64_t heads, int64_t kv_heads, int64_t head_dim,
+          double scale, int64_t panel_from);
+  // hidden [tokens, width] after every layer; cos and sin [tokens, head_dim]; the chunks as attend takes them.
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const std::vector<torch::Tensor>& caches, const std::vector<int64_t>& starts,
+                        const std::vector<int64_t>& lengths) const;
+
+ private:
+  void rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q,
+              torch::Tensor& new_kv) const;
+  std::vector<DecoderLayer> layers_;
+  double eps_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double scale_;
+  int64_t panel_from_;
+};
+
 }  // namespace brigade

@@ -1,0 +1,86 @@
+// A pass through every decoder layer in one call, for a model whose every matrix is read from its
+// grid (engine/model_runner.py, `NativeDecoder`). The Python loop it replaces spent a third of a
+// one-stream decode step outside the arithmetic: about 15 torch calls per layer, each a dispatch,
+// an allocation and a Python frame, 30 layers a step (measured: docs/architecture.md).
+//
+// Every number is computed as the Python loop computes it, so its passes are bit for bit the
+// loop's (tests/test_native_decoder.py): the norms and SiLU are ATen's own kernels (at::rms_norm,
+// at::silu), the products are the grid kernels, attention is `attend`, and the rotary embedding
+// and the residual sums are the same IEEE products and sums, each rounded (the file is built with
+// -ffp-contract=off, so no multiply-add is fused).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+
+namespace brigade {
+
+torch::Tensor GridWeight::operator()(const torch::Tensor& x, int64_t panel_from) const {
+  auto y = low.defined() ? q4_linear(x, codes, scale, low, panel_from) : q8_linear(x, codes, scale, panel_from);
+  return bias.defined() ? y + bias : y;
+}
+
+Decoder::Decoder(std::vector<DecoderLayer> layers, double eps, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                 double scale, int64_t panel_from)
+    : layers_(std::move(layers)), eps_(eps), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
+      scale_(scale), panel_from_(panel_from) {
+  TORCH_CHECK(heads % kv_heads == 0 && head_dim % 2 == 0, "heads must be a multiple of the KV heads");
+}
+
+// q and k rotated (x * cos + rotate_half(x) * sin, Llama's halves), split into the queries
+// [T, heads, d] and the new keys and values side by side [T, kv_heads, 2d], as attend reads them.
+void Decoder::rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                     torch::Tensor& q, torch::Tensor& new_kv) const {
+  const int64_t T = qkv.size(0), d = head_dim_, half = d / 2, H = heads_, KVH = kv_heads_;
+  const int64_t width = (H + 2 * KVH) * d;
+  q = torch::empty({T, H, d}, qkv.options());
+  new_kv = torch::empty({T, KVH, 2 * d}, qkv.options());
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* np = new_kv.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cp + t * d;
+    const float* s = sp + t * d;
+    for (int64_t h = 0; h < H + KVH; ++h) {
+      const float* x = src + t * width + h * d;
+      float* out = h < H ? qp + (t * H + h) * d : np + (t * KVH + (h - H)) * 2 * d;
+      for (int64_t i = 0; i < half; ++i) out[i] = x[i] * c[i] + (-x[i + half]) * s[i];
+      for (int64_t i = half; i < d; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
+    }
+    for (int64_t kh = 0; kh < KVH; ++kh) {
+      const float* v = src + t * width + (H + KVH + kh) * d;
+      std::copy(v, v + d, np + (t * KVH + kh) * 2 * d + d);
+    }
+  }
+}
+
+torch::Tensor Decoder::forward(const torch::Tensor& hidden_in, const torch::Tensor& cos_in, const torch::Tensor& sin_in,
+                               const std::vector<torch::Tensor>& caches, const std::vector<int64_t>& starts,
+                               const std::vector<int64_t>& lengths) const {
+  TORCH_CHECK(hidden_in.dim() == 2 && hidden_in.scalar_type() == torch::kFloat32, "hidden must be [tokens, width] float32");
+  const auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  TORCH_CHECK(cos.size(0) == hidden_in.size(0) && cos.size(1) == head_dim_, "cos and sin must be [tokens, head_dim]");
+  auto hidden = hidden_in.contiguous();
+  const int64_t width = hidden.size(1);
+  for (size_t index = 0; index < layers_.size(); ++index) {
+    const auto& layer = layers_[index];
+    auto x = at::rms_norm(hidden, {width}, layer.attn_norm, eps_);
+    const auto qkv = layer.qkv(x, panel_from_);
+    torch::Tensor q, new_kv;
+    rotate(qkv, cos, sin, q, new_kv);
+    const auto attended = attend(q, new_kv, caches, starts, lengths, static_cast<int64_t>(index), scale_, heads_ / kv_heads_);
+    hidden = hidden + layer.o(attended, panel_from_);
+    x = at::rms_norm(hidden, {width}, layer.mlp_norm, eps_);
+    const auto gate_up = layer.gate_up(x, panel_from_);
+    const int64_t inner = gate_up.size(1) / 2;
+    const auto act = at::silu(gate_up.narrow(1, 0, inner)) * gate_up.narrow(1, inner, inner);
+    hidden = hidden + layer.down(act, panel_from_);
+  }
+  return hidden;
+}
+
+}  // namespace brigade
