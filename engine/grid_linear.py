@@ -43,7 +43,8 @@ class GridMatrix:
     the group's 16 weights for one input side by side.
 
     q4: codes [out/16, in/2, 16] (input k in the low nibble, k+1 in the high one); q8: codes
-    [out/16, in, 16] (signed bytes); scale and low [out/16, in/32, 16] float32."""
+    [out/16, in, 16] (signed bytes); scale and low [out/16, in/32, 16] float16 (GGUF's own, exact:
+    a grid whose scale or low is not a float16 is not taken)."""
 
     kind: str  # "q4" or "q8"
     codes: torch.Tensor
@@ -63,11 +64,11 @@ class GridMatrix:
     def decoded(self) -> torch.Tensor:
         """The float32 matrix, computed as the kernel computes each weight (for verification)."""
         n, k = self.shape
-        scale = _unlaned(self.scale).repeat_interleave(BLOCK, dim=1)
+        scale = _unlaned(self.scale).float().repeat_interleave(BLOCK, dim=1)
         if self.kind == "q4":
             pairs = _unlaned(self.codes)
             q = torch.stack((pairs & 15, pairs >> 4), dim=-1).reshape(n, k).float()
-            return (q * scale) + _unlaned(self.low).repeat_interleave(BLOCK, dim=1)
+            return (q * scale) + _unlaned(self.low).float().repeat_interleave(BLOCK, dim=1)
         return _unlaned(self.codes).view(torch.int8).float() * scale
 
     def top(self, rows: int) -> "GridMatrix":
@@ -94,6 +95,11 @@ def _half_neighbours(d: torch.Tensor, spread: int = 2) -> list[torch.Tensor]:
     """d rounded to float16, and the float16 values `spread` steps either side (as float32)."""
     base = d.to(torch.float16).view(torch.int16)
     return [(base + step).view(torch.float16).float() for step in (0, *[s for k in range(1, spread + 1) for s in (k, -k)])]
+
+
+def _half_exact(t: torch.Tensor) -> bool:
+    """Every value is a float16 (the kernel reads scales and lows as float16)."""
+    return bool(torch.equal(t.half().float(), t))
 
 
 def _first_exact(blocks: torch.Tensor, candidates: list[torch.Tensor], decode) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -150,9 +156,11 @@ def pack_q4(weight: torch.Tensor) -> GridMatrix | None:
     if found is None:
         return None
     scale, q = found
+    if not (_half_exact(scale) and _half_exact(low)):
+        return None
     q = q.to(torch.uint8).reshape(n, k)
     codes = q[:, 0::2] | (q[:, 1::2] << 4)
-    return GridMatrix("q4", _laned(codes), _laned(scale), _laned(low), (n, k))
+    return GridMatrix("q4", _laned(codes), _laned(scale.half()), _laned(low.half()), (n, k))
 
 
 def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
@@ -174,8 +182,10 @@ def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
     if found is None:
         return None
     scale, q = found
+    if not _half_exact(scale):
+        return None
     codes = q.to(torch.int8).view(torch.uint8).reshape(n, k)
-    return GridMatrix("q8", _laned(codes), _laned(scale), None, (n, k))
+    return GridMatrix("q8", _laned(codes), _laned(scale.half()), None, (n, k))
 
 
 def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8")) -> GridMatrix | None:

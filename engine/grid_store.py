@@ -26,7 +26,7 @@ from engine.grid_linear import GridMatrix, pack
 
 log = logging.getLogger("brigade.engine")
 
-FORMAT = 1  # the layout of GridMatrix (engine/grid_linear.py); a change of it must change this
+FORMAT = 2  # the layout of GridMatrix (engine/grid_linear.py); a change of it must change this
 
 
 def grids_dir() -> Path:

@@ -7,7 +7,8 @@
 //       W = (scale * q) + low, product and sum each rounded to float32, as the values were made
 //       (no fused multiply-add; the file is built with -ffp-contract=off);
 //   q8: codes[g, k, lane] a signed byte; W = scale * q (exact);
-//   scale[g, k/32, lane], low[g, k/32, lane]: per row and block of 32 inputs.
+//   scale[g, k/32, lane], low[g, k/32, lane]: per row and block of 32 inputs, float16 as GGUF stores
+//   them (a decode step is bound by the bytes it reads; each is exactly its float32 value).
 //
 // The order of every sum is fixed: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 1], W[n, 1],
 // x[m, 0] * W[n, 0] + 0)), one lane of one accumulator, k in order. It does not depend on the
@@ -38,6 +39,7 @@ inline G gzero() { return {_mm512_setzero_ps()}; }
 inline G gload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void gstore(float* p, G a) { _mm512_storeu_ps(p, a.v); }
 inline G gfma(float x, G w, G acc) { return {_mm512_fmadd_ps(_mm512_set1_ps(x), w.v, acc.v)}; }
+inline G hload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
 inline void keep(G& a) { asm("" : "+v"(a.v)); }
 // 16 unsigned bytes -> floats.
 inline G from_u8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))}; }
@@ -58,6 +60,10 @@ inline G gfma(float x, G w, G acc) {
   return {_mm256_fmadd_ps(b, w.lo, acc.lo), _mm256_fmadd_ps(b, w.hi, acc.hi)};
 }
 inline void keep(G& a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }
+inline G hload(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
 inline G from_u8(__m128i b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
@@ -80,14 +86,19 @@ inline G gfma(float x, G w, G acc) {
   return acc;
 }
 inline void keep(G&) {}
+inline G hload(const uint16_t* p) {
+  G a;
+  for (int i = 0; i < kGroup; ++i) a.v[i] = static_cast<float>(c10::Half(p[i], c10::Half::from_bits()));
+  return a;
+}
 constexpr int MR = 1, NG = 1;
 constexpr int kDirect = 1;
 #endif
 
 struct Matrix {
   const uint8_t* codes;
-  const float* scale;
-  const float* low;
+  const uint16_t* scale;  // float16 (GGUF stores them so; exact as float32)
+  const uint16_t* low;
   int64_t K, blocks;
 };
 
@@ -129,7 +140,8 @@ inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
 // and each has to wait for the one before it (4 cycles); a decode step (one row) with one group
 // at a time waited on that chain for most of its time (measured: 9 GB/s of weights, a third of
 // the machine's bandwidth). D independent chains hide the wait without changing any sum.
-constexpr int kAhead = 4;  // blocks read ahead of the one being multiplied (a decode step waits on memory)
+// A decode step waits on memory: while a tile of D groups is multiplied, the next D groups are
+// fetched, block for block (a prefetch past the matrix's end is harmless: it never faults).
 
 template <bool Q4, int D>
 inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
@@ -149,10 +161,10 @@ inline void direct_tile(const Matrix& w, int64_t g0, const float* x, float* out,
     for (int j = 0; j < D; ++j) acc[r][j] = gzero();
   for (int64_t b = 0; b < w.blocks; ++b) {
     G s[D], l[D];
-    if (b + kAhead < w.blocks) prefetch_block<Q4, D>(w, g0, b + kAhead);
+    prefetch_block<Q4, D>(w, g0 + D, b);  // the same block of the next D groups: the tile after this one
     for (int j = 0; j < D; ++j) {
-      s[j] = gload(w.scale + ((g0 + j) * w.blocks + b) * kGroup);
-      l[j] = Q4 ? gload(w.low + ((g0 + j) * w.blocks + b) * kGroup) : gzero();
+      s[j] = hload(w.scale + ((g0 + j) * w.blocks + b) * kGroup);
+      l[j] = Q4 ? hload(w.low + ((g0 + j) * w.blocks + b) * kGroup) : gzero();
     }
     for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
       for (int j = 0; j < D; ++j) {
@@ -195,8 +207,8 @@ void decode_panel(const Matrix& w, int64_t g0, int64_t groups, float* panel) {
   for (int64_t j = 0; j < groups; ++j) {
     const int64_t g = g0 + j;
     for (int64_t b = 0; b < w.blocks; ++b) {
-      const G s = gload(w.scale + (g * w.blocks + b) * kGroup);
-      const G l = Q4 ? gload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+      const G s = hload(w.scale + (g * w.blocks + b) * kGroup);
+      const G l = Q4 ? hload(w.low + (g * w.blocks + b) * kGroup) : gzero();
       for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
         G wv[2];
         decode<Q4>(w, g, k, s, l, wv);
@@ -246,7 +258,8 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
               "weight shape does not match x");
   const int64_t N = groups * kGroup;
   auto out = torch::empty({M, N}, xc.options());
-  const Matrix w{codes.data_ptr<uint8_t>(), scale.data_ptr<float>(), Q4 ? low->data_ptr<float>() : nullptr,
+  const Matrix w{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
+                 Q4 ? reinterpret_cast<const uint16_t*>(low->data_ptr<at::Half>()) : nullptr,
                  K, K / kBlock};
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
