@@ -90,6 +90,18 @@ def test_the_product_is_the_float32_product_and_each_row_is_the_same_in_any_pass
                 assert torch.equal(grid(x[start:start + rows]), alone[start:start + rows]), (rows, start)
 
 
+@pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
+@pytest.mark.parametrize("rows", [1, 3, PANEL_FROM + 4])
+def test_every_weight_the_kernel_multiplies_is_the_float32_weight_bit_for_bit(make, rows):
+    """Rows of the identity pick single weights out of the product (0 * w adds exactly nothing), so
+    the kernel's decoded weights, on every path and row count, must be the matrix's own bits."""
+    weight = make(208, 64, seed=4)
+    grid = pack(weight)
+    eye = torch.eye(64)
+    picked = torch.cat([grid(eye[i:i + rows]) for i in range(0, 64, rows)])[:64]
+    assert torch.equal(picked, weight.T.contiguous())
+
+
 def test_the_thread_count_does_not_change_a_bit():
     grid = pack(q4_matrix(256, 576, seed=5))
     x = torch.randn(20, 576)

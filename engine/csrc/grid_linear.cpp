@@ -5,7 +5,8 @@
 // input k sit side by side, so one vector holds W[n0..n0+15, k]:
 //   q4: codes[g, k/2, lane] holds q(k) in its low nibble and q(k+1) in its high one;
 //       W = (scale * q) + low, product and sum each rounded to float32, as the values were made
-//       (no fused multiply-add; the file is built with -ffp-contract=off);
+//       (the product of a float16 scale and a 4-bit code is exact, so a fused multiply-add gives
+//       the same W; the file is built with -ffp-contract=off so that nothing else is fused);
 //   q8: codes[g, k, lane] a signed byte; W = scale * q (exact);
 //   scale[g, k/32, lane], low[g, k/32, lane]: per row and block of 32 inputs, float16 as GGUF stores
 //   them (a decode step is bound by the bytes it reads; each is exactly its float32 value).
@@ -45,7 +46,7 @@ inline void keep(G& a) { asm("" : "+v"(a.v)); }
 inline G from_u8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))}; }
 inline G from_i8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))}; }
 inline G mul(G a, G b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline G add(G a, G b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline G madd(G a, G b, G c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 constexpr int MR = 12, NG = 2;  // panel micro-tile: 12 rows x 2 groups = 24 accumulators
 constexpr int kDirect = 8;      // rows per pass over a group's weights decoded in registers
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -71,7 +72,7 @@ inline G from_i8(__m128i b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 inline G mul(G a, G b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline G add(G a, G b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline G madd(G a, G b, G c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 constexpr int MR = 6, NG = 1;  // 6 rows x 1 group (2 vectors) = 12 accumulators of 16 registers
 constexpr int kDirect = 4;
 #else
@@ -109,8 +110,11 @@ inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
   if constexpr (Q4) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * (w.K / 2) + k / 2) * kGroup));
     const __m128i mask = _mm_set1_epi8(0x0f);
-    out[0] = add(mul(s, from_u8(_mm_and_si128(bytes, mask))), l);
-    out[1] = add(mul(s, from_u8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask))), l);
+    // scale * q + low in one fused multiply-add, the same bits as the product and the sum each
+    // rounded: a float16 scale (11 significant bits) times a 4-bit code is exact in float32, so
+    // only the sum rounds, once, either way.
+    out[0] = madd(s, from_u8(_mm_and_si128(bytes, mask)), l);
+    out[1] = madd(s, from_u8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)), l);
   } else {
     for (int i = 0; i < 2; ++i) {
       const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * w.K + k + i) * kGroup));
