@@ -202,3 +202,38 @@ def matmul(x: torch.Tensor, matrix, bias: torch.Tensor | None = None) -> torch.T
     if isinstance(matrix, GridMatrix):
         return matrix(x) if bias is None else matrix(x) + bias
     return torch.nn.functional.linear(x, matrix, bias)
+
+
+def snap_q4(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 matrix GGUF's Q4_1 would leave once dequantised: per block of 32 inputs a
+    float16 scale and low, codes 0..15, (scale * q) + low (how `pack_q4` finds it again)."""
+    b = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
+    low, top = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
+    scale = ((top - low) / 15).half().float()
+    low = low.half().float()
+    q = torch.round((b - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
+    return ((q * scale) + low).reshape(weight.shape)
+
+
+def snap_q8(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 matrix GGUF's Q8_0 would leave: a float16 scale per block, codes -127..127."""
+    b = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
+    scale = (b.abs().amax(-1, keepdim=True) / 127).half().float()
+    # A zero block (a padding token's row) has scale 0 and codes 0.
+    return (torch.round(b / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127) * scale).reshape(weight.shape)
+
+
+@torch.no_grad()
+def snap_model(model) -> None:
+    """Put a model's matrices on GGUF's grids in place, as a Q4_1 file dequantised leaves them:
+    every linear layer on a 4-bit grid, the embedding and head on an 8-bit one. Its weights are
+    then read from the grids (`pack`), exactly: the snapped model is what is served. Used for a
+    distilled student (`brigade distill --grid`), whose trained weights lie on no grid."""
+    head = model.get_output_embeddings().weight
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not head:
+            module.weight.copy_(snap_q4(module.weight))
+    embedding = model.get_input_embeddings().weight
+    embedding.copy_(snap_q8(embedding))
+    if head.data_ptr() != embedding.data_ptr():  # untied
+        head.copy_(snap_q8(head))

@@ -114,32 +114,10 @@ def renderer(model_dir):
 
 def snap_to_grids(model) -> None:
     """Put a model's matrices on GGUF's grids as a Q4_1 / Q8_0 file would leave them once
-    dequantised: every linear layer on a 4-bit grid, the (tied) embedding on an 8-bit one."""
-    import torch
+    dequantised (engine/grid_linear.py)."""
+    from engine.grid_linear import snap_model
 
-    def q4(w: torch.Tensor) -> torch.Tensor:
-        b = w.reshape(w.shape[0], -1, 32)
-        low, top = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
-        scale = ((top - low) / 15).half().float()
-        low = low.half().float()
-        q = torch.round((b - low) / torch.where(scale == 0, 1.0, scale)).clamp(0, 15)
-        return ((q * scale) + low).reshape(w.shape)
-
-    def q8(w: torch.Tensor) -> torch.Tensor:
-        b = w.reshape(w.shape[0], -1, 32)
-        scale = (b.abs().amax(-1, keepdim=True) / 127).half().float()
-        # A zero block (the padding token's row) has scale 0 and codes 0.
-        return (torch.round(b / torch.where(scale == 0, 1.0, scale)).clamp(-127, 127) * scale).reshape(w.shape)
-
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings():
-                module.weight.copy_(q4(module.weight))
-        embedding = model.get_input_embeddings().weight
-        embedding.copy_(q8(embedding))
-        head = model.get_output_embeddings().weight
-        if head.data_ptr() != embedding.data_ptr():  # untied once loaded from a folder
-            head.copy_(q8(head))
+    snap_model(model)
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,10 @@ def test_a_distilled_student_is_registered_and_served_by_a_real_worker_through_t
     assert saved["num_hidden_layers"] == 1 and saved["vocab_size"] == 49152
     assert (student / "tokenizer.json").exists(), sorted(p.name for p in student.iterdir())
     assert registry.weights_checksum(student) != registry.weights_checksum(tiny_model_dir)
+    # Saved on GGUF's grids (the default), so that the engine reads every matrix from them.
+    from engine import Engine, EngineConfig
+
+    assert Engine.load(EngineConfig(model=str(student), torch_threads=1)).runner.primary.storage == "grid"
 
     client = redis_server.client
     client.flushdb()

@@ -89,8 +89,8 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& new_kv_in, 
     for (int64_t r = row_of[c]; r < row_of[c + 1]; ++r) chunk_of[r] = c;
   // Work items: (query row, KV head); a KV head's query heads share its keys' reads.
   const int64_t items = row_of[chunks] * KVH;
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
+  shared_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> scores;
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t row = item / KVH, kh = item % KVH, c = chunk_of[row];
       const int64_t seen = starts[c] + (row - row_of[c]) + 1;  // keys 0 .. position

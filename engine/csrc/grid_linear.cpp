@@ -268,15 +268,16 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
   if (M < panel_from || groups % NG != 0) {
-    at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+    shared_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
       for (int64_t m = 0; m < M; m += kDirect)
         direct_rows<Q4, kDirect>(w, g0, g1 - g0, xp + m * K, op + m * N + g0 * kGroup, N,
                                  std::min<int64_t>(kDirect, M - m));
     });
     return out;
   }
-  at::parallel_for(0, groups / NG, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> panel(K * NG * kGroup);
+  shared_for(0, groups / NG, 1, [&](int64_t p0, int64_t p1) {
+    thread_local std::vector<float> panel;  // one per thread, kept: a piece is one panel
+    panel.resize(K * NG * kGroup);
     for (int64_t p = p0; p < p1; ++p) {
       decode_panel<Q4>(w, p * NG, NG, panel.data());
       for (int64_t m = 0; m < M; m += MR)

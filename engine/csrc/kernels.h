@@ -2,11 +2,30 @@
 // exposes them to Python.
 #pragma once
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace brigade {
+
+// [begin, end) cut into pieces of `grain` that the threads take in turn (OpenMP's dynamic
+// schedule), not into equal shares fixed up front as at::parallel_for cuts it: where the cores are
+// shared (a worker beside its gateway, Redis and clients on two cores), a thread the system puts
+// aside leaves its pieces to the others instead of holding the whole pass at the barrier. Which
+// thread computes a piece never changes a number (each output is summed by one thread).
+template <class F>
+inline void shared_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  const int64_t pieces = (end - begin + grain - 1) / grain;
+  const int threads = at::get_num_threads();
+  if (pieces <= 1 || threads == 1 || at::in_parallel_region()) {
+    if (end > begin) f(begin, end);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t p = 0; p < pieces; ++p) f(begin + p * grain, std::min(end, begin + (p + 1) * grain));
+}
 
 // x @ W.T for W on a 4-bit (Q4_1: scale, low) or 8-bit (Q8_0: scale) block grid (grid_linear.cpp).
 torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
