@@ -25,6 +25,7 @@ from engine import chat_prompt
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
+from engine.logits_processing import needs_processing
 from engine.logprobs import TokenTexts, score_prompts, token_logprobs
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
@@ -34,6 +35,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.speculation import Drafter, SpeculationConfig, accepted_prefix
 from engine.stop_checker import advance
 from engine.tokenizer import SerializedTokenizer
 
@@ -64,6 +66,9 @@ class EngineConfig:
     grid_weights: bool = True
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
+    # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
+    # have verified per step; 0 turns it off. Only where passes are batch-invariant (the same text).
+    speculative_tokens: int = 4
 
 
 @dataclass
@@ -129,6 +134,13 @@ class Engine:
         self.token_texts = TokenTexts(self.tokenizer)
         self.guides = None  # engine/guided.Guides, made when a request first brings a guide
         self.tokens_generated = 0
+        self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
+                            if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
+        self.drafted_tokens = 0  # draft tokens verified, and of those, kept
+        self.accepted_tokens = 0
+        self.verify_steps = 0  # decode rows that carried a draft
+        # A sequence's draft source, made when it first may draft (a test gives drafts it chose).
+        self.drafter_for: Callable[[Sequence], Drafter] = lambda seq: Drafter(self.speculation)
         self.prefill_tokens = 0  # prompt positions computed by forward passes
         # When the engine thread last came round its loop (monotonic). Idle, it comes round at
         # least every IDLE_POLL_S; a value much older than that is a wedged thread.
@@ -273,6 +285,8 @@ class Engine:
         chunks = self.scheduler.schedule()
         if not chunks:
             return updates
+        if self.speculation is not None:
+            self._draft(chunks)
         if self.on_step is not None:
             self.on_step(sum(c.decodes for c in chunks))
         if self.on_started is not None:
@@ -283,13 +297,13 @@ class Engine:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
-            sampled, logits = self._sampling_rows(chunks, logits)
+            sampled, logits, verified = self._sampling_rows(chunks, logits)
             tokens = sample(logits, sampled, self.eos_ids, self.guides)
             logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self._fail(chunks)
-        return updates + self._postprocess(sampled, tokens, logprobs)
+        return updates + self._postprocess(sampled, tokens, logprobs, verified)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -334,6 +348,9 @@ class Engine:
             "tokens_generated": self.tokens_generated,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.scheduler.preemptions,
+            "spec_drafted_tokens": self.drafted_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "spec_verify_steps": self.verify_steps,
         }
 
     # ---- internals -----------------------------------------------------------------------------
@@ -390,15 +407,44 @@ class Engine:
                 updates.append(self._finish(seq, FinishReason.ERROR))
         return updates
 
-    def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
-        """The sequences that take a token this step and their rows of `logits`. On the way, a
+    def _draft(self, chunks: list[Chunk]) -> None:
+        """Give plain greedy decode rows a draft to verify (engine/speculation.py), unless many
+        sequences decode. A draft fits the sequence's cache as it is, its max_tokens and the context."""
+        decoding = [c for c in chunks if c.decodes]
+        if len(decoding) > self.speculation.max_decodes:
+            return
+        for c in decoding:
+            seq, p = c.seq, c.seq.params
+            if not p.greedy or needs_processing(seq) or p.logprobs is not None:
+                continue
+            limit = min(seq.kv.capacity, self.context_length, len(seq.prompt_ids) + p.max_tokens) - c.start - 1
+            if limit <= 0:
+                continue
+            if seq.drafter is None:
+                seq.drafter = self.drafter_for(seq)
+            draft = seq.drafter.propose(seq.all_ids, limit)
+            if draft:
+                c.draft = tuple(draft)
+                c.length += len(draft)
+
+    def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
+                       ) -> tuple[list[Sequence], torch.Tensor, dict[int, tuple[Chunk, list[int]]]]:
+        """The sequences that take a token this step and their rows of `logits`, and each drafted
+        chunk with the model's token at each of its positions (by sequence id). On the way, a
         scored prompt's logprobs are collected, and a request's first token forks its further
         choices (each sampling from its parent's row)."""
         sampled, rows, scored, at = [], [], [], 0
+        verified: dict[int, tuple[Chunk, list[int]]] = {}
         for c in chunks:
             if c.every_position:
                 scored.append((c, at))
                 at += c.length
+            elif c.draft:  # its first row samples as any decode row; the others verify the draft
+                verified[id(c.seq)] = (c, logits[at:at + c.length].argmax(dim=-1).tolist())
+                at += c.length
+                sampled.append(c.seq)
+                rows.append(at - c.length)
+                continue
             elif c.samples:
                 at += 1
             if c.samples:
@@ -416,31 +462,51 @@ class Engine:
                     sampled.append(child)
                     rows.append(row)
         if rows == list(range(logits.shape[0])):
-            return sampled, logits  # the plain case: one row per sampled sequence, in order
-        return sampled, logits[rows]
+            return sampled, logits, verified  # the plain case: one row per sampled sequence, in order
+        return sampled, logits[rows], verified
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None]) -> list[SequenceUpdate]:
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None],
+                     verified: dict[int, tuple[Chunk, list[int]]] | None = None) -> list[SequenceUpdate]:
         now = self.clock()
         updates = []
         for seq, token, entry in zip(seqs, tokens, logprobs):
-            if seq.timing.first_token is None:
-                seq.timing.first_token = now
-            seq.output_ids.append(token)
-            self.tokens_generated += 1
-            reason, text = advance(seq, token, self.eos_ids, self.context_length)
-            update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
-                                    prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
-            if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
-                # The first prompt token has no score (nothing precedes it), but its text is part of the
-                # prompt an `echo` shows: it gets an entry without a logprob.
-                first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None,
-                         "top": []}
-                update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
-                seq.prompt_logprobs = None
-            if reason is not None:
-                self._finish(seq, reason, update)
+            update, reason = self._take(seq, token, entry, now)
             updates.append(update)
+            if (seq_verified := (verified or {}).get(id(seq))) is None:
+                continue
+            chunk, targets = seq_verified
+            kept = accepted_prefix(list(chunk.draft), targets) if targets[0] == token else 0
+            self.verify_steps += 1
+            self.drafted_tokens += len(chunk.draft)
+            self.accepted_tokens += kept
+            seq.drafter.verified(len(chunk.draft), kept)
+            for target in targets[1:kept + 1]:  # each kept draft token's position is now computed
+                if reason is not None:
+                    break
+                seq.num_computed += 1
+                update, reason = self._take(seq, target, None, now)
+                updates.append(update)
         return updates
+
+    def _take(self, seq: Sequence, token: int, entry: dict | None, now: float) -> tuple[SequenceUpdate, FinishReason | None]:
+        """seq takes `token`: its update, and why seq ends with it (None: it goes on)."""
+        if seq.timing.first_token is None:
+            seq.timing.first_token = now
+        seq.output_ids.append(token)
+        self.tokens_generated += 1
+        reason, text = advance(seq, token, self.eos_ids, self.context_length)
+        update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
+                                prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
+        if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
+            # The first prompt token has no score (nothing precedes it), but its text is part of the
+            # prompt an `echo` shows: it gets an entry without a logprob.
+            first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None,
+                     "top": []}
+            update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
+            seq.prompt_logprobs = None
+        if reason is not None:
+            self._finish(seq, reason, update)
+        return update, reason
 
     def _finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
         """End one choice; the update that ends a request's last choice says the request ended."""

@@ -160,12 +160,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], every_position: bool = False, weights: Weights | None = None) -> torch.Tensor:
         """Compute every chunk; float32 logits in chunk order: the last position of each chunk
-        that samples, or every position of a chunk that scores its prompt (`Chunk.every_position`)
-        or of every chunk (`every_position`, for scoring a text). `weights` overrides the copy."""
+        that samples, or every position of a chunk that scores its prompt (`Chunk.every_position`),
+        carries a draft, or of every chunk (`every_position`, for scoring a text). `weights`
+        overrides the copy."""
         ids: list[int] = []
         positions: list[int] = []
         for c in chunks:
-            ids.extend(c.seq.token_ids(c.start, c.start + c.length))
+            ids.extend(c.ids())
             positions.extend(range(c.start, c.start + c.length))
         w = weights or self.weights_for(len(ids))
         dev = self.device
@@ -195,7 +196,7 @@ class ModelRunner:
         ends, at = [], 0
         for c in chunks:
             at += c.length
-            if every_position or c.every_position:
+            if every_position or c.every_position or c.draft:  # a draft's: each one verified
                 ends.extend(range(at - c.length, at))
             elif c.samples:
                 ends.append(at - 1)

@@ -120,8 +120,9 @@ class Scheduler:
         """After the pass: the chunks' positions are in their caches; a prompt just completed is
         offered to the prefix cache."""
         for c in chunks:
-            c.seq.num_computed = c.start + c.length
-            if c.samples and c.length > 1:
+            # A draft's positions count once verified (the engine adds those it keeps).
+            c.seq.num_computed = c.start + c.context_length
+            if c.samples and c.context_length > 1:
                 self.kv.remember(c.seq)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

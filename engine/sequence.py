@@ -126,6 +126,8 @@ class Sequence:
         self.detok = None
         self.matcher = None
         self.prompt_logprobs: dict[int, dict] | None = None
+        # Its prompt-lookup drafter (engine/speculation.py), made when it first may draft.
+        self.drafter = None
 
     @property
     def scores_prompt(self) -> bool:
@@ -165,16 +167,27 @@ class Sequence:
 
 @dataclass
 class Chunk:
-    """Positions start .. start+length-1 of a sequence's context, computed in this step."""
+    """Positions start .. start+length-1 of a sequence's context, computed in this step. A decode
+    chunk may carry a draft (engine/speculation.py): tokens guessed to follow its context, fed
+    after its last token at the next positions and verified from their logits."""
 
     seq: Sequence
     start: int
     length: int
+    draft: tuple[int, ...] = ()
+
+    @property
+    def context_length(self) -> int:
+        """The positions of the sequence's own context in the chunk (all but the draft)."""
+        return self.length - len(self.draft)
+
+    def ids(self) -> list[int]:
+        return self.seq.token_ids(self.start, self.start + self.context_length) + list(self.draft)
 
     @property
     def samples(self) -> bool:
         """Whether this chunk reaches the end of the context, so its last logits give a token."""
-        return self.start + self.length == self.seq.num_tokens
+        return self.start + self.context_length == self.seq.num_tokens
 
     @property
     def every_position(self) -> bool:
@@ -184,4 +197,4 @@ class Chunk:
     @property
     def decodes(self) -> bool:
         """Whether this chunk feeds one generated token (a decode row), not a piece of a prompt."""
-        return self.length == 1 and self.start >= len(self.seq.prompt_ids)
+        return self.context_length == 1 and self.start >= len(self.seq.prompt_ids)

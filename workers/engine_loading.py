@@ -30,6 +30,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         prefix_cache=settings.prefix_cache,
         batch_invariant=settings.batch_invariant,
         grid_weights=settings.grid_weights,
+        speculative_tokens=settings.speculative_tokens,
         device=settings.device,
         dtype=settings.dtype,
         torch_threads=torch_threads(settings),

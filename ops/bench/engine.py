@@ -248,6 +248,11 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
         with _task(progress, "prefix reuse: a 1,000-token system prompt, cold and cached"):
             report["prefix_reuse"] = prefix_reuse(engine)
         _say(report["prefix_reuse"])
+        with _task(progress, "one stream, speculation off and on: chat, quoting a text, editing code"):
+            from ops.bench import speculation
+
+            report["speculation"] = speculation.run(engine)
+        _say(report["speculation"])
         if long_rows:
             with _task(progress, "16 streams while a 1,500-token prompt loads in chunks"):
                 report["long_prefill"] = itl_during_long_prefill(engine)

@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     # by a kernel compiled for this CPU (engine/grid_linear.py): the same numbers, a fifth of the
     # bytes. false: ordinary float32 products (for comparison).
     grid_weights: bool = True
+    # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy answer may have
+    # verified per step, taken from its own context; the text is the model's token for token. It
+    # turns itself off when many answers decode or a sequence's drafts are refused. 0: off.
+    speculative_tokens: int = Field(default=4, ge=0, le=16)
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
     # and auto | float32 | mixed | bfloat16 | float16. auto: float32 everywhere (the exact default;
     # half precision changed answers on every CPU kind measured). bfloat16, float16 and mixed are

@@ -1,0 +1,87 @@
+"""Prompt-lookup speculation: draft tokens from a sequence's own context, verified in one pass.
+
+A decoding sequence whose last few tokens (an n-gram, 4 down to 2 tokens) appeared earlier in its
+context proposes the tokens that followed them then (vLLM's "ngram" / prompt-lookup decoding):
+answers that quote, summarise or edit their prompt repeat long runs of it. Its decode row then
+feeds its last token and the draft together, and the pass returns logits for every one of those
+positions. Greedy verification keeps draft token i only while it is the token the model takes at
+that position; the first miss is replaced by the model's own token, so a step gives 1 to k + 1
+tokens and the text is the model's, token for token, by construction: in the exact default the
+logits of a position do not depend on how its pass was cut (engine/batch_invariance.py), so a
+verified position has the bits a decode step would have given it.
+
+Only plain greedy rows draft (their token is the raw logits' argmax, engine/sampling.py); a
+sampled, penalised, guided or logprob-asking row decodes one token a step as before. Drafting
+stops by itself where it does not pay: when more than `max_decodes` sequences decode (a large
+batch's pass is already as wide as the machine computes efficiently; vLLM's n-gram speculation is
+slower than none at high load), and, per sequence, after its recent drafts were mostly refused
+(`min_acceptance` over the last `WINDOW` drafted tokens), for `pause_steps` steps.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+WINDOW = 32  # drafted tokens over which a sequence's acceptance is judged
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    tokens: int = 4  # draft tokens a sequence may propose per step; 0 turns speculation off
+    max_ngram: int = 4
+    min_ngram: int = 2
+    max_decodes: int = 4  # more sequences decoding than this: none drafts
+    min_acceptance: float = 0.3
+    pause_steps: int = 32
+
+
+class Drafter:
+    """One sequence's n-gram index over its context, and how its recent drafts fared."""
+
+    def __init__(self, config: SpeculationConfig):
+        self.config = config
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where the token after its latest occurrence is
+        self._indexed = 0  # n-grams ending before this position are in the index
+        self._recent: deque[tuple[int, int]] = deque()  # (drafted, accepted) per verify step
+        self._pause = 0  # steps left without drafting
+
+    def propose(self, ids: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the context's last
+        n-gram (the longest that occurred); [] when none did or the drafter is paused."""
+        if self._pause > 0:
+            self._pause -= 1
+            return []
+        cfg = self.config
+        end = len(ids)
+        # Index the n-grams ending at every position before the last (the last is what is looked up).
+        for stop in range(max(self._indexed, cfg.min_ngram), end):
+            for n in range(cfg.min_ngram, min(cfg.max_ngram, stop) + 1):
+                self._latest[tuple(ids[stop - n:stop])] = stop
+        self._indexed = max(self._indexed, end)
+        k = min(limit, cfg.tokens)
+        if k <= 0:
+            return []
+        for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
+            after = self._latest.get(tuple(ids[end - n:end]))
+            if after is not None:
+                return ids[after:after + k]
+        return []
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """A verify step's outcome; a sequence whose drafts are mostly refused pauses."""
+        self._recent.append((drafted, accepted))
+        while sum(d for d, _ in self._recent) > WINDOW and len(self._recent) > 1:
+            self._recent.popleft()
+        total = sum(d for d, _ in self._recent)
+        if total >= WINDOW // 2 and sum(a for _, a in self._recent) < self.config.min_acceptance * total:
+            self._pause = self.config.pause_steps
+            self._recent.clear()
+
+
+def accepted_prefix(draft: list[int], targets: list[int]) -> int:
+    """How many draft tokens the model confirms: draft[i] is kept while it equals targets[i], the
+    model's token at its position (targets has one more entry than draft: the token after them)."""
+    n = 0
+    while n < len(draft) and draft[n] == targets[n]:
+        n += 1
+    return n
