@@ -25,7 +25,6 @@ from engine import chat_prompt
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
-from engine.logits_processing import needs_processing
 from engine.logprobs import TokenTexts, score_prompts, token_logprobs
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
@@ -35,7 +34,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
-from engine.speculation import Drafter, SpeculationConfig, accepted_prefix
+from engine.speculation import Drafter, SpeculationConfig, accepted_prefix, attach_drafts
 from engine.stop_checker import advance
 from engine.tokenizer import SerializedTokenizer
 
@@ -286,7 +285,7 @@ class Engine:
         if not chunks:
             return updates
         if self.speculation is not None:
-            self._draft(chunks)
+            attach_drafts(chunks, self.speculation, self.context_length, self.drafter_for)
         if self.on_step is not None:
             self.on_step(sum(c.decodes for c in chunks))
         if self.on_started is not None:
@@ -406,26 +405,6 @@ class Engine:
             for seq in list(group.live) if group is not None else []:
                 updates.append(self._finish(seq, FinishReason.ERROR))
         return updates
-
-    def _draft(self, chunks: list[Chunk]) -> None:
-        """Give plain greedy decode rows a draft to verify (engine/speculation.py), unless many
-        sequences decode. A draft fits the sequence's cache as it is, its max_tokens and the context."""
-        decoding = [c for c in chunks if c.decodes]
-        if len(decoding) > self.speculation.max_decodes:
-            return
-        for c in decoding:
-            seq, p = c.seq, c.seq.params
-            if not p.greedy or needs_processing(seq) or p.logprobs is not None:
-                continue
-            limit = min(seq.kv.capacity, self.context_length, len(seq.prompt_ids) + p.max_tokens) - c.start - 1
-            if limit <= 0:
-                continue
-            if seq.drafter is None:
-                seq.drafter = self.drafter_for(seq)
-            draft = seq.drafter.propose(seq.all_ids, limit)
-            if draft:
-                c.draft = tuple(draft)
-                c.length += len(draft)
 
     def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
                        ) -> tuple[list[Sequence], torch.Tensor, dict[int, tuple[Chunk, list[int]]]]:

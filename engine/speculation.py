@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
+
+from engine.logits_processing import needs_processing
+from engine.sequence import Chunk, Sequence
 
 WINDOW = 32  # drafted tokens over which a sequence's acceptance is judged
 
@@ -85,3 +89,25 @@ def accepted_prefix(draft: list[int], targets: list[int]) -> int:
     while n < len(draft) and draft[n] == targets[n]:
         n += 1
     return n
+
+
+def attach_drafts(chunks: list[Chunk], config: SpeculationConfig, context_length: int,
+                  drafter_for: Callable[[Sequence], Drafter]) -> None:
+    """Give a step's plain greedy decode rows a draft to verify, unless more than `max_decodes`
+    sequences decode. A draft fits the sequence's cache as it is, its max_tokens and the context."""
+    decoding = [c for c in chunks if c.decodes]
+    if len(decoding) > config.max_decodes:
+        return
+    for c in decoding:
+        seq, p = c.seq, c.seq.params
+        if not p.greedy or needs_processing(seq) or p.logprobs is not None:
+            continue
+        limit = min(seq.kv.capacity, context_length, len(seq.prompt_ids) + p.max_tokens) - c.start - 1
+        if limit <= 0:
+            continue
+        if seq.drafter is None:
+            seq.drafter = drafter_for(seq)
+        draft = seq.drafter.propose(seq.all_ids, limit)
+        if draft:
+            c.draft = tuple(draft)
+            c.length += len(draft)
