@@ -268,7 +268,10 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
   if (M < panel_from || groups % NG != 0) {
-    shared_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+    // About four pieces a thread: long runs of groups (the weights stream in order, the next tile
+    // prefetched is this thread's own), and still room for one thread to take another's share.
+    const int64_t grain = std::max<int64_t>(4, (groups / (4 * at::get_num_threads()) + 3) / 4 * 4);
+    shared_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
       for (int64_t m = 0; m < M; m += kDirect)
         direct_rows<Q4, kDirect>(w, g0, g1 - g0, xp + m * K, op + m * N + g0 * kGroup, N,
                                  std::min<int64_t>(kDirect, M - m));
