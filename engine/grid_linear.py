@@ -228,7 +228,8 @@ def snap_model(model) -> None:
     """Put a model's matrices on GGUF's grids in place, as a Q4_1 file dequantised leaves them:
     every linear layer on a 4-bit grid, the embedding and head on an 8-bit one. Its weights are
     then read from the grids (`pack`), exactly: the snapped model is what is served. Used for a
-    distilled student (`brigade distill --grid`), whose trained weights lie on no grid."""
+    distilled student (`brigade distill`, unless `--float32-student`), whose trained weights lie on
+    no grid."""
     head = model.get_output_embeddings().weight
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight is not head:

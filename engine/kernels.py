@@ -45,9 +45,10 @@ _SOURCES = ("grid_linear.cpp", "attention.cpp", "decoder.cpp", "bindings.cpp")
 _FILES = (*_SOURCES, "kernels.h")
 _module = None
 WAIT_LOG_EVERY_S = 30.0  # how often a process waiting for another's build says it still waits
-# -fopenmp: the kernels split their work with at::parallel_for, whose OpenMP loop is in a header and
-# compiled here; built without it the loop ran on one thread, whatever torch's thread count (found
-# in 2026-12: every grid product had used one of the two cores). The flags are part of the key.
+# -fopenmp: the kernels split their work with an OpenMP loop compiled here (csrc/kernels.h,
+# `shared_for`); built without it, at::parallel_for (whose loop is in a header too) had run on one
+# thread whatever torch's thread count (found in 2026-12: every grid product had used one of the
+# two cores). The flags are part of the key.
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 

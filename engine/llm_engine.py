@@ -1,6 +1,7 @@
 """The engine: requests in, token updates out, one forward pass per step.
 
     chunks = scheduler.schedule()          # decode tokens and prefill chunks, packed
+    attach_drafts(chunks, ...)             # prompt-lookup drafts on plain greedy rows (speculation.py)
     logits = runner.forward(chunks)        # one pass; logits of the chunks that end a context
     tokens = sample(logits, sampled)
     updates = self._postprocess(sampled, tokens)
@@ -34,7 +35,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
-from engine.speculation import Drafter, SpeculationConfig, accepted_prefix, attach_drafts
+from engine.speculation import Drafter, SpeculationConfig, attach_drafts, verify
 from engine.stop_checker import advance
 from engine.tokenizer import SerializedTokenizer
 
@@ -296,13 +297,13 @@ class Engine:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
-            sampled, logits, verified = self._sampling_rows(chunks, logits)
+            sampled, logits, kept = self._sampling_rows(chunks, logits)
             tokens = sample(logits, sampled, self.eos_ids, self.guides)
             logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self._fail(chunks)
-        return updates + self._postprocess(sampled, tokens, logprobs, verified)
+        return updates + self._postprocess(sampled, tokens, logprobs, kept)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -407,22 +408,25 @@ class Engine:
         return updates
 
     def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
-                       ) -> tuple[list[Sequence], torch.Tensor, dict[int, tuple[Chunk, list[int]]]]:
-        """The sequences that take a token this step and their rows of `logits`, and each drafted
-        chunk with the model's token at each of its positions (by sequence id). On the way, a
+                       ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, list[int]]]:
+        """The sequences that take a token this step and their rows of `logits`, and the tokens a
+        drafted row takes after that one (its verified draft, engine/speculation.py). On the way, a
         scored prompt's logprobs are collected, and a request's first token forks its further
         choices (each sampling from its parent's row)."""
         sampled, rows, scored, at = [], [], [], 0
-        verified: dict[int, tuple[Chunk, list[int]]] = {}
+        kept: dict[Sequence, list[int]] = {}
         for c in chunks:
             if c.every_position:
                 scored.append((c, at))
                 at += c.length
             elif c.draft:  # its first row samples as any decode row; the others verify the draft
-                verified[id(c.seq)] = (c, logits[at:at + c.length].argmax(dim=-1).tolist())
-                at += c.length
+                kept[c.seq] = verify(c, logits[at:at + c.length])
+                self.verify_steps += 1
+                self.drafted_tokens += len(c.draft)
+                self.accepted_tokens += len(kept[c.seq])
                 sampled.append(c.seq)
-                rows.append(at - c.length)
+                rows.append(at)
+                at += c.length
                 continue
             elif c.samples:
                 at += 1
@@ -441,25 +445,17 @@ class Engine:
                     sampled.append(child)
                     rows.append(row)
         if rows == list(range(logits.shape[0])):
-            return sampled, logits, verified  # the plain case: one row per sampled sequence, in order
-        return sampled, logits[rows], verified
+            return sampled, logits, kept  # the plain case: one row per sampled sequence, in order
+        return sampled, logits[rows], kept
 
     def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None],
-                     verified: dict[int, tuple[Chunk, list[int]]] | None = None) -> list[SequenceUpdate]:
+                     kept: dict[Sequence, list[int]]) -> list[SequenceUpdate]:
         now = self.clock()
         updates = []
         for seq, token, entry in zip(seqs, tokens, logprobs):
             update, reason = self._take(seq, token, entry, now)
             updates.append(update)
-            if (seq_verified := (verified or {}).get(id(seq))) is None:
-                continue
-            chunk, targets = seq_verified
-            kept = accepted_prefix(list(chunk.draft), targets) if targets[0] == token else 0
-            self.verify_steps += 1
-            self.drafted_tokens += len(chunk.draft)
-            self.accepted_tokens += kept
-            seq.drafter.verified(len(chunk.draft), kept)
-            for target in targets[1:kept + 1]:  # each kept draft token's position is now computed
+            for target in kept.get(seq, ()):  # each kept draft token's position is now computed
                 if reason is not None:
                     break
                 seq.num_computed += 1

@@ -82,6 +82,16 @@ class Drafter:
             self._recent.clear()
 
 
+def verify(chunk: Chunk, logits) -> list[int]:
+    """The tokens a drafted decode row takes after its first: the model's token after each draft
+    token it confirms. `logits` are the row's positions' ([1 + draft, vocab]); the first row's
+    argmax is the row's own token (a plain greedy row samples that argmax, engine/sampling.py)."""
+    targets = logits.argmax(dim=-1).tolist()
+    kept = accepted_prefix(list(chunk.draft), targets)
+    chunk.seq.drafter.verified(len(chunk.draft), kept)
+    return targets[1:kept + 1]
+
+
 def accepted_prefix(draft: list[int], targets: list[int]) -> int:
     """How many draft tokens the model confirms: draft[i] is kept while it equals targets[i], the
     model's token at its position (targets has one more entry than draft: the token after them)."""

@@ -112,22 +112,16 @@ def renderer(model_dir):
     return PromptRenderer(model_dir)
 
 
-def snap_to_grids(model) -> None:
-    """Put a model's matrices on GGUF's grids as a Q4_1 / Q8_0 file would leave them once
-    dequantised (engine/grid_linear.py)."""
-    from engine.grid_linear import snap_model
-
-    snap_model(model)
-
-
 @pytest.fixture(scope="session")
 def grid_tiny(tiny_model_dir, tmp_path_factory):
     """The tiny model with its weights on GGUF's grids, saved as a model folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from engine.grid_linear import snap_model
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    snap_to_grids(model)
+    snap_model(model)
     out = tmp_path_factory.mktemp("grid-tiny")
     model.save_pretrained(out)
     for name in tiny_model_dir.iterdir():

@@ -1,5 +1,5 @@
 // A pass through every decoder layer in one call, for a model whose every matrix is read from its
-// grid (engine/model_runner.py, `NativeDecoder`). The Python loop it replaces spent a third of a
+// grid (engine/model_runner.py, `native_decoder`). The Python loop it replaces spent a third of a
 // one-stream decode step outside the arithmetic: about 15 torch calls per layer, each a dispatch,
 // an allocation and a Python frame, 30 layers a step (measured: docs/architecture.md).
 //
@@ -9,7 +9,6 @@
 // and the residual sums are the same IEEE products and sums, each rounded (the file is built with
 // -ffp-contract=off, so no multiply-add is fused).
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <cstdint>
 #include <vector>
 

@@ -139,14 +139,8 @@ inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
 }
 #endif
 
-// Few rows: each lane group's weights decoded in registers, used for up to R rows of x at once,
-// D lane groups side by side. Every output's sum is one chain of fused multiply-adds, k in order,
-// and each has to wait for the one before it (4 cycles); a decode step (one row) with one group
-// at a time waited on that chain for most of its time (measured: 9 GB/s of weights, a third of
-// the machine's bandwidth). D independent chains hide the wait without changing any sum.
 // A decode step waits on memory: while a tile of D groups is multiplied, the next D groups are
 // fetched, block for block (a prefetch past the matrix's end is harmless: it never faults).
-
 template <bool Q4, int D>
 inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
   for (int j = 0; j < D; ++j) {
@@ -158,6 +152,11 @@ inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
   }
 }
 
+// Few rows: each lane group's weights decoded in registers, used for up to R rows of x at once,
+// D lane groups side by side. Every output's sum is one chain of fused multiply-adds, k in order,
+// and each has to wait for the one before it (4 cycles); a decode step (one row) with one group
+// at a time waited on that chain for most of its time (measured: 9 GB/s of weights, a third of
+// the machine's bandwidth). D independent chains hide the wait without changing any sum.
 template <bool Q4, int R, int D>
 inline void direct_tile(const Matrix& w, int64_t g0, const float* x, float* out, int64_t ldo) {
   G acc[R][D];
