@@ -1,4 +1,4 @@
-"""float32 weights that lie on a block grid, read from the grid: the same numbers, fewer bytes.
+"""float32 weights that lie on a grid, read from the grid: the same numbers, fewer bytes.
 
 The default model ships as a GGUF file (Q4_1 for every linear layer, Q8_0 for the embedding and
 the tied head) and is dequantised once to float32 (engine/model_files.py). Its float32 weights are
@@ -6,9 +6,11 @@ therefore exactly `scale * q + low` (Q4_1: a 4-bit code q and two numbers per bl
 and `scale * q` (Q8_0: a signed byte). A decode step on a CPU is bound by memory bandwidth, and
 reading each weight as a 4-byte float moves 5.6x the bytes the grid needs. So at load each matrix
 is checked for such a grid, recovered from its own float32 values and verified bit for bit
-(`torch.equal` of the decoded matrix and the original); a matrix that is not exactly on one (any
-other model, the tiny test model) keeps the ordinary float32 product. Nothing is rounded: a
-weight the kernel multiplies is the float32 weight Hugging Face `generate` multiplies.
+(`torch.equal` of the decoded matrix and the original). Most checkpoints people serve are stored
+in bfloat16 or float16 and upcast to float32 at load: every such weight is a half, so such a
+matrix is read as its 16-bit halves (half the bytes of float32). A matrix on none of these grids
+(the tiny random test model, a float32 checkpoint) keeps the ordinary float32 product. Nothing is
+rounded: a weight the kernel multiplies is the float32 weight Hugging Face `generate` multiplies.
 
 The kernel (engine/csrc/grid_linear.cpp, compiled for this CPU on first use by engine/kernels.py)
 sums each output in one fixed order, whatever the number of rows in
@@ -44,11 +46,12 @@ class GridMatrix:
 
     q4: codes [out/16, in/2, 16] (input k in the low nibble, k+1 in the high one); q8: codes
     [out/16, in, 16] (signed bytes); scale and low [out/16, in/32, 16] float16 (GGUF's own, exact:
-    a grid whose scale or low is not a float16 is not taken)."""
+    a grid whose scale or low is not a float16 is not taken). bf16, f16: codes [out/16, in, 16],
+    the weights themselves as bfloat16 or float16 (exact), no scale."""
 
-    kind: str  # "q4" or "q8"
+    kind: str  # "q4", "q8", "bf16" or "f16"
     codes: torch.Tensor
-    scale: torch.Tensor
+    scale: torch.Tensor | None
     low: torch.Tensor | None
     shape: tuple[int, int]
 
@@ -57,13 +60,17 @@ class GridMatrix:
         rows = x.reshape(-1, x.shape[-1])
         if self.kind == "q4":
             out = k.q4_linear(rows, self.codes, self.scale, self.low, PANEL_FROM)
-        else:
+        elif self.kind == "q8":
             out = k.q8_linear(rows, self.codes, self.scale, PANEL_FROM)
+        else:
+            out = k.half_linear(rows, self.codes, PANEL_FROM)
         return out.view(*x.shape[:-1], self.shape[0])
 
     def decoded(self) -> torch.Tensor:
         """The float32 matrix, computed as the kernel computes each weight (for verification)."""
         n, k = self.shape
+        if self.scale is None:
+            return _unlaned(self.codes).float()
         scale = _unlaned(self.scale).float().repeat_interleave(BLOCK, dim=1)
         if self.kind == "q4":
             pairs = _unlaned(self.codes)
@@ -74,8 +81,8 @@ class GridMatrix:
     def top(self, rows: int) -> "GridMatrix":
         """Its first `rows` output rows, a multiple of 16 (a probe of the kernel on a smaller matrix)."""
         groups = min(rows, self.shape[0]) // LANES
-        low = self.low[:groups] if self.low is not None else None
-        return GridMatrix(self.kind, self.codes[:groups], self.scale[:groups], low, (groups * LANES, self.shape[1]))
+        scale, low = (t[:groups] if t is not None else None for t in (self.scale, self.low))
+        return GridMatrix(self.kind, self.codes[:groups], scale, low, (groups * LANES, self.shape[1]))
 
     @property
     def nbytes(self) -> int:
@@ -188,10 +195,28 @@ def pack_q8(weight: torch.Tensor) -> GridMatrix | None:
     return GridMatrix("q8", _laned(codes), _laned(scale.half()), None, (n, k))
 
 
-def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8")) -> GridMatrix | None:
-    """The first grid the matrix lies on exactly (verified by decoding it), or None."""
+HALVES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def pack_half(weight: torch.Tensor, kind: str) -> GridMatrix | None:
+    """The matrix as its bfloat16 or float16 values, or None if one of them is not exactly a half."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or k % BLOCK or n % LANES:
+        return None
+    half = weight.detach().to(HALVES[kind])
+    if not torch.equal(half.float(), weight):
+        return None
+    return GridMatrix(kind, _laned(half), None, None, (n, k))
+
+
+PACKERS = {"q4": pack_q4, "q8": pack_q8, "bf16": lambda w: pack_half(w, "bf16"), "f16": lambda w: pack_half(w, "f16")}
+
+
+def pack(weight: torch.Tensor, kinds: tuple[str, ...] = ("q4", "q8", "bf16", "f16")) -> GridMatrix | None:
+    """The first grid the matrix lies on exactly (verified by decoding it), or None. The block
+    grids come first: a matrix on one takes a quarter of the bytes of its halves, or less."""
     for kind in kinds:
-        grid = (pack_q4 if kind == "q4" else pack_q8)(weight)
+        grid = PACKERS[kind](weight)
         if grid is not None and torch.equal(grid.decoded(), weight):
             return grid
     return None

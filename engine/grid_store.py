@@ -67,16 +67,17 @@ def _read(path: Path, names: list[str]) -> dict[str, GridMatrix]:
     with safe_open(path, "pt") as f:
         shapes = json.loads(f.metadata()["grids"])
         tensors = {key: f.get_tensor(key) for key in f.keys()}
-    return {name: GridMatrix(shapes[name]["kind"], tensors[f"{name}.codes"], tensors[f"{name}.scale"],
+    return {name: GridMatrix(shapes[name]["kind"], tensors[f"{name}.codes"], tensors.get(f"{name}.scale"),
                              tensors.get(f"{name}.low"), tuple(shapes[name]["shape"])) for name in names}
 
 
 def _write(path: Path, grids: dict[str, GridMatrix]) -> None:
     tensors = {}
     for name, grid in grids.items():
-        tensors[f"{name}.codes"], tensors[f"{name}.scale"] = grid.codes, grid.scale
-        if grid.low is not None:
-            tensors[f"{name}.low"] = grid.low
+        tensors[f"{name}.codes"] = grid.codes
+        for part, tensor in (("scale", grid.scale), ("low", grid.low)):
+            if tensor is not None:
+                tensors[f"{name}.{part}"] = tensor
     shapes = {name: {"kind": g.kind, "shape": list(g.shape)} for name, g in grids.items()}
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:

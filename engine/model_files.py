@@ -71,3 +71,28 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)  # atomic: a half-written folder is never mistaken for a prepared one
     return dest
+
+
+STORAGE_DTYPES = ("bfloat16", "float16")
+
+
+def save_rounded(source: Path, dest: Path, dtype: str) -> Path:
+    """A copy of the model folder `source` with its weights rounded to `dtype` (bfloat16 or
+    float16) and stored so, at `dest`: a checkpoint as most are published, for measuring how
+    Brigade serves one (it reads such weights in their storage format: engine/grid_linear.py)."""
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"stored-as must be one of {', '.join(STORAGE_DTYPES)}, not {dtype!r}")
+    offline()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(getattr(torch, dtype))
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for name in source.iterdir():  # the tokenizer, chat template and generation config as they are
+        if name.is_file() and not name.name.endswith(".safetensors") and name.name != "config.json":
+            shutil.copy(name, tmp / name.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest

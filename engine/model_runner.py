@@ -115,6 +115,14 @@ class Weights:
         self.output = grids["head"]
 
     @property
+    def grid_kinds(self) -> dict[str, int]:
+        """How many matrices are read from each kind of grid ("q4", "q8", "bf16", "f16"); empty
+        when the products are the plain ones."""
+        matrices = [getattr(layer, name) for layer in self.layers for name in Layer.MATRICES] + [self.output]
+        kinds = [m.kind for m in matrices if isinstance(m, GridMatrix)]
+        return {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+
+    @property
     def storage(self) -> str:
         """How the matrices are read: "grid" (every one from its GGUF grid), else the precision."""
         return "grid" if isinstance(self.output, GridMatrix) else str(self.dtype).removeprefix("torch.")

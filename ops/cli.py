@@ -16,8 +16,17 @@ from ops.core.settings import Settings
 
 
 def cmd_prepare(args, settings: Settings) -> int:
-    from engine.model_files import prepare_default_model
+    from pathlib import Path
 
+    from engine.model_files import prepare_default_model, save_rounded
+
+    if args.stored_as:
+        if not args.out:
+            print("brigade prepare: --stored-as needs --out FOLDER (where the copy goes)", file=sys.stderr)
+            return 2
+        source = Path(settings.model) if settings.model else prepare_default_model(settings.model_dir)
+        print(save_rounded(source, Path(args.out), args.stored_as))
+        return 0
     if settings.model:
         print(f"BRIGADE_MODEL is set ({settings.model}); nothing to prepare")
         return 0
@@ -136,7 +145,12 @@ def build_parser() -> BrigadeParser:
 
 def _add_service_parsers(sub) -> None:
     """The commands that start or tend the service's parts."""
-    sub.add_parser("prepare", help="convert the default model once into a local safetensors folder").set_defaults(fn=cmd_prepare)
+    p = sub.add_parser("prepare", help="convert the default model once into a local safetensors folder")
+    p.add_argument("--stored-as", choices=("bfloat16", "float16"),
+                   help="also write a copy of the model (BRIGADE_MODEL, else the default) with its weights "
+                   "rounded to this type and stored so, as most checkpoints are published (to --out)")
+    p.add_argument("--out", metavar="FOLDER", help="where the --stored-as copy goes")
+    p.set_defaults(fn=cmd_prepare)
     p = sub.add_parser("worker", help="start one Celery worker holding one model")
     p.add_argument("--name", help="worker name (default brigade-PID@HOST)")
     p.add_argument("--loglevel", default="INFO")

@@ -32,22 +32,41 @@ def q8_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
     return (q * scale).reshape(rows, cols)
 
 
+def bf16_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """A bfloat16 checkpoint's matrix as it is served: upcast to float32 at load."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, cols, generator=g) * 0.05).to(torch.bfloat16).float()
+
+
+def f16_matrix(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, cols, generator=g) * 0.05).half().float()
+
+
+EVERY_KIND = [(q4_matrix, "q4"), (q8_matrix, "q8"), (bf16_matrix, "bf16"), (f16_matrix, "f16")]
+MAKERS = [make for make, _ in EVERY_KIND]
+
+
 def test_the_kernel_builds_for_this_cpu():
     assert kernels().isa() in {"avx512", "avx2", "scalar"}
 
 
-@pytest.mark.parametrize("make, kind", [(q4_matrix, "q4"), (q8_matrix, "q8")])
+@pytest.mark.parametrize("make, kind", EVERY_KIND)
 def test_a_matrix_on_a_grid_is_found_and_decodes_to_the_same_bits(make, kind):
     weight = make(96, 160)
     grid = pack(weight)
     assert grid is not None and grid.kind == kind
     assert torch.equal(grid.decoded(), weight)
-    # A fifth of the bytes or less (q4), a quarter and a bit (q8).
-    assert grid.nbytes < weight.numel() * weight.element_size() * (0.2 if kind == "q4" else 0.3)
+    # A fifth of the bytes or less (q4), a quarter and a bit (q8), half (a half).
+    share = {"q4": 0.2, "q8": 0.3, "bf16": 0.5, "f16": 0.5}[kind]
+    assert grid.nbytes <= weight.numel() * weight.element_size() * share
 
 
 def test_a_matrix_off_every_grid_keeps_its_float32_product():
     assert pack(torch.randn(64, 128)) is None
+    half = bf16_matrix(64, 128)
+    half[7, 9] = torch.nextafter(half[7, 9], torch.tensor(1.0))  # a float32 between two bfloat16s
+    assert pack(half) is None
     near = q4_matrix(64, 128)
     near[3, 5] = torch.nextafter(near[3, 5], torch.tensor(1.0))  # one weight one bit off the grid
     assert pack(near) is None
@@ -57,7 +76,7 @@ def test_a_matrix_off_every_grid_keeps_its_float32_product():
 
 def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv("BRIGADE_GRID_DIR", str(tmp_path))
-    matrices = {"a": q4_matrix(32, 64), "b": q8_matrix(16, 64, seed=1)}
+    matrices = {"a": q4_matrix(32, 64), "b": q8_matrix(16, 64, seed=1), "h": bf16_matrix(16, 64, seed=2)}
     first, off = grid_store.packed(matrices)
     [stored] = tmp_path.glob("*.safetensors")
     written = stored.stat().st_mtime_ns
@@ -73,7 +92,7 @@ def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_
     assert grids is None and off == "c" and len(list(tmp_path.glob("*.safetensors"))) == 2
 
 
-@pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
+@pytest.mark.parametrize("make", MAKERS)
 def test_the_product_is_the_float32_product_and_each_row_is_the_same_in_any_pass(make):
     weight = make(208, 576, seed=3)
     grid = pack(weight)
@@ -90,7 +109,7 @@ def test_the_product_is_the_float32_product_and_each_row_is_the_same_in_any_pass
                 assert torch.equal(grid(x[start:start + rows]), alone[start:start + rows]), (rows, start)
 
 
-@pytest.mark.parametrize("make", [q4_matrix, q8_matrix])
+@pytest.mark.parametrize("make", MAKERS)
 @pytest.mark.parametrize("rows", [1, 3, PANEL_FROM + 4])
 def test_every_weight_the_kernel_multiplies_is_the_float32_weight_bit_for_bit(make, rows):
     """Rows of the identity pick single weights out of the product (0 * w adds exactly nothing), so
@@ -102,8 +121,9 @@ def test_every_weight_the_kernel_multiplies_is_the_float32_weight_bit_for_bit(ma
     assert torch.equal(picked, weight.T.contiguous())
 
 
-def test_the_thread_count_does_not_change_a_bit():
-    grid = pack(q4_matrix(256, 576, seed=5))
+@pytest.mark.parametrize("make", [q4_matrix, bf16_matrix])
+def test_the_thread_count_does_not_change_a_bit(make):
+    grid = pack(make(256, 576, seed=5))
     x = torch.randn(20, 576)
     before = torch.get_num_threads()
     try:

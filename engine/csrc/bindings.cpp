@@ -4,11 +4,13 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &brigade::q4_linear, "x @ W.T, W on a 4-bit block grid (scale, low)");
   m.def("q8_linear", &brigade::q8_linear, "x @ W.T, W on an 8-bit block grid (scale)");
+  m.def("half_linear", &brigade::half_linear, "x @ W.T, W's float32 values all bfloat16 or float16");
   m.def("isa", &brigade::isa, "the vector instructions this build uses");
   py::class_<brigade::GridWeight>(m, "GridWeight")
-      .def(py::init([](torch::Tensor codes, torch::Tensor scale, std::optional<torch::Tensor> low,
+      .def(py::init([](torch::Tensor codes, std::optional<torch::Tensor> scale, std::optional<torch::Tensor> low,
                        std::optional<torch::Tensor> bias) {
-             return brigade::GridWeight{codes, scale, low.value_or(torch::Tensor()), bias.value_or(torch::Tensor())};
+             return brigade::GridWeight{codes, scale.value_or(torch::Tensor()), low.value_or(torch::Tensor()),
+                                        bias.value_or(torch::Tensor())};
            }),
            py::arg("codes"), py::arg("scale"), py::arg("low"), py::arg("bias"));
   py::class_<brigade::DecoderLayer>(m, "DecoderLayer")

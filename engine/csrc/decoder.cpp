@@ -17,7 +17,9 @@
 namespace brigade {
 
 torch::Tensor GridWeight::operator()(const torch::Tensor& x, int64_t panel_from) const {
-  auto y = low.defined() ? q4_linear(x, codes, scale, low, panel_from) : q8_linear(x, codes, scale, panel_from);
+  auto y = low.defined()     ? q4_linear(x, codes, scale, low, panel_from)
+           : scale.defined() ? q8_linear(x, codes, scale, panel_from)
+                             : half_linear(x, codes, panel_from);
   return bias.defined() ? y + bias : y;
 }
 

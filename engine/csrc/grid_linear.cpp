@@ -9,7 +9,9 @@
 //       the same W; the file is built with -ffp-contract=off so that nothing else is fused);
 //   q8: codes[g, k, lane] a signed byte; W = scale * q (exact);
 //   scale[g, k/32, lane], low[g, k/32, lane]: per row and block of 32 inputs, float16 as GGUF stores
-//   them (a decode step is bound by the bytes it reads; each is exactly its float32 value).
+//   them (a decode step is bound by the bytes it reads; each is exactly its float32 value);
+//   bf16, f16: codes[g, k, lane] the weight's own 16 bits (a checkpoint stored in bfloat16 or
+//   float16 and upcast at load: every float32 weight is exactly such a half, half the bytes).
 //
 // The order of every sum is fixed: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 1], W[n, 1],
 // x[m, 0] * W[n, 0] + 0)), one lane of one accumulator, k in order. It does not depend on the
@@ -29,7 +31,12 @@ namespace brigade {
 namespace {
 
 constexpr int kBlock = 32;
-constexpr int kGroup = 16;  // weight rows per lane group (one AVX-512 vector, two AVX2 vectors)
+constexpr int kGroup = 16;
+// How a weight is stored (engine/grid_linear.py's GridMatrix.kind).
+enum Kind { kQ8, kQ4, kBF16, kF16 };
+constexpr bool blocked(int kind) { return kind == kQ4 || kind == kQ8; }  // scale (and low) per block
+constexpr int64_t code_cols(int kind, int64_t K) { return kind == kQ4 ? K / 2 : K; }
+constexpr int code_bytes(int kind) { return blocked(kind) ? 1 : 2; }  // per code  // weight rows per lane group (one AVX-512 vector, two AVX2 vectors)
 
 #if defined(__AVX512F__)
 // A lane group's 16 floats.
@@ -41,6 +48,11 @@ inline G gload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void gstore(float* p, G a) { _mm512_storeu_ps(p, a.v); }
 inline G gfma(float x, G w, G acc) { return {_mm512_fmadd_ps(_mm512_set1_ps(x), w.v, acc.v)}; }
 inline G hload(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+// 16 bfloat16 -> floats: a bfloat16 is a float32's top half (exact).
+inline G bload(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
 inline void keep(G& a) { asm("" : "+v"(a.v)); }
 // 16 unsigned bytes -> floats.
 inline G from_u8(__m128i b) { return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))}; }
@@ -64,6 +76,13 @@ inline void keep(G& a) { asm("" : "+x"(a.lo), "+x"(a.hi)); }
 inline G hload(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline G bload(const uint16_t* p) {
+  const auto half = [](const uint16_t* q) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  };
+  return {half(p), half(p + 8)};
 }
 inline G from_u8(__m128i b) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
@@ -92,6 +111,11 @@ inline G hload(const uint16_t* p) {
   for (int i = 0; i < kGroup; ++i) a.v[i] = static_cast<float>(c10::Half(p[i], c10::Half::from_bits()));
   return a;
 }
+inline G bload(const uint16_t* p) {
+  G a;
+  for (int i = 0; i < kGroup; ++i) a.v[i] = static_cast<float>(c10::BFloat16(p[i], c10::BFloat16::from_bits()));
+  return a;
+}
 constexpr int MR = 1, NG = 1;
 constexpr int kDirect = 1;
 #endif
@@ -103,11 +127,17 @@ struct Matrix {
   int64_t K, blocks;
 };
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-// The group's weights for inputs k and k+1 (q4: one byte per lane holds both), or k alone (q8).
-template <bool Q4>
+// The group's weights for inputs k and k+1 (q4: one byte per lane holds both).
+template <int Kind>
 inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
-  if constexpr (Q4) {
+  if constexpr (!blocked(Kind)) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.codes) + (g * w.K + k) * kGroup;
+    out[0] = Kind == kBF16 ? bload(p) : hload(p);
+    out[1] = Kind == kBF16 ? bload(p + kGroup) : hload(p + kGroup);
+    return;
+  }
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  if constexpr (Kind == kQ4) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * (w.K / 2) + k / 2) * kGroup));
     const __m128i mask = _mm_set1_epi8(0x0f);
     // scale * q + low in one fused multiply-add, the same bits as the product and the sum each
@@ -115,40 +145,50 @@ inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
     // only the sum rounds, once, either way.
     out[0] = madd(s, from_u8(_mm_and_si128(bytes, mask)), l);
     out[1] = madd(s, from_u8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)), l);
-  } else {
+  } else if constexpr (Kind == kQ8) {
     for (int i = 0; i < 2; ++i) {
       const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + (g * w.K + k + i) * kGroup));
       out[i] = mul(s, from_i8(bytes));
     }
   }
-}
 #else
-template <bool Q4>
-inline void decode(const Matrix& w, int64_t g, int64_t k, G s, G l, G out[2]) {
   for (int lane = 0; lane < kGroup; ++lane) {
     for (int i = 0; i < 2; ++i) {
-      if constexpr (Q4) {
+      if constexpr (Kind == kQ4) {
         const uint8_t byte = w.codes[(g * (w.K / 2) + k / 2) * kGroup + lane];
         const float p = s.v[lane] * static_cast<float>(i == 0 ? (byte & 15) : (byte >> 4));
         out[i].v[lane] = p + l.v[lane];
-      } else {
+      } else if constexpr (Kind == kQ8) {
         out[i].v[lane] = s.v[lane] * static_cast<float>(static_cast<int8_t>(w.codes[(g * w.K + k + i) * kGroup + lane]));
       }
     }
   }
-}
 #endif
+}
+
+// The scale and low of group g's block b (a half has none).
+template <int Kind>
+inline void block_numbers(const Matrix& w, int64_t g, int64_t b, G& s, G& l) {
+  if constexpr (blocked(Kind)) {
+    s = hload(w.scale + (g * w.blocks + b) * kGroup);
+    l = Kind == kQ4 ? hload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+  } else {
+    s = l = gzero();
+  }
+}
 
 // A decode step waits on memory: while a tile of D groups is multiplied, the next D groups are
 // fetched, block for block (a prefetch past the matrix's end is harmless: it never faults).
-template <bool Q4, int D>
+template <int Kind, int D>
 inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
+  constexpr int64_t block_bytes = code_cols(Kind, kBlock) * kGroup * code_bytes(Kind);  // 256, 512 or 1024
   for (int j = 0; j < D; ++j) {
     const int64_t g = g0 + j;
-    const char* codes = reinterpret_cast<const char*>(w.codes + (g * (Q4 ? w.K / 2 : w.K) + b * (Q4 ? kBlock / 2 : kBlock)) * kGroup);
-    for (int line = 0; line < (Q4 ? 4 : 8); ++line) _mm_prefetch(codes + 64 * line, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w.scale + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
-    if (Q4) _mm_prefetch(reinterpret_cast<const char*>(w.low + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
+    const char* codes = reinterpret_cast<const char*>(w.codes) +
+                        (g * code_cols(Kind, w.K) * kGroup + b * code_cols(Kind, kBlock) * kGroup) * code_bytes(Kind);
+    for (int64_t line = 0; line < block_bytes / 64; ++line) _mm_prefetch(codes + 64 * line, _MM_HINT_T0);
+    if (blocked(Kind)) _mm_prefetch(reinterpret_cast<const char*>(w.scale + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
+    if (Kind == kQ4) _mm_prefetch(reinterpret_cast<const char*>(w.low + (g * w.blocks + b) * kGroup), _MM_HINT_T0);
   }
 }
 
@@ -157,22 +197,19 @@ inline void prefetch_block(const Matrix& w, int64_t g0, int64_t b) {
 // and each has to wait for the one before it (4 cycles); a decode step (one row) with one group
 // at a time waited on that chain for most of its time (measured: 9 GB/s of weights, a third of
 // the machine's bandwidth). D independent chains hide the wait without changing any sum.
-template <bool Q4, int R, int D>
+template <int Kind, int R, int D>
 inline void direct_tile(const Matrix& w, int64_t g0, const float* x, float* out, int64_t ldo) {
   G acc[R][D];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < D; ++j) acc[r][j] = gzero();
   for (int64_t b = 0; b < w.blocks; ++b) {
     G s[D], l[D];
-    prefetch_block<Q4, D>(w, g0 + D, b);  // the same block of the next D groups: the tile after this one
-    for (int j = 0; j < D; ++j) {
-      s[j] = hload(w.scale + ((g0 + j) * w.blocks + b) * kGroup);
-      l[j] = Q4 ? hload(w.low + ((g0 + j) * w.blocks + b) * kGroup) : gzero();
-    }
+    prefetch_block<Kind, D>(w, g0 + D, b);  // the same block of the next D groups: the tile after this one
+    for (int j = 0; j < D; ++j) block_numbers<Kind>(w, g0 + j, b, s[j], l[j]);
     for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
       for (int j = 0; j < D; ++j) {
         G wv[2];
-        decode<Q4>(w, g0 + j, k, s[j], l[j], wv);
+        decode<Kind>(w, g0 + j, k, s[j], l[j], wv);
         for (int r = 0; r < R; ++r) {
           acc[r][j] = gfma(x[r * w.K + k], wv[0], acc[r][j]);
           acc[r][j] = gfma(x[r * w.K + k + 1], wv[1], acc[r][j]);
@@ -189,32 +226,32 @@ inline void direct_tile(const Matrix& w, int64_t g0, const float* x, float* out,
 template <int R>
 constexpr int groups_beside() { return R == 1 ? 4 : (R <= 3 ? 2 : 1); }
 
-template <bool Q4, int R>
+template <int Kind, int R>
 inline void direct_rows(const Matrix& w, int64_t g, int64_t groups, const float* x, float* out, int64_t ldo,
                         int64_t rows) {
   if constexpr (R > 0) {
     if (rows == R) {
       constexpr int D = groups_beside<R>();
       int64_t j = 0;
-      for (; j + D <= groups; j += D) direct_tile<Q4, R, D>(w, g + j, x, out + j * kGroup, ldo);
-      for (; j < groups; ++j) direct_tile<Q4, R, 1>(w, g + j, x, out + j * kGroup, ldo);
+      for (; j + D <= groups; j += D) direct_tile<Kind, R, D>(w, g + j, x, out + j * kGroup, ldo);
+      for (; j < groups; ++j) direct_tile<Kind, R, 1>(w, g + j, x, out + j * kGroup, ldo);
     } else {
-      direct_rows<Q4, R - 1>(w, g, groups, x, out, ldo, rows);
+      direct_rows<Kind, R - 1>(w, g, groups, x, out, ldo, rows);
     }
   }
 }
 
 // Many rows: NG lane groups decoded once into a panel [K][NG * 16], then MR x NG tiles from it.
-template <bool Q4>
+template <int Kind>
 void decode_panel(const Matrix& w, int64_t g0, int64_t groups, float* panel) {
   for (int64_t j = 0; j < groups; ++j) {
     const int64_t g = g0 + j;
     for (int64_t b = 0; b < w.blocks; ++b) {
-      const G s = hload(w.scale + (g * w.blocks + b) * kGroup);
-      const G l = Q4 ? hload(w.low + (g * w.blocks + b) * kGroup) : gzero();
+      G s, l;
+      block_numbers<Kind>(w, g, b, s, l);
       for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += 2) {
         G wv[2];
-        decode<Q4>(w, g, k, s, l, wv);
+        decode<Kind>(w, g, k, s, l, wv);
         gstore(panel + (k * NG + j) * kGroup, wv[0]);
         gstore(panel + ((k + 1) * NG + j) * kGroup, wv[1]);
       }
@@ -250,19 +287,23 @@ inline void panel_rows(const float* x, int64_t K, const float* panel, float* out
   }
 }
 
-template <bool Q4>
-torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+template <int Kind>
+torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, const std::optional<torch::Tensor>& scale,
                           const std::optional<torch::Tensor>& low, int64_t panel_from) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [rows, in] float32");
   const auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), groups = codes.size(0);
   TORCH_CHECK(K % kBlock == 0, "the input size must be a multiple of 32");
-  TORCH_CHECK(codes.size(1) == (Q4 ? K / 2 : K) && codes.size(2) == kGroup && scale.size(1) == K / kBlock,
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 3 && codes.size(1) == code_cols(Kind, K) &&
+                  codes.size(2) == kGroup && codes.element_size() == code_bytes(Kind),
               "weight shape does not match x");
+  TORCH_CHECK(!blocked(Kind) || (scale && scale->size(1) == K / kBlock), "weight scale does not match x");
   const int64_t N = groups * kGroup;
   auto out = torch::empty({M, N}, xc.options());
-  const Matrix w{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
-                 Q4 ? reinterpret_cast<const uint16_t*>(low->data_ptr<at::Half>()) : nullptr,
+  const auto halves = [](const std::optional<torch::Tensor>& t) {
+    return t ? reinterpret_cast<const uint16_t*>(t->data_ptr<at::Half>()) : nullptr;
+  };
+  const Matrix w{static_cast<const uint8_t*>(codes.data_ptr()), halves(scale), Kind == kQ4 ? halves(low) : nullptr,
                  K, K / kBlock};
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -272,7 +313,7 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
     const int64_t grain = std::max<int64_t>(4, (groups / (4 * at::get_num_threads()) + 3) / 4 * 4);
     shared_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
       for (int64_t m = 0; m < M; m += kDirect)
-        direct_rows<Q4, kDirect>(w, g0, g1 - g0, xp + m * K, op + m * N + g0 * kGroup, N,
+        direct_rows<Kind, kDirect>(w, g0, g1 - g0, xp + m * K, op + m * N + g0 * kGroup, N,
                                  std::min<int64_t>(kDirect, M - m));
     });
     return out;
@@ -281,7 +322,7 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
     thread_local std::vector<float> panel;  // one per thread, kept: a piece is one panel
     panel.resize(K * NG * kGroup);
     for (int64_t p = p0; p < p1; ++p) {
-      decode_panel<Q4>(w, p * NG, NG, panel.data());
+      decode_panel<Kind>(w, p * NG, NG, panel.data());
       for (int64_t m = 0; m < M; m += MR)
         panel_rows<MR>(xp + m * K, K, panel.data(), op + m * N + p * NG * kGroup, N, std::min<int64_t>(MR, M - m));
     }
@@ -293,12 +334,19 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
 
 torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
                         const torch::Tensor& low, int64_t panel_from) {
-  return grid_linear<true>(x, codes, scale, low, panel_from);
+  return grid_linear<kQ4>(x, codes, scale, low, panel_from);
 }
 
 torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
                         int64_t panel_from) {
-  return grid_linear<false>(x, codes, scale, std::nullopt, panel_from);
+  return grid_linear<kQ8>(x, codes, scale, std::nullopt, panel_from);
+}
+
+torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& codes, int64_t panel_from) {
+  TORCH_CHECK(codes.scalar_type() == torch::kBFloat16 || codes.scalar_type() == torch::kHalf,
+              "a half matrix's codes are bfloat16 or float16");
+  return codes.scalar_type() == torch::kBFloat16 ? grid_linear<kBF16>(x, codes, std::nullopt, std::nullopt, panel_from)
+                                                 : grid_linear<kF16>(x, codes, std::nullopt, std::nullopt, panel_from);
 }
 
 std::string isa() {

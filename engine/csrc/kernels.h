@@ -32,6 +32,8 @@ torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, cons
                         const torch::Tensor& low, int64_t panel_from);
 torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
                         int64_t panel_from);
+// x @ W.T for W whose float32 values are all bfloat16 or float16 (codes: those halves' bits).
+torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& codes, int64_t panel_from);
 // The vector instructions the build uses: "avx512", "avx2" or "scalar".
 std::string isa();
 
@@ -40,7 +42,8 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& new_kv, const 
                      const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
                      double scale, int64_t group);
 
-// A matrix read from its grid: q4 when `low` is defined, else q8; `bias` added when defined.
+// A matrix read from its grid: q4 when `low` is defined, q8 when `scale` is, else halves (bf16 or
+// f16, by the codes' type); `bias` added when defined.
 struct GridWeight {
   torch::Tensor codes, scale, low, bias;
   torch::Tensor operator()(const torch::Tensor& x, int64_t panel_from) const;

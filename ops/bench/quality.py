@@ -238,6 +238,7 @@ def run_head(reference: Engine, config: QualityConfig, question_file: str | None
     return {
         "benchmark": "quality",
         "model": reference.config.model,
+        "weights_read_as": reference.runner.primary.grid_kinds or reference.runner.primary.storage,
         "source": source_revision(),  # at the start: the code this run imported
         "question_set": {"file": question_file or "ops/bench/data/quality_questions.jsonl", "size": len(every),
                          "asked": len(questions),

@@ -1,0 +1,75 @@
+"""A checkpoint stored in bfloat16 or float16 (as most are published) is read in its storage format
+(engine/grid_linear.py, the halves) and answers exactly as Hugging Face float32 `generate` on the
+same upcast weights: alone and in a batch. The full 336-question comparison is `brigade bench
+quality` on such a folder (docs/architecture.md, "Checkpoints stored in halves")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, EngineRequest, SamplingParams
+from engine.model_files import save_rounded
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "How many legs does a spider have?",
+             "Explain why the sky is blue in two sentences.", "Who wrote Romeo and Juliet?", "List three colors."]
+TOKENS = 24
+
+
+def reference(engine: Engine, request: EngineRequest, tokens: int, until_eos: bool = False) -> list[int]:
+    """Hugging Face float32 greedy `generate` on the engine's own (upcast) model object: `tokens`
+    new ones, or up to and without the end of the answer (`until_eos`)."""
+    ids = torch.tensor([engine.encode(request)])
+    at_least = {} if until_eos else {"min_new_tokens": tokens}
+    with torch.inference_mode():
+        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=tokens, **at_least)
+    new = out[0, ids.shape[1]:].tolist()
+    return [t for t in new if t != engine.tokenizer.eos_token_id] if until_eos else new
+
+
+def ask(i: int, question: str) -> EngineRequest:
+    return EngineRequest(f"h{i}", SamplingParams(max_tokens=TOKENS),
+                         messages=[{"role": "user", "content": question}])
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(model_dir, tmp_path_factory) -> Engine:
+    folder = save_rounded(model_dir, tmp_path_factory.mktemp("bf16") / "smollm2-bf16", "bfloat16")
+    return Engine.load(EngineConfig(model=str(folder), max_batch=16, max_wait_ms=0, torch_threads=2))
+
+
+@pytest.mark.real_model
+def test_a_bf16_checkpoint_is_read_as_bf16_and_answers_as_hugging_face_float32_alone_and_batched(bf16_engine):
+    engine = bf16_engine
+    primary = engine.runner.primary
+    layers = len(primary.layers)
+    # Every matrix (four per layer, the head) read as its bfloat16 halves, every layer in one native call.
+    assert primary.grid_kinds == {"bf16": 4 * layers + 1} and engine.runner.native is not None
+    assert next(engine.model.parameters()).dtype == torch.float32  # upcast at load: HF's reference is float32
+    batched = [ask(i, q) for i, q in enumerate(QUESTIONS)]
+    done = engine.generate(batched)
+    for i, request in enumerate(batched):
+        expected = reference(engine, request, TOKENS, until_eos=True)
+        answer = [t for t in done[request.request_id].token_ids if t != engine.tokenizer.eos_token_id]
+        assert answer == expected, QUESTIONS[i]
+        if i < 2:  # and alone
+            again = ask(100 + i, QUESTIONS[i])
+            alone = engine.generate([again])[again.request_id].token_ids
+            assert [t for t in alone if t != engine.tokenizer.eos_token_id] == expected, QUESTIONS[i]
+    assert "Paris" in done["h0"].text
+
+
+def test_a_float16_checkpoint_is_read_as_float16_and_answers_as_hugging_face_float32(tiny_model_dir, tmp_path):
+    folder = save_rounded(tiny_model_dir, tmp_path / "tiny-f16", "float16")
+    engine = Engine.load(EngineConfig(model=str(folder), torch_threads=1, max_wait_ms=0))
+    assert set(engine.runner.primary.grid_kinds) == {"f16"} and engine.runner.native is not None
+    requests = [EngineRequest(f"t{i}", SamplingParams(max_tokens=12, ignore_eos=True), prompt=p)
+                for i, p in enumerate(["Hello there", "The capital of France is", "1 2 3 4"])]
+    done = engine.generate(requests)
+    for request in requests:
+        assert done[request.request_id].token_ids == reference(engine, request, 12), request.prompt
+
+
+def test_stored_as_must_be_a_half(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="bfloat16, float16"):
+        save_rounded(tiny_model_dir, tmp_path / "x", "int8")
