@@ -61,14 +61,15 @@ def filter_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
-def choose(row: torch.Tensor, seq: Sequence) -> int:
-    """seq's next token from its processed row of logits."""
+def choose(row: torch.Tensor, seq: Sequence, ahead: int = 0) -> int:
+    """seq's next token from its processed row of logits; `ahead` > 0: the token `ahead` places
+    after it (a drafted position's, engine/speculation.py), drawn from that token's own seed."""
     p = seq.params
     if p.greedy:
         return int(torch.argmax(row))
     row = filter_top_k_top_p(filter_min_p(row / p.temperature, p.min_p), p.top_k, p.top_p)
     probs = torch.softmax(row, dim=-1)
-    gen = torch.Generator().manual_seed(token_seed(seq.seed, len(seq.output_ids)))
+    gen = torch.Generator().manual_seed(token_seed(seq.seed, len(seq.output_ids) + ahead))
     return int(torch.multinomial(probs, 1, generator=gen))
 
 

@@ -55,9 +55,14 @@ class SamplingParams:
     def plain(self) -> bool:
         """Whether the raw logits' argmax is its token (the batch's one argmax serves it), once
         min_tokens is behind it."""
-        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
-                and not self.frequency_penalty and not self.logit_bias
-                and self.guide is None)
+        return self.greedy and self.raw
+
+    @cached_property
+    def raw(self) -> bool:
+        """Whether its token is chosen from the raw logits (argmax or a draw), once min_tokens is
+        behind it: no penalty, bias or guide changes them."""
+        return (self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty
+                and not self.logit_bias and self.guide is None)
 
 
 @dataclass

@@ -4,14 +4,23 @@ A decoding sequence whose last few tokens (an n-gram, 4 down to 2 tokens) appear
 context proposes the tokens that followed them then (vLLM's "ngram" / prompt-lookup decoding):
 answers that quote, summarise or edit their prompt repeat long runs of it. Its decode row then
 feeds its last token and the draft together, and the pass returns logits for every one of those
-positions. Greedy verification keeps draft token i only while it is the token the model takes at
-that position; the first miss is replaced by the model's own token, so a step gives 1 to k + 1
-tokens and the text is the model's, token for token, by construction: in the exact default the
-logits of a position do not depend on how its pass was cut (engine/batch_invariance.py), so a
-verified position has the bits a decode step would have given it.
+positions. Verification keeps draft token i only while it is the token the model takes at that
+position; the first miss is replaced by the model's own token, so a step gives 1 to k + 1 tokens
+and the text is the model's, token for token, by construction: in the exact default the logits of
+a position do not depend on how its pass was cut (engine/batch_invariance.py), so a verified
+position has the bits a decode step would have given it.
 
-Only plain greedy rows draft (their token is the raw logits' argmax, engine/sampling.py); a
-sampled, penalised, guided or logprob-asking row decodes one token a step as before. Drafting
+A sampled row is verified the same way: the token it takes at a position is its own seeded draw
+from that position's distribution (engine/sampling.py: token n's randomness comes from (seed, n),
+not from a stream), so it is computed for each drafted position and the draft kept while they
+agree. The answer is the one the same seed gives without speculation, token for token, and so its
+distribution is exactly the model's. A draft token d is kept with probability p(d), the most
+rejection sampling keeps of a one-token-certain draft (min(1, p(d) / q(d)) with q(d) = 1), and
+unlike rejection sampling the seed's answer does not depend on whether a step drafted.
+
+Only rows whose token comes from their raw logits draft (greedy or sampled, no penalties, bias,
+guide or pending min_tokens: SamplingParams.raw) and that ask no logprobs;
+the others decode one token a step as before. Drafting
 stops by itself where it does not pay: when more than `max_decodes` sequences decode (a large
 batch's pass is already as wide as the machine computes efficiently; vLLM's n-gram speculation is
 slower than none at high load), and, per sequence, after its recent drafts were mostly refused
@@ -23,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.logits_processing import needs_processing
+from engine.sampling import choose
 from engine.sequence import Chunk, Sequence
 
 WINDOW = 32  # drafted tokens over which a sequence's acceptance is judged
@@ -85,10 +94,19 @@ class Drafter:
 def verify(chunk: Chunk, logits) -> list[int]:
     """The tokens a drafted decode row takes after its first: the model's token after each draft
     token it confirms. `logits` are the row's positions' ([1 + draft, vocab]); the first row's
-    argmax is the row's own token (a plain greedy row samples that argmax, engine/sampling.py)."""
-    targets = logits.argmax(dim=-1).tolist()
+    token is the one the row samples as any decode row does (engine/sampling.py), the same
+    choice as `choose(logits[0], seq)` here."""
+    seq = chunk.seq
+    if seq.params.greedy:
+        targets = logits.argmax(dim=-1).tolist()
+    else:  # each position's own seeded draw, up to the first that refuses its draft token
+        targets = []
+        for ahead in range(len(chunk.draft) + 1):
+            targets.append(choose(logits[ahead], seq, ahead))
+            if ahead < len(chunk.draft) and targets[-1] != chunk.draft[ahead]:
+                break
     kept = accepted_prefix(list(chunk.draft), targets)
-    chunk.seq.drafter.verified(len(chunk.draft), kept)
+    seq.drafter.verified(len(chunk.draft), kept)
     return targets[1:kept + 1]
 
 
@@ -103,14 +121,15 @@ def accepted_prefix(draft: list[int], targets: list[int]) -> int:
 
 def attach_drafts(chunks: list[Chunk], config: SpeculationConfig, context_length: int,
                   drafter_for: Callable[[Sequence], Drafter]) -> None:
-    """Give a step's plain greedy decode rows a draft to verify, unless more than `max_decodes`
-    sequences decode. A draft fits the sequence's cache as it is, its max_tokens and the context."""
+    """Give a step's decode rows whose token comes from their raw logits a draft to verify, unless
+    more than `max_decodes` sequences decode. A draft fits the sequence's cache as it is, its
+    max_tokens and the context."""
     decoding = [c for c in chunks if c.decodes]
     if len(decoding) > config.max_decodes:
         return
     for c in decoding:
         seq, p = c.seq, c.seq.params
-        if not p.greedy or needs_processing(seq) or p.logprobs is not None:
+        if not p.raw or len(seq.output_ids) < p.min_tokens or p.logprobs is not None:
             continue
         limit = min(seq.kv.capacity, context_length, len(seq.prompt_ids) + p.max_tokens) - c.start - 1
         if limit <= 0:

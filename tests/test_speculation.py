@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams
-from engine.speculation import Drafter, SpeculationConfig, accepted_prefix
+from engine.sampling import choose
+from engine.sequence import Chunk, Sequence
+from engine.speculation import Drafter, SpeculationConfig, accepted_prefix, verify
 
 COUNTING = "1 2 3 4 5 6 7 8 1 2 3 4 5 6 7 8 1 2 3 4 5 6 7 8 1 2 3 4"
 
@@ -100,9 +104,49 @@ def test_verified_drafts_give_the_text_decoding_one_token_a_step_gives(engines):
         assert after["spec_verify_steps"] + after["spec_accepted_tokens"] <= after["tokens_generated"], after
 
 
-def test_rows_that_are_not_plain_greedy_never_draft(engines):
+def test_sampled_rows_keep_the_drafts_their_own_seeded_draws_confirm_and_give_the_seeds_answer(engines):
+    """A sampled row's token at each drafted position is its seeded draw there: the answer is the
+    one the same seed gives without speculation, alone and batched, drafts kept and refused."""
     spec, plain = engines
-    for params in ({"temperature": 0.8, "seed": 7}, {"repetition_penalty": 1.3}, {"logprobs": 2}):
+    prompts = [COUNTING, "Hello there, hello there, hello there", "The capital of France is"]
+    for params in ({"temperature": 0.8, "seed": 7}, {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 3}):
+        for batch in ([prompts[0]], prompts):
+            before = spec.stats()
+            answers, known = _oracle_answers(spec, plain, batch, **params)
+            assert answers == known, params
+            after = {k: v - before[k] for k, v in spec.stats().items() if k.startswith("spec_")}
+            assert 0 < after["spec_accepted_tokens"] < after["spec_drafted_tokens"], (params, after)
+    # Another seed is another answer (the draws are the seed's, not the draft's).
+    other = _answers(plain, [COUNTING], temperature=0.8, seed=8)
+    assert other != _answers(plain, [COUNTING], temperature=0.8, seed=7)
+
+
+def test_a_sampled_rows_draft_token_is_kept_as_often_as_the_model_gives_it_and_the_tokens_follow_the_model():
+    """Over 4,000 seeds, a draft of one token d at a position whose distribution is p: d is kept in
+    p(d) of them (rejection sampling's rate for a certain draft), exactly when the row's own draw
+    there is d, and the token the row takes there is distributed as p."""
+    logits = torch.full((2, 8), -4.0)
+    logits[0, :4] = torch.tensor([2.0, 1.0, 0.5, 0.0])  # the drafted position
+    p = torch.softmax(logits[0], dim=-1)
+    drafted, seeds = 1, 4000
+    counts, kept = torch.zeros(8), 0
+    for seed in range(seeds):
+        seq = Sequence("s", [5, 6], SamplingParams(max_tokens=8, temperature=1.0), seed=seed, resume_ids=[7])
+        seq.drafter = Drafter(SpeculationConfig())
+        taken = verify(Chunk(seq, start=2, length=2, draft=(drafted,)), logits)
+        first = choose(logits[0], seq)  # the row's token there, as `sample` draws it
+        assert bool(taken) == (first == drafted)
+        if taken:  # and the token after the kept draft is the draw of its own position and seed
+            assert taken == [choose(logits[1], seq, ahead=1)]
+        kept += bool(taken)
+        counts[first] += 1
+    assert abs(kept / seeds - float(p[drafted])) < 0.025, (kept / seeds, float(p[drafted]))
+    assert torch.allclose(counts / seeds, p, atol=0.025), (counts / seeds, p)
+
+
+def test_rows_whose_logits_are_changed_or_that_ask_logprobs_never_draft(engines):
+    spec, plain = engines
+    for params in ({"repetition_penalty": 1.3}, {"logprobs": 2}, {"temperature": 0.8, "presence_penalty": 0.5, "seed": 5}):
         before = spec.stats()["spec_verify_steps"]
         answers, known = _oracle_answers(spec, plain, [COUNTING], **params)
         assert answers == known, params
