@@ -241,3 +241,14 @@ def test_the_real_model_drafts_from_its_context_and_answers_as_without_speculati
     after = engine.stats()
     assert spec == plain
     assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] >= 10, (before, after)
+
+
+def test_the_benchmark_rows_serve_each_workload_greedy_and_sampled_with_the_same_text_off_and_on(engines):
+    from ops.bench import speculation as bench
+
+    spec, _ = engines
+    report = bench.run(spec, max_tokens=6)
+    rows = report["workloads"]
+    assert set(rows) == set(bench.WORKLOADS) | set(bench.SAMPLED)
+    for name, row in rows.items():
+        assert row["identical_text"] is True and row["tokens"] > 0 and row["requests"] >= 2, (name, row)

@@ -1,9 +1,10 @@
 """`brigade bench engine`'s speculation rows: one stream, prompt-lookup speculation off and on
 (engine/speculation.py), on the workloads where it is meant to pay and one where it should not.
 
-Each workload is a few greedy requests served one at a time (one stream, as a chat user waits for
+Each workload is a few requests (greedy, and one workload also sampled with fixed seeds) served one at a time (one stream, as a chat user waits for
 one answer), to their natural end or `max_tokens`, once with speculation off and once on, on the
-same engine. The texts must be identical (the report says whether they were); the rate is output
+same engine. The texts must be identical (a sampled answer is its seed's with or without
+speculation; the report says whether they were); the rate is output
 tokens per second over the requests' wall time, and `accepted_per_verify` is how many draft tokens
 a step that verified a draft kept on average (each is one pass saved).
 """
@@ -31,13 +32,17 @@ WORKLOADS: dict[str, list[str]] = {
     "edit code": [f"Rename the variable x to running_total in this Python function and show the whole function:\n\n{CODE}",
                   f"Add a docstring to this Python function and show the whole function:\n\n{CODE}"],
 }
+# Workloads also asked sampled: each request with its own seed, so that off and on can be compared.
+SAMPLED = {"quote or summarise a text, sampled (temperature 0.7, top_p 0.9)": "quote or summarise a text"}
+SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 
 
-def _serve(engine: Engine, questions: list[str], max_tokens: int) -> tuple[float, list[list[int]]]:
+def _serve(engine: Engine, questions: list[str], max_tokens: int, sampled: bool) -> tuple[float, list[list[int]]]:
     started, answers = time.perf_counter(), []
     for i, q in enumerate(questions):
-        request = EngineRequest(f"spec-{i}", SamplingParams(max_tokens=max_tokens),
-                                messages=[{"role": "user", "content": q}])
+        params = SamplingParams(max_tokens=max_tokens, seed=1000 + i, **SAMPLING) if sampled else \
+            SamplingParams(max_tokens=max_tokens)
+        request = EngineRequest(f"spec-{i}", params, messages=[{"role": "user", "content": q}])
         answers.append(engine.generate([request])[request.request_id].token_ids)
     return time.perf_counter() - started, answers
 
@@ -48,14 +53,16 @@ def run(engine: Engine, max_tokens: int = 128) -> dict:
     if config is None:
         return {"skipped": "speculation is off (BRIGADE_SPECULATIVE_TOKENS=0, or a mode that is not batch-invariant)"}
     rows = {}
-    for name, questions in WORKLOADS.items():
+    runs = [(name, questions, False) for name, questions in WORKLOADS.items()]
+    runs += [(name, WORKLOADS[source], True) for name, source in SAMPLED.items()]
+    for name, questions, sampled in runs:
         engine.speculation = None
         try:
-            off_s, plain = _serve(engine, questions, max_tokens)
+            off_s, plain = _serve(engine, questions, max_tokens, sampled)
         finally:
             engine.speculation = config
         before = engine.stats()
-        on_s, spec = _serve(engine, questions, max_tokens)
+        on_s, spec = _serve(engine, questions, max_tokens, sampled)
         after = engine.stats()
         delta = {k: after[k] - before[k] for k in ("spec_drafted_tokens", "spec_accepted_tokens", "spec_verify_steps")}
         tokens = sum(len(a) for a in spec)
