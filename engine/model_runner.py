@@ -191,14 +191,13 @@ class ModelRunner:
             views = ([c.seq.kv.data for c in chunks], [c.start for c in chunks], [c.length for c in chunks])
         else:
             views = [c.seq.kv.step_views(c.start, c.start + c.length) for c in chunks]
-        width = (hidden.shape[1],)
         if self.native is not None and w is self.primary:
             hidden = self.native.forward(hidden, cos[:, 0], sin[:, 0], *views)
         else:
             for index, layer in enumerate(w.layers):
-                x = F.rms_norm(hidden, width, layer.attn_norm, w.eps)
+                x = self._norm(hidden, layer.attn_norm, w.eps)
                 hidden = hidden + matmul(self._attention(w, index, layer, x, cos, sin, chunks, views, pad), layer.o)
-                x = F.rms_norm(hidden, width, layer.mlp_norm, w.eps)
+                x = self._norm(hidden, layer.mlp_norm, w.eps)
                 gate, up = matmul(x, layer.gate_up).chunk(2, dim=-1)
                 hidden = hidden + matmul(w.act(gate) * up, layer.down)
         ends, at = [], 0
@@ -211,8 +210,15 @@ class ModelRunner:
         rows = len(ends)
         if rows:  # a pass of prompt chunks that reach no context's end samples nothing
             ends.extend([ends[0]] * (padded(rows, w.quantum) - rows))
-        last = F.rms_norm(hidden[ends], width, w.norm, w.eps)
+        last = self._norm(hidden[ends], w.norm, w.eps)
         return matmul(last, w.output)[:rows].float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm: the kernels' on float32 wherever their attention serves (a fixed order per row
+        in one call), so the Python loop and the native layers compute the same bits; else ATen's."""
+        if self.exact_attention and x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return self.kernels.rms_norm(x, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
     def _attention(self, w: Weights, index: int, layer: Layer, x, cos, sin, chunks: list[Chunk], views,
                    pad: int = 0) -> torch.Tensor:

@@ -55,3 +55,20 @@ def test_a_model_off_the_grids_is_served_by_the_python_loop(tiny_model_dir):
     assert engine.runner.primary.storage == "float32" and engine.runner.native is None
     done = engine.generate([EngineRequest("a", SamplingParams(max_tokens=4, ignore_eos=True), prompt="Hello")])
     assert len(done["a"].token_ids) == 4
+
+
+def test_the_kernels_rms_norm_is_llamas_and_a_rows_bits_do_not_depend_on_the_rows_beside_it():
+    import torch.nn.functional as F
+
+    from engine.kernels import kernels
+
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(37, 576, generator=g) * 3, torch.randn(576, generator=g)
+    y = kernels().rms_norm(x, weight, 1e-5)
+    assert torch.allclose(y, F.rms_norm(x, (576,), weight, 1e-5), rtol=1e-6, atol=1e-6)
+    for start, rows in ((0, 1), (5, 1), (3, 17), (36, 1)):
+        assert torch.equal(kernels().rms_norm(x[start:start + rows], weight, 1e-5), y[start:start + rows])
+    # A width that is not a multiple of the 16 partial sums, and the epsilon used.
+    odd = torch.randn(4, 50, generator=g)
+    assert torch.allclose(kernels().rms_norm(odd, torch.ones(50), 0.5), F.rms_norm(odd, (50,), torch.ones(50), 0.5),
+                          rtol=1e-6, atol=1e-6)

@@ -5,6 +5,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_linear", &brigade::q4_linear, "x @ W.T, W on a 4-bit block grid (scale, low)");
   m.def("q8_linear", &brigade::q8_linear, "x @ W.T, W on an 8-bit block grid (scale)");
   m.def("half_linear", &brigade::half_linear, "x @ W.T, W's float32 values all bfloat16 or float16");
+  m.def("rms_norm", &brigade::rms_norm, "Llama's RMSNorm of each row, the sum of squares in a fixed order");
   m.def("isa", &brigade::isa, "the vector instructions this build uses");
   py::class_<brigade::GridWeight>(m, "GridWeight")
       .def(py::init([](torch::Tensor codes, std::optional<torch::Tensor> scale, std::optional<torch::Tensor> low,

@@ -4,17 +4,48 @@
 // an allocation and a Python frame, 30 layers a step (measured: docs/architecture.md).
 //
 // Every number is computed as the Python loop computes it, so its passes are bit for bit the
-// loop's (tests/test_native_decoder.py): the norms and SiLU are ATen's own kernels (at::rms_norm,
-// at::silu), the products are the grid kernels, attention is `attend`, and the rotary embedding
-// and the residual sums are the same IEEE products and sums, each rounded (the file is built with
-// -ffp-contract=off, so no multiply-add is fused).
+// loop's (tests/test_native_decoder.py): SiLU is ATen's own kernel (at::silu), the norms are
+// `rms_norm` below (the loop calls it too), the products are the grid kernels, attention is
+// `attend`, and the rotary embedding and the residual sums are the same IEEE products and sums,
+// each rounded (the file is built with -ffp-contract=off, so no multiply-add is fused).
 #include <torch/extension.h>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels.h"
 
 namespace brigade {
+
+torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32,
+              "rms_norm takes [rows, width] float32 and a float32 weight");
+  const auto x = x_in.contiguous();
+  const auto w = weight.contiguous();
+  const int64_t rows = x.size(0), width = x.size(1);
+  TORCH_CHECK(w.numel() == width, "the norm's weight must have the rows' width");
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float epsilon = static_cast<float>(eps);
+  shared_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = xp + r * width;
+      float part[kNormLanes] = {};
+      int64_t k = 0;
+      for (; k + kNormLanes <= width; k += kNormLanes)
+        for (int j = 0; j < kNormLanes; ++j) part[j] += row[k + j] * row[k + j];
+      for (int j = 0; k < width; ++k, ++j) part[j] += row[k] * row[k];
+      for (int half = kNormLanes / 2; half >= 1; half /= 2)
+        for (int j = 0; j < half; ++j) part[j] += part[j + half];
+      const float scale = 1.0f / std::sqrt(part[0] / static_cast<float>(width) + epsilon);
+      float* y = op + r * width;
+      for (int64_t k = 0; k < width; ++k) y[k] = wp[k] * (row[k] * scale);
+    }
+  });
+  return out;
+}
 
 torch::Tensor GridWeight::operator()(const torch::Tensor& x, int64_t panel_from) const {
   auto y = low.defined()     ? q4_linear(x, codes, scale, low, panel_from)
@@ -66,16 +97,15 @@ torch::Tensor Decoder::forward(const torch::Tensor& hidden_in, const torch::Tens
   const auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
   TORCH_CHECK(cos.size(0) == hidden_in.size(0) && cos.size(1) == head_dim_, "cos and sin must be [tokens, head_dim]");
   auto hidden = hidden_in.contiguous();
-  const int64_t width = hidden.size(1);
   for (size_t index = 0; index < layers_.size(); ++index) {
     const auto& layer = layers_[index];
-    auto x = at::rms_norm(hidden, {width}, layer.attn_norm, eps_);
+    auto x = rms_norm(hidden, layer.attn_norm, eps_);
     const auto qkv = layer.qkv(x, panel_from_);
     torch::Tensor q, new_kv;
     rotate(qkv, cos, sin, q, new_kv);
     const auto attended = attend(q, new_kv, caches, starts, lengths, static_cast<int64_t>(index), scale_, heads_ / kv_heads_);
     hidden = hidden + layer.o(attended, panel_from_);
-    x = at::rms_norm(hidden, {width}, layer.mlp_norm, eps_);
+    x = rms_norm(hidden, layer.mlp_norm, eps_);
     const auto gate_up = layer.gate_up(x, panel_from_);
     const int64_t inner = gate_up.size(1) / 2;
     const auto act = at::silu(gate_up.narrow(1, 0, inner)) * gate_up.narrow(1, inner, inner);

@@ -34,6 +34,13 @@ torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, cons
                         int64_t panel_from);
 // x @ W.T for W whose float32 values are all bfloat16 or float16 (codes: those halves' bits).
 torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& codes, int64_t panel_from);
+// Llama's RMSNorm of each row, y = w * (x * (1 / sqrt(mean(x^2) + eps))), each product rounded as
+// Hugging Face's ops round it; the sum of squares in one fixed order (kNormLanes partial sums over
+// the row in order, then added pairwise), so a row's bits never depend on the rows beside it
+// (decoder.cpp). ATen's composite rms_norm is about ten dispatched ops per call: 61 calls a decode
+// step cost about a millisecond of a 7.5 ms step.
+constexpr int kNormLanes = 16;
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 // The vector instructions the build uses: "avx512", "avx2" or "scalar".
 std::string isa();
 
