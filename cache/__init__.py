@@ -1,1 +1,2 @@
-"""Exact and semantic answer caches (issue 3); not built yet."""
+"""The answer cache: an exact layer and a semantic one (FAISS over the embedding model), with the
+pair model and lexical guards deciding a semantic hit (docs/cache.md)."""

@@ -30,7 +30,7 @@ from ops.core.settings import Settings
 from ops.core.queue import enqueue
 from workers.claims import ClaimStore
 from workers.engine_loading import load_engine
-from workers.inflight import InFlight, done_event, engine_request, token_event
+from workers.inflight import InFlight, done_reply, engine_request, token_reply
 from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
 from workers.publisher import TokenPublisher
 
@@ -180,7 +180,7 @@ class EngineHost:
             self.inflight.pop(rid, None)
         reason = list(entry.choice_ends.values())[-1] if entry.choice_ends else "stop"
         update = SequenceUpdate(rid, None, None, "", finish_reason=reason, prompt_tokens=prompt_tokens, timing={})
-        self._publish([(entry.queued.reply_channel, done_event(entry, update, self.worker_name))], [entry])
+        self._publish([(entry.queued.reply_channel, done_reply(entry, update, self.worker_name))], [entry])
         entry.finish_reason = reason
 
     def note_taken(self, rid: str) -> None:
@@ -277,9 +277,9 @@ class EngineHost:
                 channel = entry.queued.reply_channel
                 done = None
                 if u.index is not None:
-                    events.append((channel, token_event(entry, u)))
+                    events.append((channel, token_reply(entry, u)))
                 if u.finish_reason is not None:
-                    done = done_event(entry, u, self.worker_name)
+                    done = done_reply(entry, u, self.worker_name)
                     events.append((channel, done))
                     entry.finish_reason = u.finish_reason
                     ended.append(entry)

@@ -93,7 +93,7 @@ def engine_request(entry: InFlight, defaults: SamplingDefaults, logged: list[dic
     return request
 
 
-def token_event(entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
+def token_reply(entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
     several = entry.queued.params.n > 1
     index = u.index
     if several:
@@ -106,7 +106,7 @@ def token_event(entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
                       finish_reason=u.choice_finish_reason if several else None)
 
 
-def done_event(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEvent:
+def done_reply(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEvent:
     """The request's last event: its usage, and its timing as the client lived it (the broker's
     wait before this engine received it included)."""
     t = u.timing or {}
