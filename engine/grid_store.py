@@ -5,7 +5,7 @@ Packing recovers every matrix's grid from its float32 values and verifies it bit
 fleet restarts its workers often (a deploy, a failover, a canary). The result depends on nothing
 but those values, so it is kept under the sha256 of the matrices (names, shapes and bytes; hashing
 the 135M weights takes about half a second): a later start with the same weights reads the grids
-back (about 111 MB, safetensors), and any other weights miss. A file is written whole or not at
+back (about 96 MB, safetensors), and any other weights miss. A file is written whole or not at
 all (a temporary name, then a rename), and a cache that cannot be written only costs the packing.
 
 `BRIGADE_GRID_DIR` moves it (default `~/.cache/brigade/grids`, under `XDG_CACHE_HOME` when set).
@@ -59,7 +59,10 @@ def packed(matrices: dict[str, torch.Tensor]) -> tuple[dict[str, GridMatrix] | N
         if grid is None:
             return None, name
         grids[name] = grid
-    _write(path, grids)
+    # Halves (a bfloat16 or float16 checkpoint) pack in a moment and would take twice the bytes
+    # of a GGUF model's grids on disk: only a block grid's slow recovery is worth keeping.
+    if any(grid.kind in ("q4", "q8") for grid in grids.values()):
+        _write(path, grids)
     return grids, None
 
 

@@ -124,7 +124,8 @@ class Weights:
 
     @property
     def storage(self) -> str:
-        """How the matrices are read: "grid" (every one from its GGUF grid), else the precision."""
+        """How the matrices are read: "grid" (every one from a grid: GGUF's, or the bfloat16 or
+        float16 halves it was stored in; `grid_kinds` says which), else the precision."""
         return "grid" if isinstance(self.output, GridMatrix) else str(self.dtype).removeprefix("torch.")
 
 

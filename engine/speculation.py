@@ -19,12 +19,12 @@ rejection sampling keeps of a one-token-certain draft (min(1, p(d) / q(d)) with 
 unlike rejection sampling the seed's answer does not depend on whether a step drafted.
 
 Only rows whose token comes from their raw logits draft (greedy or sampled, no penalties, bias,
-guide or pending min_tokens: SamplingParams.raw) and that ask no logprobs;
-the others decode one token a step as before. Drafting
-stops by itself where it does not pay: when more than `max_decodes` sequences decode (a large
-batch's pass is already as wide as the machine computes efficiently; vLLM's n-gram speculation is
-slower than none at high load), and, per sequence, after its recent drafts were mostly refused
-(`min_acceptance` over the last `WINDOW` drafted tokens), for `pause_steps` steps.
+guide or pending min_tokens: SamplingParams.raw) and that ask no logprobs; the others decode one
+token a step as before. Drafting stops by itself where it does not pay: when more than
+`max_decodes` sequences decode (a large batch's pass is already as wide as the machine computes
+efficiently; vLLM's n-gram speculation is slower than none at high load), and, per sequence, after
+its recent drafts were mostly refused (`min_acceptance` over the last `WINDOW` drafted tokens),
+for `pause_steps` steps.
 """
 from __future__ import annotations
 

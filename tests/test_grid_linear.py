@@ -94,6 +94,9 @@ def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_
     assert grid_store.packed(other)[0] is not None and len(list(tmp_path.glob("*.safetensors"))) == 2
     grids, off = grid_store.packed({"a": matrices["a"], "c": torch.randn(16, 64)})
     assert grids is None and off == "c" and len(list(tmp_path.glob("*.safetensors"))) == 2
+    # Halves alone pack in a moment: found, and not kept on disk.
+    halves, off = grid_store.packed({"h": matrices["h"]})
+    assert off is None and halves["h"].kind == "bf16" and len(list(tmp_path.glob("*.safetensors"))) == 2
 
 
 @pytest.mark.parametrize("make", MAKERS)

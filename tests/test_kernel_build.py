@@ -24,7 +24,7 @@ LOAD = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys
         "from engine.kernels import kernels, build_dir\n"
         "print('build', build_dir(), flush=True)\n"
         "print('isa', kernels().isa(), flush=True)\n")
-BUILD_TIMEOUT_S = 300  # a whole build is 40-60 s on 2 idle cores; the suite may share them
+BUILD_TIMEOUT_S = 300  # a whole build is about 30 s on 2 idle cores; the suite may share them
 
 
 @pytest.fixture(scope="module")

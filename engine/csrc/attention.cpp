@@ -9,7 +9,7 @@
 // every sum taken in key order by one thread. A query's numbers so depend only on its own
 // sequence's keys and values: not on the chunk it came in (chunked prefill, a prefix-cache hit,
 // a resumed prefill, a decode step), nor on what else shares the pass.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
@@ -48,17 +48,17 @@ inline void axpy(float* out, float w, const float* v, int64_t d) {
 
 }  // namespace
 
-torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& new_kv_in, const std::vector<torch::Tensor>& caches,
+at::Tensor attend(const at::Tensor& q_in, const at::Tensor& new_kv_in, const std::vector<at::Tensor>& caches,
                      const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
                      double scale_in, int64_t group) {
-  TORCH_CHECK(q_in.dim() == 3 && q_in.scalar_type() == torch::kFloat32, "q must be [tokens, heads, d] float32");
+  TORCH_CHECK(q_in.dim() == 3 && q_in.scalar_type() == at::kFloat, "q must be [tokens, heads, d] float32");
   const auto q = q_in.contiguous();
   const auto new_kv = new_kv_in.contiguous();  // [tokens, kv_heads, 2d]
   const int64_t T = q.size(0), H = q.size(1), d = q.size(2), KVH = new_kv.size(1);
   TORCH_CHECK(caches.size() == starts.size() && starts.size() == lengths.size(), "one start and length per chunk");
   TORCH_CHECK(H == KVH * group && new_kv.size(2) == 2 * d, "head counts do not match");
   const float scale = static_cast<float>(scale_in);
-  auto out = torch::zeros({T, H * d}, q.options());
+  auto out = at::zeros({T, H * d}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* np = new_kv.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -69,7 +69,7 @@ torch::Tensor attend(const torch::Tensor& q_in, const torch::Tensor& new_kv_in, 
   std::vector<int64_t> cap(chunks), row_of(chunks + 1, 0);
   for (int64_t c = 0; c < chunks; ++c) {
     const auto& cache = caches[c];
-    TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == torch::kFloat32 && cache.size(1) == KVH &&
+    TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat && cache.size(1) == KVH &&
                 cache.size(3) == 2 * d, "a cache must be a contiguous [layers, kv_heads, capacity, 2d] float32 tensor");
     cap[c] = cache.size(2);
     TORCH_CHECK(starts[c] + lengths[c] <= cap[c], "a chunk runs past its cache's capacity");

@@ -1,4 +1,6 @@
 // The Python module of Brigade's CPU kernels (engine/kernels.py builds and loads it).
+#include <torch/python.h>  // pybind11 and tensor casters, without the C++ frontend (torch/extension.h)
+
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -8,7 +8,7 @@
 // `rms_norm` below (the loop calls it too), the products are the grid kernels, attention is
 // `attend`, and the rotary embedding and the residual sums are the same IEEE products and sums,
 // each rounded (the file is built with -ffp-contract=off, so no multiply-add is fused).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -17,14 +17,14 @@
 
 namespace brigade {
 
-torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32,
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
               "rms_norm takes [rows, width] float32 and a float32 weight");
   const auto x = x_in.contiguous();
   const auto w = weight.contiguous();
   const int64_t rows = x.size(0), width = x.size(1);
   TORCH_CHECK(w.numel() == width, "the norm's weight must have the rows' width");
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -47,7 +47,7 @@ torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, d
   return out;
 }
 
-torch::Tensor GridWeight::operator()(const torch::Tensor& x, int64_t panel_from) const {
+at::Tensor GridWeight::operator()(const at::Tensor& x, int64_t panel_from) const {
   auto y = low.defined()     ? q4_linear(x, codes, scale, low, panel_from)
            : scale.defined() ? q8_linear(x, codes, scale, panel_from)
                              : half_linear(x, codes, panel_from);
@@ -63,12 +63,12 @@ Decoder::Decoder(std::vector<DecoderLayer> layers, double eps, int64_t heads, in
 
 // q and k rotated (x * cos + rotate_half(x) * sin, Llama's halves), split into the queries
 // [T, heads, d] and the new keys and values side by side [T, kv_heads, 2d], as attend reads them.
-void Decoder::rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                     torch::Tensor& q, torch::Tensor& new_kv) const {
+void Decoder::rotate(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                     at::Tensor& q, at::Tensor& new_kv) const {
   const int64_t T = qkv.size(0), d = head_dim_, half = d / 2, H = heads_, KVH = kv_heads_;
   const int64_t width = (H + 2 * KVH) * d;
-  q = torch::empty({T, H, d}, qkv.options());
-  new_kv = torch::empty({T, KVH, 2 * d}, qkv.options());
+  q = at::empty({T, H, d}, qkv.options());
+  new_kv = at::empty({T, KVH, 2 * d}, qkv.options());
   const float* src = qkv.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -90,10 +90,10 @@ void Decoder::rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const t
   }
 }
 
-torch::Tensor Decoder::forward(const torch::Tensor& hidden_in, const torch::Tensor& cos_in, const torch::Tensor& sin_in,
-                               const std::vector<torch::Tensor>& caches, const std::vector<int64_t>& starts,
+at::Tensor Decoder::forward(const at::Tensor& hidden_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                               const std::vector<at::Tensor>& caches, const std::vector<int64_t>& starts,
                                const std::vector<int64_t>& lengths) const {
-  TORCH_CHECK(hidden_in.dim() == 2 && hidden_in.scalar_type() == torch::kFloat32, "hidden must be [tokens, width] float32");
+  TORCH_CHECK(hidden_in.dim() == 2 && hidden_in.scalar_type() == at::kFloat, "hidden must be [tokens, width] float32");
   const auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
   TORCH_CHECK(cos.size(0) == hidden_in.size(0) && cos.size(1) == head_dim_, "cos and sin must be [tokens, head_dim]");
   auto hidden = hidden_in.contiguous();
@@ -101,7 +101,7 @@ torch::Tensor Decoder::forward(const torch::Tensor& hidden_in, const torch::Tens
     const auto& layer = layers_[index];
     auto x = rms_norm(hidden, layer.attn_norm, eps_);
     const auto qkv = layer.qkv(x, panel_from_);
-    torch::Tensor q, new_kv;
+    at::Tensor q, new_kv;
     rotate(qkv, cos, sin, q, new_kv);
     const auto attended = attend(q, new_kv, caches, starts, lengths, static_cast<int64_t>(index), scale_, heads_ / kv_heads_);
     hidden = hidden + layer.o(attended, panel_from_);

@@ -18,7 +18,7 @@
 // number of rows M, a row's place among them, the path (weights decoded in registers for few rows,
 // a decoded panel for many) or the thread count (threads split the lane groups): the pass is
 // batch-invariant by construction, and there is no reduction across lanes at all.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -288,9 +288,9 @@ inline void panel_rows(const float* x, int64_t K, const float* panel, float* out
 }
 
 template <int Kind>
-torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, const std::optional<torch::Tensor>& scale,
-                          const std::optional<torch::Tensor>& low, int64_t panel_from) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [rows, in] float32");
+at::Tensor grid_linear(const at::Tensor& x, const at::Tensor& codes, const std::optional<at::Tensor>& scale,
+                          const std::optional<at::Tensor>& low, int64_t panel_from) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [rows, in] float32");
   const auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), groups = codes.size(0);
   TORCH_CHECK(K % kBlock == 0, "the input size must be a multiple of 32");
@@ -299,8 +299,8 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
               "weight shape does not match x");
   TORCH_CHECK(!blocked(Kind) || (scale && scale->size(1) == K / kBlock), "weight scale does not match x");
   const int64_t N = groups * kGroup;
-  auto out = torch::empty({M, N}, xc.options());
-  const auto halves = [](const std::optional<torch::Tensor>& t) {
+  auto out = at::empty({M, N}, xc.options());
+  const auto halves = [](const std::optional<at::Tensor>& t) {
     return t ? reinterpret_cast<const uint16_t*>(t->data_ptr<at::Half>()) : nullptr;
   };
   const Matrix w{static_cast<const uint8_t*>(codes.data_ptr()), halves(scale), Kind == kQ4 ? halves(low) : nullptr,
@@ -332,20 +332,20 @@ torch::Tensor grid_linear(const torch::Tensor& x, const torch::Tensor& codes, co
 
 }  // namespace
 
-torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                        const torch::Tensor& low, int64_t panel_from) {
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                        const at::Tensor& low, int64_t panel_from) {
   return grid_linear<kQ4>(x, codes, scale, low, panel_from);
 }
 
-torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                         int64_t panel_from) {
   return grid_linear<kQ8>(x, codes, scale, std::nullopt, panel_from);
 }
 
-torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& codes, int64_t panel_from) {
-  TORCH_CHECK(codes.scalar_type() == torch::kBFloat16 || codes.scalar_type() == torch::kHalf,
+at::Tensor half_linear(const at::Tensor& x, const at::Tensor& codes, int64_t panel_from) {
+  TORCH_CHECK(codes.scalar_type() == at::kBFloat16 || codes.scalar_type() == at::kHalf,
               "a half matrix's codes are bfloat16 or float16");
-  return codes.scalar_type() == torch::kBFloat16 ? grid_linear<kBF16>(x, codes, std::nullopt, std::nullopt, panel_from)
+  return codes.scalar_type() == at::kBFloat16 ? grid_linear<kBF16>(x, codes, std::nullopt, std::nullopt, panel_from)
                                                  : grid_linear<kF16>(x, codes, std::nullopt, std::nullopt, panel_from);
 }
 

@@ -1,7 +1,9 @@
 // Brigade's CPU kernels, built for the machine they run on (engine/kernels.py); bindings.cpp
-// exposes them to Python.
+// exposes them to Python. The kernels include ATen only, and bindings.cpp torch/python.h, not
+// <torch/extension.h> (pybind11 and the whole C++ frontend): about 28 s of the compiler's time per
+// file against ATen's 8, and a worker's first start waits for the build (on 2 cores: 75 s before, 27 s with this and bindings.cpp compiled first).
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <optional>
@@ -28,36 +30,36 @@ inline void shared_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 }
 
 // x @ W.T for W on a 4-bit (Q4_1: scale, low) or 8-bit (Q8_0: scale) block grid (grid_linear.cpp).
-torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                        const torch::Tensor& low, int64_t panel_from);
-torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                        const at::Tensor& low, int64_t panel_from);
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                         int64_t panel_from);
 // x @ W.T for W whose float32 values are all bfloat16 or float16 (codes: those halves' bits).
-torch::Tensor half_linear(const torch::Tensor& x, const torch::Tensor& codes, int64_t panel_from);
+at::Tensor half_linear(const at::Tensor& x, const at::Tensor& codes, int64_t panel_from);
 // Llama's RMSNorm of each row, y = w * (x * (1 / sqrt(mean(x^2) + eps))), each product rounded as
 // Hugging Face's ops round it; the sum of squares in one fixed order (kNormLanes partial sums over
 // the row in order, then added pairwise), so a row's bits never depend on the rows beside it
 // (decoder.cpp). ATen's composite rms_norm is about ten dispatched ops per call: 61 calls a decode
 // step cost about a millisecond of a 7.5 ms step.
 constexpr int kNormLanes = 16;
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // The vector instructions the build uses: "avx512", "avx2" or "scalar".
 std::string isa();
 
 // A pass's attention, each query over exactly its keys, in one fixed order (attention.cpp).
-torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& new_kv, const std::vector<torch::Tensor>& caches,
+at::Tensor attend(const at::Tensor& q, const at::Tensor& new_kv, const std::vector<at::Tensor>& caches,
                      const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
                      double scale, int64_t group);
 
 // A matrix read from its grid: q4 when `low` is defined, q8 when `scale` is, else halves (bf16 or
 // f16, by the codes' type); `bias` added when defined.
 struct GridWeight {
-  torch::Tensor codes, scale, low, bias;
-  torch::Tensor operator()(const torch::Tensor& x, int64_t panel_from) const;
+  at::Tensor codes, scale, low, bias;
+  at::Tensor operator()(const at::Tensor& x, int64_t panel_from) const;
 };
 
 struct DecoderLayer {
-  torch::Tensor attn_norm, mlp_norm;
+  at::Tensor attn_norm, mlp_norm;
   GridWeight qkv, o, gate_up, down;
 };
 
@@ -67,13 +69,13 @@ class Decoder {
   Decoder(std::vector<DecoderLayer> layers, double eps, int64_t heads, int64_t kv_heads, int64_t head_dim,
           double scale, int64_t panel_from);
   // hidden [tokens, width] after every layer; cos and sin [tokens, head_dim]; the chunks as attend takes them.
-  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const std::vector<torch::Tensor>& caches, const std::vector<int64_t>& starts,
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                        const std::vector<at::Tensor>& caches, const std::vector<int64_t>& starts,
                         const std::vector<int64_t>& lengths) const;
 
  private:
-  void rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q,
-              torch::Tensor& new_kv) const;
+  void rotate(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& q,
+              at::Tensor& new_kv) const;
   std::vector<DecoderLayer> layers_;
   double eps_;
   int64_t heads_, kv_heads_, head_dim_;
