@@ -341,16 +341,17 @@ class Stack:
                 if s["worker"] in names and s["pid"] == self.workers[s["worker"]].proc.pid}
 
     def holder(self, request_id: str) -> dict | None:
-        """The heartbeat of the worker that holds this request, if one does: the worker whose claim
-        it is (written when it takes the request, so known at once; a heartbeat lists its requests
-        only at its next beat, after a short answer may have ended), else whose heartbeat lists it."""
+        """The heartbeat of the worker that holds this request, if one does."""
+        return next((s for s in worker_statuses(self.redis.client) if request_id in s["requests"]), None)
+
+    def claimant(self, request_id: str) -> dict | None:
+        """The heartbeat of the worker whose claim this request is: written when the worker takes
+        it, so known before the worker's next beat lists it (`holder`)."""
         from ops.core import keys
 
-        statuses = worker_statuses(self.redis.client)
         owner = self.redis.client.hget(keys.CLAIMS, request_id)
         owner = owner.decode() if isinstance(owner, bytes) else owner
-        return (next((s for s in statuses if owner is not None and s.get("instance") == owner), None)
-                or next((s for s in statuses if request_id in s["requests"]), None))
+        return next((s for s in worker_statuses(self.redis.client) if owner and s.get("instance") == owner), None)
 
     def wait_ready(self, workers=None, gateways=None, timeout: float = 300) -> dict[str, dict]:
         """Wait until these workers (all by default) beat and these gateways (all by default)
