@@ -41,7 +41,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
         for (int j = 0; j < half; ++j) part[j] += part[j + half];
       const float scale = 1.0f / std::sqrt(part[0] / static_cast<float>(width) + epsilon);
       float* y = op + r * width;
-      for (int64_t k = 0; k < width; ++k) y[k] = wp[k] * (row[k] * scale);
+      for (int64_t i = 0; i < width; ++i) y[i] = wp[i] * (row[i] * scale);
     }
   });
   return out;

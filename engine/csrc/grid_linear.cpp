@@ -31,12 +31,12 @@ namespace brigade {
 namespace {
 
 constexpr int kBlock = 32;
-constexpr int kGroup = 16;
+constexpr int kGroup = 16;  // weight rows per lane group (one AVX-512 vector, two AVX2 vectors)
 // How a weight is stored (engine/grid_linear.py's GridMatrix.kind).
 enum Kind { kQ8, kQ4, kBF16, kF16 };
 constexpr bool blocked(int kind) { return kind == kQ4 || kind == kQ8; }  // scale (and low) per block
-constexpr int64_t code_cols(int kind, int64_t K) { return kind == kQ4 ? K / 2 : K; }
-constexpr int code_bytes(int kind) { return blocked(kind) ? 1 : 2; }  // per code  // weight rows per lane group (one AVX-512 vector, two AVX2 vectors)
+constexpr int64_t code_cols(int kind, int64_t K) { return kind == kQ4 ? K / 2 : K; }  // codes per row of a group
+constexpr int code_bytes(int kind) { return blocked(kind) ? 1 : 2; }  // bytes per code
 
 #if defined(__AVX512F__)
 // A lane group's 16 floats.

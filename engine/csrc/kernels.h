@@ -1,7 +1,8 @@
 // Brigade's CPU kernels, built for the machine they run on (engine/kernels.py); bindings.cpp
 // exposes them to Python. The kernels include ATen only, and bindings.cpp torch/python.h, not
 // <torch/extension.h> (pybind11 and the whole C++ frontend): about 28 s of the compiler's time per
-// file against ATen's 8, and a worker's first start waits for the build (on 2 cores: 75 s before, 27 s with this and bindings.cpp compiled first).
+// file against ATen's 8, and a worker's first start waits for the build (on 2 cores: 75 s before,
+// 27 s with this and bindings.cpp compiled first).
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
