@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.grid_linear import GridMatrix, pack
+from engine.grid_linear import HALVES, GridMatrix, pack
 
 log = logging.getLogger("brigade.engine")
 
@@ -61,7 +61,7 @@ def packed(matrices: dict[str, torch.Tensor]) -> tuple[dict[str, GridMatrix] | N
         grids[name] = grid
     # Halves (a bfloat16 or float16 checkpoint) pack in a moment and would take twice the bytes
     # of a GGUF model's grids on disk: only a block grid's slow recovery is worth keeping.
-    if any(grid.kind in ("q4", "q8") for grid in grids.values()):
+    if any(grid.kind not in HALVES for grid in grids.values()):
         _write(path, grids)
     return grids, None
 

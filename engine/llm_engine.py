@@ -1,7 +1,7 @@
 """The engine: requests in, token updates out, one forward pass per step.
 
     chunks = scheduler.schedule()          # decode tokens and prefill chunks, packed
-    attach_drafts(chunks, ...)             # prompt-lookup drafts on plain greedy rows (speculation.py)
+    attach_drafts(chunks, ...)             # prompt-lookup drafts on rows sampled from raw logits (speculation.py)
     logits = runner.forward(chunks)        # one pass; logits of the chunks that end a context
     tokens = sample(logits, sampled)
     updates = self._postprocess(sampled, tokens)
@@ -297,9 +297,10 @@ class Engine:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
-            sampled, logits, kept = self._sampling_rows(chunks, logits)
+            sampled, logits, drafted = self._sampling_rows(chunks, logits)
             tokens = sample(logits, sampled, self.eos_ids, self.guides)
             logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
+            kept = self._verify(drafted, sampled, tokens)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self._fail(chunks)
@@ -408,22 +409,19 @@ class Engine:
         return updates
 
     def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
-                       ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, list[int]]]:
-        """The sequences that take a token this step and their rows of `logits`, and the tokens a
-        drafted row takes after that one (its verified draft, engine/speculation.py). On the way, a
+                       ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, tuple[Chunk, torch.Tensor]]]:
+        """The sequences that take a token this step and their rows of `logits`, and each drafted
+        chunk with its positions' logits (verified once its first token is sampled). On the way, a
         scored prompt's logprobs are collected, and a request's first token forks its further
         choices (each sampling from its parent's row)."""
         sampled, rows, scored, at = [], [], [], 0
-        kept: dict[Sequence, list[int]] = {}
+        drafted: dict[Sequence, tuple[Chunk, torch.Tensor]] = {}
         for c in chunks:
             if c.every_position:
                 scored.append((c, at))
                 at += c.length
             elif c.draft:  # its first row samples as any decode row; the others verify the draft
-                kept[c.seq] = verify(c, logits[at:at + c.length])
-                self.verify_steps += 1
-                self.drafted_tokens += len(c.draft)
-                self.accepted_tokens += len(kept[c.seq])
+                drafted[c.seq] = (c, logits[at:at + c.length])
                 sampled.append(c.seq)
                 rows.append(at)
                 at += c.length
@@ -445,8 +443,23 @@ class Engine:
                     sampled.append(child)
                     rows.append(row)
         if rows == list(range(logits.shape[0])):
-            return sampled, logits, kept  # the plain case: one row per sampled sequence, in order
-        return sampled, logits[rows], kept
+            return sampled, logits, drafted  # the plain case: one row per sampled sequence, in order
+        return sampled, logits[rows], drafted
+
+    def _verify(self, drafted: dict[Sequence, tuple[Chunk, torch.Tensor]], sampled: list[Sequence],
+                tokens: list[int]) -> dict[Sequence, list[int]]:
+        """The tokens each drafted row takes after the one it sampled (engine/speculation.py)."""
+        kept: dict[Sequence, list[int]] = {}
+        if not drafted:
+            return kept
+        for seq, token in zip(sampled, tokens):
+            if seq in drafted:
+                chunk, positions = drafted[seq]
+                kept[seq] = verify(chunk, positions, token)
+                self.verify_steps += 1
+                self.drafted_tokens += len(chunk.draft)
+                self.accepted_tokens += len(kept[seq])
+        return kept
 
     def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None],
                      kept: dict[Sequence, list[int]]) -> list[SequenceUpdate]:

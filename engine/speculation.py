@@ -91,22 +91,21 @@ class Drafter:
             self._recent.clear()
 
 
-def verify(chunk: Chunk, logits) -> list[int]:
-    """The tokens a drafted decode row takes after its first: the model's token after each draft
-    token it confirms. `logits` are the row's positions' ([1 + draft, vocab]); the first row's
-    token is the one the row samples as any decode row does (engine/sampling.py), the same
-    choice as `choose(logits[0], seq)` here."""
-    seq = chunk.seq
+def verify(chunk: Chunk, logits, first: int) -> list[int]:
+    """The tokens a drafted decode row takes after `first` (the token its first position gave, as
+    any decode row samples it: engine/sampling.py): the model's token after each draft token it
+    confirms. `logits` are the row's positions' ([1 + draft, vocab])."""
+    seq, draft = chunk.seq, list(chunk.draft)
     if seq.params.greedy:
-        targets = logits.argmax(dim=-1).tolist()
-    else:  # each position's own seeded draw, up to the first that refuses its draft token
-        targets = []
-        for ahead in range(len(chunk.draft) + 1):
-            targets.append(choose(logits[ahead], seq, ahead))
-            if ahead < len(chunk.draft) and targets[-1] != chunk.draft[ahead]:
+        targets = [first] + logits[1:].argmax(dim=-1).tolist()
+    else:  # each later position's own seeded draw, while the one before it confirmed its draft token
+        targets = [first]
+        for ahead in range(1, len(draft) + 1):
+            if targets[-1] != draft[ahead - 1]:
                 break
-    kept = accepted_prefix(list(chunk.draft), targets)
-    seq.drafter.verified(len(chunk.draft), kept)
+            targets.append(choose(logits[ahead], seq, ahead))
+    kept = accepted_prefix(draft, targets)
+    seq.drafter.verified(len(draft), kept)
     return targets[1:kept + 1]
 
 

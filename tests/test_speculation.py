@@ -133,8 +133,8 @@ def test_a_sampled_rows_draft_token_is_kept_as_often_as_the_model_gives_it_and_t
     for seed in range(seeds):
         seq = Sequence("s", [5, 6], SamplingParams(max_tokens=8, temperature=1.0), seed=seed, resume_ids=[7])
         seq.drafter = Drafter(SpeculationConfig())
-        taken = verify(Chunk(seq, start=2, length=2, draft=(drafted,)), logits)
         first = choose(logits[0], seq)  # the row's token there, as `sample` draws it
+        taken = verify(Chunk(seq, start=2, length=2, draft=(drafted,)), logits, first)
         assert bool(taken) == (first == drafted)
         if taken:  # and the token after the kept draft is the draw of its own position and seed
             assert taken == [choose(logits[1], seq, ahead=1)]
