@@ -212,7 +212,9 @@ class ModelRunner:
         if rows:  # a pass of prompt chunks that reach no context's end samples nothing
             ends.extend([ends[0]] * (padded(rows, w.quantum) - rows))
         last = self._norm(hidden[ends], w.norm, w.eps)
-        return matmul(last, w.output)[:rows].float()
+        # Sampling, penalties, guides and seeded draws read the logits on the CPU whatever the device
+        # (a no-op there): a seed draws the same token on a GPU as on a CPU, and a step's rows are few.
+        return matmul(last, w.output)[:rows].float().cpu()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm: the kernels' on float32 wherever their attention serves (a fixed order per row
@@ -267,13 +269,13 @@ class ModelRunner:
         g = w.group
         if n == 1:  # a decode step: [heads, d] is already [kv_heads, g, d], with no copy
             out = F.scaled_dot_product_attention(q.view(1, w.kv_heads, g, d), keys, values, scale=w.scale)
-            return out.view(1, heads * d)
+            return out.reshape(1, heads * d)  # a view on a CPU; a GPU kernel may return other strides
         grouped = q.transpose(0, 1).reshape(w.kv_heads, g * n, d)
         # New query i (position start+i) sees keys 0 .. start+i.
         seen = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
         # 4D (one batch row): the CPU kernels take a faster path than for 3D inputs.
         out = F.scaled_dot_product_attention(grouped[None], keys, values, attn_mask=seen.repeat(g, 1), scale=w.scale)
-        return out[0].view(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+        return out[0].reshape(w.kv_heads, g, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
 
 
 def native_decoder(kernels, w: Weights):

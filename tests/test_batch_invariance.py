@@ -59,7 +59,7 @@ def test_the_default_mode_answers_the_readme_examples_as_hugging_face_float32(in
         request.params = SamplingParams(max_tokens=32)
     done = engine.generate(requests)
     for request, question in zip(requests, README_EXAMPLES):
-        ids = torch.tensor([engine.encode(request)])
+        ids = torch.tensor([engine.encode(request)], device=engine.model.device)
         with torch.inference_mode():
             reference = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                               max_new_tokens=32)[0, ids.shape[1]:]

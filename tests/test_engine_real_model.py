@@ -30,7 +30,7 @@ def chat(i: str, text: str, **params) -> EngineRequest:
 
 
 def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=engine.model.device)
     with torch.inference_mode():
         out = engine.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
                                     pad_token_id=engine.tokenizer.eos_token_id)
@@ -39,7 +39,7 @@ def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
 
 def top_two_gap(engine, ids: list[int]) -> float:
     with torch.inference_mode():
-        logits = engine.model(torch.tensor([ids])).logits[0, -1].float()
+        logits = engine.model(torch.tensor([ids], device=engine.model.device)).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
 

@@ -18,7 +18,7 @@ TOKENS = 20
 def reference(engine: Engine, request: EngineRequest, tokens: int, until_eos: bool = False) -> list[int]:
     """Hugging Face float32 greedy `generate` on the engine's own (upcast) model object: `tokens`
     new ones, or up to and without the end of the answer (`until_eos`)."""
-    ids = torch.tensor([engine.encode(request)])
+    ids = torch.tensor([engine.encode(request)], device=engine.model.device)
     at_least = {} if until_eos else {"min_new_tokens": tokens}
     with torch.inference_mode():
         out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,

@@ -51,7 +51,7 @@ def baseline_seconds(engine: Engine, requests: list[EngineRequest], max_tokens: 
     model, tok = engine.model, engine.tokenizer
     started = time.perf_counter()
     for r in requests:
-        ids = torch.tensor([engine.encode(r)])
+        ids = torch.tensor([engine.encode(r)], device=model.device)
         with torch.inference_mode():
             model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,

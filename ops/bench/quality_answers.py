@@ -210,8 +210,9 @@ def ask_hf(reference: Engine, questions: list[Question], max_tokens: int, batch:
     for start in range(0, len(order), batch):
         group = order[start:start + batch]
         width = max(len(prompts[q.id]) for q in group)
-        ids = torch.tensor([[pad] * (width - len(prompts[q.id])) + prompts[q.id] for q in group])
-        mask = torch.tensor([[0] * (width - len(prompts[q.id])) + [1] * len(prompts[q.id]) for q in group])
+        ids = torch.tensor([[pad] * (width - len(prompts[q.id])) + prompts[q.id] for q in group], device=model.device)
+        mask = torch.tensor([[0] * (width - len(prompts[q.id])) + [1] * len(prompts[q.id]) for q in group],
+                            device=model.device)
         with torch.inference_mode():
             generated = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
                                        pad_token_id=pad)
