@@ -65,20 +65,9 @@ def _digest(*parts) -> str:
 def output_fields(params: GenerateParams) -> dict:
     if params.unset:  # a bug: the protocol fills every field before a request reaches the cache
         raise ValueError(f"sampling fields {params.unset} are unset: fill them with the model's defaults first")
-    fields = {"max_tokens": params.max_tokens, "repetition_penalty": params.repetition_penalty,
-              "stop": sorted(set(params.stop)), "temperature": params.temperature}
-    if params.temperature > 0:
-        fields.update(top_p=params.top_p, top_k=params.top_k, seed=params.seed, min_p=params.min_p)
-    # The further fields that shape the answer, each only when it departs from its default, so an
-    # ordinary request keeps the key it always had.
-    for name in ("presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "stop_token_ids",
-                 "ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
-        value = getattr(params, name)
-        if value != GenerateParams.model_fields[name].get_default(call_default_factory=True):
-            fields[name] = value
-    if params.guide is not None:  # a schema-constrained answer is keyed by its schema
-        fields["guide"] = params.guide.model_dump()
-    return fields
+    # Each field as its declaration says (ops/core/messages.GenerateParams, Role.key): a field that
+    # departs from its default only then, so an ordinary request keeps the key it always had.
+    return params.key_fields()
 
 
 def cacheable(params: GenerateParams) -> bool:

@@ -192,14 +192,21 @@ class Engine:
     # ---- the thread-safe door -----------------------------------------------------------------
 
     def encode(self, request: EngineRequest) -> list[int]:
+        """The prompt's token ids as the engine reads them: its last `truncate_prompt_tokens` when
+        that is set (vLLM's rule: the start is dropped, the question at the end kept)."""
+        keep = request.params.truncate_prompt_tokens
+        if keep is not None and keep < 1:
+            raise RequestRejected("invalid_field", f"truncate_prompt_tokens must be at least 1, not {keep}")
         if request.prompt_ids is not None:
-            return list(request.prompt_ids)
-        if request.messages is not None:
+            ids = list(request.prompt_ids)
+        elif request.messages is not None:
             text = chat_prompt.render(self.tokenizer, request.messages, request.tools)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if request.prompt is not None:
-            return self.tokenizer(request.prompt)["input_ids"]
-        raise RequestRejected("invalid_request", "a request needs a prompt, messages or prompt_ids")
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        elif request.prompt is not None:
+            ids = self.tokenizer(request.prompt)["input_ids"]
+        else:
+            raise RequestRejected("invalid_request", "a request needs a prompt, messages or prompt_ids")
+        return ids[-keep:] if keep else ids
 
     def _check_fields(self, request: EngineRequest) -> None:
         """Fields a client can get wrong that the worker's mapping does not catch."""

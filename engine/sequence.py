@@ -45,6 +45,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None  # only the prompt's last N tokens are read (vLLM's)
     guide: object | None = None  # engine.guided.GuideSpec: structured output
 
     @property

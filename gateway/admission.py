@@ -226,7 +226,7 @@ class Admission:
         rid = context.guard_input.request_id
         events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
                                time.perf_counter() - started, entry.entry_id, request_id=rid, model=choice.model,
-                               version=choice.version)
+                               version=choice.version, continuous_usage=cmd.params.continuous_usage_stats)
         log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
                  hit.layer, hit.similarity, entry.entry_id)
         self._spawn(self.lifecycle.settle_usage(context.key_id, rid, usage, cache_hit=True))

@@ -21,9 +21,11 @@ def queued_event(client_id: str, request_id: str) -> Event:
 
 
 def token_event(client_id: str, index: int, text: str, choice: int | None = None, logprobs: dict | None = None,
-                prompt_logprobs: list | None = None, finish_reason: str | None = None) -> Event:
+                prompt_logprobs: list | None = None, finish_reason: str | None = None,
+                usage: dict | None = None) -> Event:
     """A piece of the answer. The further keys appear only when the request asked for what they carry:
-    `choice` (n > 1: whose token; `finish_reason` on a choice's last one), `logprobs`, `prompt_logprobs`."""
+    `choice` (n > 1: whose token; `finish_reason` on a choice's last one), `logprobs`, `prompt_logprobs`,
+    `usage` (continuous_usage_stats: the prompt's tokens and the answer's so far)."""
     event: Event = {"type": "token", "id": client_id, "index": index, "text": text}
     if choice is not None:
         event["choice"] = choice
@@ -33,6 +35,8 @@ def token_event(client_id: str, index: int, text: str, choice: int | None = None
         event["prompt_logprobs"] = prompt_logprobs
     if finish_reason is not None:
         event["finish_reason"] = finish_reason
+    if usage is not None:
+        event["usage"] = usage
     return event
 
 
@@ -79,14 +83,16 @@ def feedback_recorded(client_id: str, entry_id: str, evicted: bool) -> Event:
 
 def cached_events(client_id: str, chunks: list[str], finish_reason: str, usage: dict, layer: str,
                   similarity: float, elapsed_s: float, entry_id: str | None = None,
-                  request_id: str | None = None, model: str = "", version: str = "") -> list[Event]:
+                  request_id: str | None = None, model: str = "", version: str = "",
+                  continuous_usage: bool = False) -> list[Event]:
     """A cached answer in the same shapes as a generated one, each event marked with its layer.
 
     The whole stored text goes in one `token` event (index 0): it is all there already, and one
     frame instead of one per token keeps an exact hit near a millisecond. A hit gets a server
     request id as a queued request does (in its `queued` event): logs and clients name it by that."""
     mark = {"cached": layer, "similarity": round(similarity, 4), "request_id": request_id}
-    events = [{**token_event(client_id, 0, "".join(chunks)), **mark}] if chunks else []
+    piece = token_event(client_id, 0, "".join(chunks), usage=usage if continuous_usage else None)
+    events = [{**piece, **mark}] if chunks else []
     timing = {"queue_s": 0.0, "ttft_s": round(elapsed_s, 6), "e2e_s": round(elapsed_s, 6), "worker": None}
     # The entry id lets a client (`feedback`) or an operator (`brigade cache forget`) evict it.
     done = {**done_event(client_id, finish_reason, usage, timing), **mark, "entry": entry_id}

@@ -172,8 +172,11 @@ class _Stream:
         # A chat that may call tools holds each choice's text: calls are read from the whole of it.
         self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
         self.prompt_scores: list | None = None  # vLLM's `prompt_logprobs`, for the next chunk out
+        self.usage: dict | None = None  # the latest token event's usage (continuous_usage_stats)
 
     def _chunk(self, choices: list[dict], **kw) -> dict:
+        if "usage" not in kw and self.usage is not None:  # continuous_usage_stats: the usage so far
+            kw["usage"] = self.usage
         body = render.chunk_body(self.opts, self.rid, self.created, choices, **kw)
         if self.prompt_scores is not None and choices:
             body["prompt_logprobs"], self.prompt_scores = render.vllm_prompt_logprobs(self.prompt_scores), None
@@ -182,6 +185,8 @@ class _Stream:
     def token(self, event: dict):
         index = event.get("choice") or 0
         self.answer.add(event)
+        if event.get("usage"):
+            self.usage = render.usage_of(event)
         if self.opts.prompt_logprobs and event.get("prompt_logprobs") is not None:
             self.prompt_scores = event["prompt_logprobs"]
         if not self.held:

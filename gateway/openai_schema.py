@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.protocol import ClientProtocol, Generate, ProtocolError
+from ops.core.messages import GenerateParams
 
 BRIGADE_FIELDS = {"cache", "cache_threshold", "deadline_ms"}
-# vLLM's sampling extras, passed through as the protocol's fields of the same name.
-VLLM_PASSED = {"top_k", "repetition_penalty", "ignore_eos", "min_tokens", "min_p", "stop_token_ids",
-               "skip_special_tokens", "include_stop_str_in_output", "prompt_logprobs"}
+# OpenAI's and vLLM's sampling fields the body carries as the protocol names them (their Role says so).
+PASSED = GenerateParams.door_fields()
 VLLM_GUIDED = {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
 # Accepted and ignored: each changes nothing Brigade does (docs/doors.md says why, field by field).
 IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "guided_decoding_backend",
@@ -37,7 +37,6 @@ ONLY_DEFAULT = {
     "web_search_options": ((None,), "is not supported: Brigade does not search the web"),
     "functions": ((None,), "is deprecated by OpenAI: send `tools` instead"),
     "function_call": ((None, "none"), "is deprecated by OpenAI: send `tool_choice` instead"),
-    "truncate_prompt_tokens": ((None,), "is not supported: send a prompt that fits"),
     "allowed_token_ids": ((None,), "is not supported: use `logit_bias` or `guided_choice`"),
     "bad_words": ((None, []), "is not supported: use `logit_bias` with -100"),
     "logits_processors": ((None,), "is not supported (it would run client code in the worker)"),
@@ -54,9 +53,8 @@ ONLY_DEFAULT = {
     "guided_whitespace_pattern": ((None,), "is not supported: the grammar allows compact whitespace"),
     "cache_salt": ((None,), "is not supported: use the extra field `cache: \"off\"`"),
 }
-_COMMON = ({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "presence_penalty",
-            "frequency_penalty", "user", "stream", "stream_options", "logprobs", "logit_bias", "response_format"}
-           | BRIGADE_FIELDS | VLLM_PASSED | VLLM_GUIDED | IGNORED | set(ONLY_DEFAULT))
+_COMMON = ({"model", "max_tokens", "stop", "user", "stream", "stream_options", "logprobs", "response_format"}
+           | BRIGADE_FIELDS | PASSED | VLLM_GUIDED | IGNORED | set(ONLY_DEFAULT))
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                          "parallel_tool_calls", "add_special_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "add_special_tokens"}
@@ -133,8 +131,7 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     if body.get("add_special_tokens") is not None and not _same(body["add_special_tokens"], special):
         raise _unsupported("add_special_tokens", why)
     fields: dict[str, Any] = {"type": "generate", "id": client_id}
-    for name in ("temperature", "top_p", "seed", "n", "presence_penalty", "frequency_penalty", "logit_bias",
-                 "model", "user", "tools", "tool_choice", "parallel_tool_calls") + tuple(BRIGADE_FIELDS | VLLM_PASSED):
+    for name in ("model", "user", "tools", "tool_choice", "parallel_tool_calls", *sorted(BRIGADE_FIELDS | PASSED)):
         if body.get(name) is not None:
             fields[name] = body[name]
     if _same(body.get("top_k"), -1):  # vLLM's spelling of "no top-k cut"
@@ -156,6 +153,8 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     guide = _guide(body)
     if guide is not None:
         fields["guide"] = guide
+    if _stream_options(body).get("continuous_usage_stats") and _stream_options(body).get("include_usage"):
+        fields["continuous_usage_stats"] = True  # usage on every chunk, as vLLM gives it: both asked
     try:
         cmd = protocol.generate_from(fields)
     except ProtocolError as err:
@@ -165,15 +164,25 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
         elif err.field == "guide":
             err.field = _guide_field(body)
         raise
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise ProtocolError("invalid_field", "`stream_options` must be an object", None, "stream_options")
+    options = _stream_options(body)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise ProtocolError("invalid_field", "`stream` must be a boolean", None, "stream")
-    include_usage = bool((options or {}).get("include_usage"))
+    include_usage = bool(options.get("include_usage"))
     return cmd, Options(chat, stream, include_usage, cmd.model, limit_field, cmd.params.n, logprobs, echo,
                         body.get("prompt_logprobs") is not None, cmd.tools, cmd.tool_choice)
+
+
+def _stream_options(body: dict) -> dict:
+    options = body.get("stream_options")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ProtocolError("invalid_field", "`stream_options` must be an object", None, "stream_options")
+    for name in ("include_usage", "continuous_usage_stats"):
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise ProtocolError("invalid_field", f"`stream_options.{name}` must be a boolean", None, "stream_options")
+    return options
 
 
 def _logprobs(body: dict, chat: bool, fields: dict) -> bool:

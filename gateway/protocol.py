@@ -100,8 +100,7 @@ _RESUME_FIELDS = {"type", "id", "after_index"}
 _FEEDBACK_FIELDS = {"type", "id", "verdict"}
 MAX_DEADLINE_MS = 24 * 3600 * 1000
 # Fields that take a number, where JSON's true/false is refused by name (pydantic would say "integer").
-_NUMBER_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "n", "logprobs",
-                  "prompt_logprobs", "presence_penalty", "frequency_penalty", "min_p", "min_tokens"}
+_NUMBER_FIELDS = GenerateParams.number_fields()
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for each bias
 
 

@@ -137,7 +137,8 @@ class ReplyRouter:
                 return None  # already forwarded
             route.next_index = event.index + 1
             return Delivery(route, token_event(route.client_id, event.index, event.text or "", event.choice,
-                                               event.logprobs, event.prompt_logprobs, event.finish_reason), event)
+                                               event.logprobs, event.prompt_logprobs, event.finish_reason,
+                                               event.usage), event)
         if not self._end(route):
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":

@@ -181,3 +181,14 @@ def test_choices_resumed_before_any_token_share_one_prefill_again(tiny):
     again = tiny.generate([request])["r"]
     assert tiny.stats()["prefill_tokens"] - before == len(PROMPT)
     assert again.token_ids_by_choice == whole.token_ids_by_choice
+
+
+def test_truncate_prompt_tokens_reads_only_the_prompts_last_tokens(tiny):
+    cut = ask("c", PROMPT, truncate_prompt_tokens=4, ignore_eos=True, max_tokens=8)
+    assert tiny.encode(cut) == PROMPT[-4:]
+    done = tiny.generate([cut, ask("i", PROMPT[-4:], ignore_eos=True, max_tokens=8),
+                          ask("w", PROMPT, ignore_eos=True, max_tokens=8)])
+    assert done["c"].token_ids == done["i"].token_ids != done["w"].token_ids
+    with pytest.raises(RequestRejected) as err:
+        tiny.add_request(ask("z", PROMPT, truncate_prompt_tokens=0))
+    assert err.value.code == "invalid_field"

@@ -167,6 +167,29 @@ def test_ignore_eos_gives_exactly_max_tokens_and_the_sampling_extras_act(stack):
     assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == 4
 
 
+def test_vllms_truncate_prompt_tokens_and_continuous_usage_stats_act_end_to_end(stack, invariant_engine):
+    c = client(stack)
+    prompt = "The printing press spread across Europe in the fifteenth century. What colour is the sky?"
+    ids = invariant_engine.encode(EngineRequest("t", prompt=prompt))
+    cut = c.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                               extra_body={"cache": "off", "truncate_prompt_tokens": 10})
+    assert cut.usage.prompt_tokens == 10 < len(ids)
+    # The worker read the prompt's last 10 tokens: the same answer as those tokens sent as the prompt.
+    last = c.completions.create(model=MODEL, prompt=ids[-10:], max_tokens=8, temperature=0, extra_body={"cache": "off"})
+    assert cut.choices[0].text == last.choices[0].text
+    usage = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+                                            stream_options=usage, extra_body={"cache": "off", "ignore_eos": True}))
+    final = chunks[-1]
+    assert final.choices == [] and final.usage.completion_tokens == 8
+    assert all(ch.usage is not None and ch.usage.prompt_tokens == final.usage.prompt_tokens for ch in chunks)
+    counts = [ch.usage.completion_tokens for ch in chunks]
+    assert counts == sorted(counts) and len(set(counts)) >= 5 and counts[-2] == 8  # the usage so far, each chunk
+    plain = list(c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}, extra_body={"cache": "off"}))
+    assert all(ch.usage is None for ch in plain[:-1]) and plain[-1].usage is not None
+
+
 def test_a_json_schema_holds_for_every_answer_at_temperature_one(stack):
     response = client(stack).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=80,

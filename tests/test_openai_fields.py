@@ -267,3 +267,57 @@ def test_the_websocket_takes_a_prompt_of_token_ids_checked_like_any_field(frame,
     with pytest.raises(ProtocolError) as err:
         PROTOCOL.parse(json.dumps({"type": "generate", "id": "a", **frame}))
     assert (err.value.code, err.value.field) == (code, field)
+
+
+def test_each_field_is_declared_once_and_the_door_the_engine_and_the_cache_key_follow_it():
+    import dataclasses
+
+    from engine import SamplingParams
+    from ops.core.messages import GenerateParams
+
+    roles = GenerateParams.roles()
+    assert set(roles) == set(GenerateParams.model_fields)  # every field says what it is to the others
+    # The worker's mapping is the declaration's: every engine field is made from the request's field
+    # of the same name (the guide's spec by the worker), and the engine has no field the request lacks.
+    engine_made = {name for name, role in roles.items() if role.engine is not None}
+    assert engine_made | {"guide"} == {f.name for f in dataclasses.fields(SamplingParams)}
+    # The OpenAI door takes every field whose Role says "same" under its own name, on both routes.
+    assert GenerateParams.door_fields() <= oa.CHAT_FIELDS & oa.COMPLETION_FIELDS
+    assert "truncate_prompt_tokens" in GenerateParams.door_fields()
+    assert "continuous_usage_stats" not in GenerateParams.door_fields()  # read from stream_options
+    # The cache key: a field that changes the text is in it once it departs from its default;
+    # one that changes only what is reported is never in it.
+    base = GenerateParams(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+    assert "truncate_prompt_tokens" not in base.key_fields()
+    assert base.model_copy(update={"truncate_prompt_tokens": 5}).key_fields()["truncate_prompt_tokens"] == 5
+    assert base.model_copy(update={"continuous_usage_stats": True}).key_fields() == base.key_fields()
+    assert "truncate_prompt_tokens" in GenerateParams.number_fields()
+
+
+def test_truncate_prompt_tokens_and_continuous_usage_stats_reach_the_generate():
+    cmd, _ = parse({"messages": USER, "truncate_prompt_tokens": 5, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert cmd.params.truncate_prompt_tokens == 5 and cmd.params.continuous_usage_stats
+    # vLLM's rule: usage on every chunk only when the final usage is asked too.
+    cmd, opts = parse({"messages": USER, "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    assert not cmd.params.continuous_usage_stats and not opts.include_usage
+    for body, field in (({"messages": USER, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+                        ({"messages": USER, "truncate_prompt_tokens": True}, "truncate_prompt_tokens"),
+                        ({"messages": USER, "stream_options": {"continuous_usage_stats": "yes"}}, "stream_options")):
+        with pytest.raises(ProtocolError) as err:
+            parse(body)
+        assert (err.value.code, err.value.field) == ("invalid_field", field)
+
+
+def test_a_stream_with_continuous_usage_carries_the_usage_so_far_on_every_chunk():
+    _, opts = parse({"messages": USER, "stream": True,
+                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    stream = _Stream(opts, "r")
+    chunks = [c for i in range(3) for c in stream.token(
+        {"type": "token", "index": i, "text": "ab"[i % 2], "usage": {"prompt_tokens": 7, "completion_tokens": i + 1}})]
+    chunks += list(stream.done({"type": "done", "finish_reason": "stop",
+                                "usage": {"prompt_tokens": 7, "completion_tokens": 3}}, "r"))
+    assert [c["usage"]["completion_tokens"] for c in chunks[:3]] == [1, 2, 3]
+    assert all(c["usage"]["prompt_tokens"] == 7 and c["usage"]["total_tokens"] == 7 + c["usage"]["completion_tokens"]
+               for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3

@@ -39,29 +39,8 @@ def guide_spec(queued: QueuedRequest):
 
 def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> SamplingParams:
     # A gateway sends every field filled; a request enqueued some other way gets the same defaults.
-    p = queued.params.with_defaults(defaults)
-    return SamplingParams(
-        max_tokens=p.max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        repetition_penalty=p.repetition_penalty,
-        stop=tuple(p.stop),
-        seed=p.seed,
-        n=p.n,
-        logprobs=p.logprobs,
-        prompt_logprobs=p.prompt_logprobs,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        logit_bias=tuple((int(token), bias) for token, bias in p.logit_bias.items()),
-        min_p=p.min_p,
-        min_tokens=p.min_tokens,
-        stop_token_ids=tuple(p.stop_token_ids),
-        ignore_eos=p.ignore_eos,
-        skip_special_tokens=p.skip_special_tokens,
-        include_stop_str_in_output=p.include_stop_str_in_output,
-        guide=guide_spec(queued),
-    )
+    # Each field as its declaration makes it (ops/core/messages.GenerateParams, Role.engine).
+    return SamplingParams(**queued.params.with_defaults(defaults).engine_fields(), guide=guide_spec(queued))
 
 
 def engine_request(entry: InFlight, defaults: SamplingDefaults, logged: list[dict]) -> EngineRequest:
@@ -100,10 +79,13 @@ def token_reply(entry: InFlight, u: SequenceUpdate) -> ReplyEvent:
         index, entry.next_index = entry.next_index, entry.next_index + 1
         if u.choice_finish_reason is not None:
             entry.choice_ends[u.choice] = u.choice_finish_reason
+    # continuous_usage_stats: the usage so far, every choice's tokens counted (as the done event's).
+    usage = ({"prompt_tokens": u.prompt_tokens, "completion_tokens": index + 1}
+             if entry.queued.params.continuous_usage_stats else None)
     return ReplyEvent(type="token", request_id=u.request_id, epoch=entry.epoch, index=index, token_id=u.token_id,
                       text=u.text, choice=u.choice if several else None, logprobs=u.logprobs,
                       prompt_logprobs=u.prompt_logprobs,
-                      finish_reason=u.choice_finish_reason if several else None)
+                      finish_reason=u.choice_finish_reason if several else None, usage=usage)
 
 
 def done_reply(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEvent:

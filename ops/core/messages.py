@@ -6,7 +6,9 @@
 """
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from types import UnionType
+from typing import Annotated, Any, Callable, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,34 +60,92 @@ class SamplingDefaults(BaseModel):
     sources: dict[str, str] = Field(default_factory=dict)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one request field is to the rest of the house, declared beside the field
+    (GenerateParams), so that adding a field touches its declaration and the code that acts on it.
+
+    key: how the exact-cache key holds it (cache/query.py): "always"; "sampled" (only when the
+    temperature is above 0: greedy text does not depend on it); "changed" (only when it departs
+    from its default, so an ordinary request keeps the key it always had); "never" (a request
+    that asks it is not cached, or it does not change the text).
+    door: "same" when the OpenAI door takes the body's field of the same name as it is; "own"
+    when the door reads it its own way (gateway/openai_schema.py: two spellings, a string or a list).
+    engine: the engine's value (engine.SamplingParams' field of the same name) made from the
+    request's; None when the engine has no such field or the worker makes it (the guide's spec).
+    """
+
+    key: Literal["always", "sampled", "changed", "never"]
+    door: Literal["same", "own"] = "same"
+    engine: Callable[[Any], Any] | None = _same
+    keyed: Callable[[Any], Any] = _same  # the value as the cache key holds it
+
+
+def _pairs(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    return tuple((int(token), value) for token, value in bias.items())
+
+
 class GenerateParams(BaseModel):
-    """The sampling fields of one request. None in a sampling field means "not given": the
-    model's default fills it (`with_defaults`), at the gateway, before the exact-cache key is made
-    and a seed is drawn, so every door and the queue carry the values that really run."""
+    """The sampling and output fields of one request, each declared once with its bounds and its
+    Role. None in a sampling field means "not given": the model's default fills it
+    (`with_defaults`), at the gateway, before the exact-cache key is made and a seed is drawn,
+    so every door and the queue carry the values that really run."""
 
     # strict: "0.5" is not a temperature; a client learns that at once instead of by surprise.
     model_config = ConfigDict(extra="forbid", strict=True)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=1000)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    stop: list[str] = Field(default_factory=list)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    max_tokens: Annotated[int | None, Field(None, ge=1), Role("always", door="own")]
+    temperature: Annotated[float | None, Field(None, ge=0.0, le=2.0), Role("always")]
+    top_p: Annotated[float | None, Field(None, gt=0.0, le=1.0), Role("sampled")]
+    top_k: Annotated[int | None, Field(None, ge=0, le=1000), Role("sampled")]  # the door reads vLLM's -1 as 0
+    repetition_penalty: Annotated[float | None, Field(None, gt=0.0, le=10.0), Role("always")]
+    stop: Annotated[list[str], Field(default_factory=list),
+                    Role("always", door="own", engine=tuple, keyed=lambda v: sorted(set(v)))]
+    seed: Annotated[int | None, Field(None, ge=0, le=2**63 - 1), Role("sampled")]
     # The OpenAI API's and vLLM's further fields; each default leaves the answer as it was.
-    n: int = Field(1, ge=1, le=16)  # answers to sample from one prefill
-    logprobs: int | None = Field(None, ge=0, le=20)  # each token's logprob and this many alternatives
-    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # the same for every prompt token (echo)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (JSON keys are text) -> -100..100
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    guide: Guide | None = None
+    n: Annotated[int, Field(1, ge=1, le=16), Role("never")]  # answers to sample from one prefill
+    # each token's logprob and this many alternatives
+    logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never", door="own")]
+    # the same for every prompt token (echo)
+    prompt_logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never")]
+    presence_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
+    frequency_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
+    # token id (JSON keys are text) -> -100..100
+    logit_bias: Annotated[dict[str, float], Field(default_factory=dict), Role("changed", engine=_pairs)]
+    min_p: Annotated[float, Field(0.0, ge=0.0, le=1.0), Role("sampled")]
+    min_tokens: Annotated[int, Field(0, ge=0), Role("changed")]
+    stop_token_ids: Annotated[list[int], Field(default_factory=list), Role("changed", engine=tuple)]
+    ignore_eos: Annotated[bool, Field(False), Role("changed")]
+    skip_special_tokens: Annotated[bool, Field(True), Role("changed")]
+    include_stop_str_in_output: Annotated[bool, Field(False), Role("changed")]
+    # vLLM's: only the prompt's last N tokens are read (the rest is dropped before the prefill).
+    truncate_prompt_tokens: Annotated[int | None, Field(None, ge=1), Role("changed")]
+    # Usage so far on every token event (OpenAI door: stream_options.continuous_usage_stats with
+    # include_usage, vLLM's rule): the worker puts it there; the answer's text is the same.
+    continuous_usage_stats: Annotated[bool, Field(False), Role("never", door="own", engine=None)]
+    # The door reads response_format and vLLM's guided fields into it; the worker makes its spec.
+    guide: Annotated[Guide | None, Field(None), Role("changed", door="own", engine=None,
+                                                     keyed=lambda g: g.model_dump())]
+
+    @classmethod
+    def roles(cls) -> dict[str, Role]:
+        return {name: next(m for m in info.metadata if isinstance(m, Role)) for name, info in cls.model_fields.items()}
+
+    @classmethod
+    def number_fields(cls) -> frozenset[str]:
+        """The fields that take a number (where JSON's true/false is refused by name)."""
+        def scalars(annotation) -> tuple:
+            return get_args(annotation) if get_origin(annotation) is UnionType else (annotation,)
+
+        return frozenset(name for name, info in cls.model_fields.items() if {int, float} & set(scalars(info.annotation)))
+
+    @classmethod
+    def door_fields(cls) -> frozenset[str]:
+        """The fields the OpenAI door passes from the body as they are."""
+        return frozenset(name for name, role in cls.roles().items() if role.door == "same")
 
     @property
     def unset(self) -> tuple[str, ...]:
@@ -97,6 +157,25 @@ class GenerateParams(BaseModel):
         if not missing:
             return self
         return self.model_copy(update={name: getattr(defaults, name) for name in missing})
+
+    def engine_fields(self) -> dict[str, Any]:
+        """engine.SamplingParams' fields, each made from this request's (all but the guide)."""
+        return {name: role.engine(getattr(self, name)) for name, role in self.roles().items() if role.engine}
+
+    def key_fields(self) -> dict[str, Any]:
+        """The fields that shape the answer's text, as the exact-cache key holds them (Role.key)."""
+        sampled = self.temperature is not None and self.temperature > 0
+        fields = {}
+        for name, role in self.roles().items():
+            value = getattr(self, name)
+            if role.key == "changed":
+                default = type(self).model_fields[name].get_default(call_default_factory=True)
+                wanted = value != default
+            else:
+                wanted = role.key == "always" or (role.key == "sampled" and sampled)
+            if wanted:
+                fields[name] = role.keyed(value)
+        return fields
 
 
 class QueuedRequest(BaseModel):
@@ -144,6 +223,7 @@ class ReplyEvent(BaseModel):
     prompt_logprobs: list | None = None
     finish_reason: str | None = None
     finish_reasons: list[str] | None = None  # done of an n > 1 request: each choice's
+    # done: the request's usage; a token event, when continuous_usage_stats asked: the usage so far.
     usage: dict | None = None
     timing: dict | None = None
     code: str | None = None
