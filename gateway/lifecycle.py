@@ -10,8 +10,10 @@ followed again from its replay log by `resume` (a WebSocket client's, on any gat
 concurrency slot is released and its usage counted, a finished answer is stored in the cache, the
 version's outcome recorded, and a served answer compared with its shadows (gateway/shadows.py).
 
-The output guards' verdict lives here too (`output_refusal`), one check for a streamed answer
-and a cached one alike.
+The delivery rule lives here too (`deliver`: each routed event to its client, the output guards'
+verdict first, `output_refusal`, one check for a streamed answer and a cached one alike; the
+request settled once its last event is out). The reply intake and admission hand it their
+deliveries.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from gateway.limits import KeyLimiter
 from gateway.protocol import ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route, Sink
+from gateway.router import Delivery, ReplyRouter, Route, Sink
 from gateway.shadows import ShadowContext, Shadows
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
@@ -102,6 +104,26 @@ class RequestLifecycle:
 
     def use_cache(self, cache: AnswerCache) -> None:
         self.cache = cache
+
+    def deliver(self, delivery: Delivery) -> None:
+        """One routed event to its client: output guards first, then settle the request if it ended."""
+        route = delivery.route
+        if route.held is not None:
+            route.held.append(delivery)  # not yet confirmed queued: admission sends it after `queued`
+            return
+        try:
+            if delivery.event["type"] == "token":
+                refusal = self.output_refusal(route, delivery.reply.text or "")
+                if refusal is not None:
+                    self.refuse_midway(route, "content_blocked", refusal)
+                    return
+            route.sink.send(delivery.event)
+            if delivery.ended:
+                route.sink.ended(route.client_id)
+                self.settle(route, delivery.reply)
+        except Exception:  # a bug (or a plugged-in guard) on one request must not stall every stream
+            log.exception("event=delivery_failed request_id=%s", route.request_id)
+            self.refuse_midway(route, "internal_error", "the gateway failed on this request")
 
     def output_refusal(self, route: Route, new_text: str) -> str | None:
         """The output guards' verdict on a route's answer so far: None, or the refusal message."""

@@ -59,7 +59,7 @@ from gateway.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.replies import ReplyIntake
 from gateway.request_store import RequestStore
-from gateway.router import Delivery, ReplyRouter
+from gateway.router import ReplyRouter
 from gateway.shadows import Shadows
 from gateway.tokenize_door import TokenizeDoor
 from gateway.utility_routes import UtilityRoutes
@@ -106,15 +106,17 @@ class Gateway:
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)
         store = RequestStore(settings, self.redis, QueueSender(settings))
-        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel, self.deliver, spawn,
-                                  resend=store.put)
+        # The delivery rule is the lifecycle's (RequestLifecycle.deliver); the lifecycle is made after
+        # the intake it settles through, so the intake reaches it late.
+        self.intake = ReplyIntake(settings, self.router, self.redis, reply_channel,
+                                  lambda delivery: self.lifecycle.deliver(delivery), spawn, resend=store.put)
         limiter, guards = KeyLimiter(self.redis), configured(settings)
         shadows = Shadows(settings, self.router, store, spawn)
         self.audits = Audits(settings, self.router, store, spawn)
         self.lifecycle = RequestLifecycle(settings, self.redis, self.router, self.intake, store, shadows,
                                           self.key_store, limiter, guards, spawn, audits=self.audits)
         self.admission = Admission(settings, self.redis, self.router, self.load, limiter, guards, reply_channel, spawn,
-                                   self.deliver, store=store, shadows=shadows, audits=self.audits,
+                                   self.lifecycle.deliver, store=store, shadows=shadows, audits=self.audits,
                                    lifecycle=self.lifecycle, catalog=self.catalog)
         self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
@@ -125,28 +127,6 @@ class Gateway:
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.protocol, self.auth, self.catalog)
         self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
-
-    # ---- wiring ---------------------------------------------------------------------------------------
-
-    def deliver(self, delivery: Delivery) -> None:
-        """One routed event to its client: output guards first, then settle the request if it ended."""
-        route = delivery.route
-        if route.held is not None:
-            route.held.append(delivery)  # not yet confirmed queued: admission sends it after `queued`
-            return
-        try:
-            if delivery.event["type"] == "token":
-                refusal = self.lifecycle.output_refusal(route, delivery.reply.text or "")
-                if refusal is not None:
-                    self.lifecycle.refuse_midway(route, "content_blocked", refusal)
-                    return
-            route.sink.send(delivery.event)
-            if delivery.ended:
-                route.sink.ended(route.client_id)
-                self.lifecycle.settle(route, delivery.reply)
-        except Exception:  # a bug (or a plugged-in guard) on one request must not stall every stream
-            log.exception("event=delivery_failed request_id=%s", route.request_id)
-            self.lifecycle.refuse_midway(route, "internal_error", "the gateway failed on this request")
 
     # ---- health ------------------------------------------------------------------------------------
 
