@@ -133,8 +133,8 @@ async def forget(settings: Settings, entries: list[str], asked: str | None) -> i
 
 def evaluate(settings: Settings, args) -> int:
     from cache.answer_cache import AnswerCache
-    from cache.evaluation import evaluate as run_eval
-    from cache.pairs import read_pairs, split_for
+    from ops.training.pair_model.evaluation import evaluate as run_eval
+    from ops.training.pair_model.pairs import read_pairs, split_for
 
     files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
     if not files:
@@ -170,7 +170,7 @@ def run(args, settings: Settings) -> int:
     elif args.cache_command == "eval":
         return evaluate(settings, args)
     elif args.cache_command == "train-verifier":
-        from cache.training import Targets, train_verifier
+        from ops.training.pair_model.training import Targets, train_verifier
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
         targets = Targets(args.max_lookalikes_served, args.max_paws_served, args.max_paraphrase_wrong)
