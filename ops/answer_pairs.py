@@ -19,6 +19,7 @@ from engine import Engine, EngineConfig
 from engine.llm_engine import EngineRequest
 from engine.model_files import prepare_default_model
 from engine.sequence import SamplingParams
+from ops.core.jsonl import read_jsonl
 from ops.core.settings import Settings, torch_threads
 
 
@@ -29,12 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="auto", help="as a worker runs by default")
     args = parser.parse_args(argv)
+    rows = read_jsonl(args.source)  # before the model loads: a broken file fails in a second, not after it
     settings = Settings()
     model_dir = settings.model_dir if settings.model else prepare_default_model(settings.model_dir)
     engine = Engine.load(EngineConfig(model=str(model_dir), max_batch=32, max_wait_ms=0, dtype=args.dtype,
                                       torch_threads=torch_threads(settings)))
-    with open(args.source) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
     questions = sorted({r["q1"] for r in rows})
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     done = engine.generate([EngineRequest(str(i), params, messages=[{"role": "user", "content": q}])

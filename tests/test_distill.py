@@ -1,4 +1,4 @@
-"""Distillation (engine/distill, `brigade distill`): the loss, the student's shape and
+"""Distillation (ops/training/distill, `brigade distill`): the loss, the student's shape and
 initialisation, training that lowers the loss, resuming, and the command's report."""
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.distill.corpus import Example, Prompt, is_held_out, read_prompts, PromptFileError
-from engine.distill.loss import distillation_loss
-from engine.distill.student import (StudentShapeError, VocabularyMismatch, build_student, check_vocabulary,
+from ops.training.distill.corpus import Example, Prompt, is_held_out, read_prompts, PromptFileError
+from ops.training.distill.loss import distillation_loss
+from ops.training.distill.student import (StudentShapeError, VocabularyMismatch, build_student, check_vocabulary,
                                     evenly_spaced, student_config)
-from engine.distill.trainer import TrainConfig, Trainer, answer_batch, answer_logits
+from ops.training.distill.trainer import TrainConfig, Trainer, answer_batch, answer_logits
 
 BRIGADE = [sys.executable, "-m", "ops.cli"]
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
-"""A distilled student goes where any version goes: built and trained with engine.distill from the
-tiny random teacher, saved as a model folder, registered with the real `brigade models add`, served
-by a real `brigade worker --model NAME@VERSION` and reached by name through the real gateway's
-WebSocket. Nothing is mocked: a real redis-server, real processes, real sockets."""
+"""A distilled student goes where any version goes: built and trained with ops.training.distill from
+the tiny random teacher, saved as a model folder, registered with the real `brigade models add`,
+served by a real `brigade worker --model NAME@VERSION` and reached by name through the real
+gateway's WebSocket. Nothing is mocked: a real redis-server, real processes, real sockets."""
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +25,9 @@ def distilled_student(teacher_folder: Path, work: Path) -> tuple[Path, list[dict
     as a servable folder; returns the folder and the trainer's step history."""
     from transformers import AutoModelForCausalLM
 
-    from engine.distill.corpus import Example
-    from engine.distill.student import build_student, student_config
-    from engine.distill.trainer import TrainConfig, Trainer, save_student
+    from ops.training.distill.corpus import Example
+    from ops.training.distill.student import build_student, student_config
+    from ops.training.distill.trainer import TrainConfig, Trainer, save_student
 
     teacher = AutoModelForCausalLM.from_pretrained(teacher_folder, torch_dtype=torch.float32)
     config = student_config(teacher.config, 1)

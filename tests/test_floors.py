@@ -10,6 +10,9 @@ The floors, bottom up:
 - cache and gateway may also import the engine's model-free modules (SHARED_ENGINE: how a chat
   becomes prompt text, the tool-call schemas, the grammar check), so every door renders and checks
   exactly as the engine will;
+- ops.training (offline training: distillation, the pair model's fine-tuning and tuning) imports
+  ops.core, engine and cache, and nothing runtime imports it: a worker or a gateway never carries
+  training code;
 - the rest of ops (commands and benchmarks) may import anything.
 And no module reaches itself through its imports: no two files import each other, and no longer
 circle either.
@@ -27,8 +30,13 @@ MAY_IMPORT = {
     "cache": {"cache", "ops.core"},
     "workers": {"workers", "ops.core", "engine"},
     "gateway": {"gateway", "ops.core", "cache"},
-    "ops": {"ops", "ops.core", "engine", "cache", "workers", "gateway"},
+    "ops.training": {"ops.training", "ops.core", "engine", "cache"},
+    "ops": {"ops", "ops.core", "ops.training", "engine", "cache", "workers", "gateway"},
 }
+# What a worker or a gateway process runs; offline training stays out of all of it.
+RUNTIME = ("ops.core", "engine", "cache", "workers", "gateway")
+# Floors that are folders of ops/, below the commands and benchmarks around them.
+OPS_FLOORS = ("ops.core", "ops.training")
 SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided"}
 
 
@@ -42,7 +50,7 @@ def modules() -> dict[str, Path]:
 
 
 def floor(module: str) -> str:
-    return "ops.core" if module == "ops.core" or module.startswith("ops.core.") else module.split(".")[0]
+    return next((f for f in OPS_FLOORS if module == f or module.startswith(f + ".")), module.split(".")[0])
 
 
 def imported_modules(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -141,3 +149,11 @@ def test_every_floor_imports_only_the_floors_beneath_it():
 def test_no_module_imports_itself_through_a_circle():
     found = circles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(group) for group in found)
+
+
+def test_no_runtime_package_imports_offline_training():
+    """Training code never rides along into a worker or a gateway: not one import from a runtime
+    floor reaches ops.training."""
+    reaching = sorted(f"{importer} -> {imported}" for importer, targets in import_graph().items()
+                      if floor(importer) in RUNTIME for imported in targets if floor(imported) == "ops.training")
+    assert not reaching, "runtime modules that import offline training:\n" + "\n".join(reaching)

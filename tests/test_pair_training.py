@@ -9,7 +9,7 @@ DATA = Path(__file__).resolve().parents[1] / "ops" / "data"
 def test_a_resumed_run_continues_the_steps_and_the_weights_of_the_stopped_one(tmp_path):
     pytest.importorskip("torch")
     from cache.pair_model import PairModel
-    from cache.training import RESUME_STATE, Example, fine_tune
+    from ops.training.pair_model.training import RESUME_STATE, Example, fine_tune
 
     import torch
 
@@ -37,7 +37,7 @@ def test_a_resumed_run_continues_the_steps_and_the_weights_of_the_stopped_one(tm
 def test_chat_pair_files_read_as_pairs_split_by_source():
     import json
 
-    from cache.pairs import read_pairs
+    from ops.training.pair_model.pairs import read_pairs
 
     sources = {}
     for name in ("train", "tune", "test"):

@@ -18,10 +18,10 @@ from websockets.asyncio.client import connect
 
 from cache.answer_cache import AnswerCache
 from cache.index import Item, VectorIndex
-from cache.pairs import read_pairs
 from cache.query import PromptRenderer, make_query
 from ops.core.messages import ChatMessage, GenerateParams
 from ops.core.settings import Settings
+from ops.training.pair_model.pairs import read_pairs
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -26,10 +26,10 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from cache.pairs import Pair
 from ops.bench.cache_replay_judge import Ask, Reply, judge, plan_replay, sources_of, summarize
 from ops.bench.serve_backends import REQUESTS_PER_CONNECTION, CannotReach, WebSocketLane
 from ops.core.redaction import redact_url
+from ops.training.pair_model.pairs import Pair
 
 DEFAULT_PAIRS = "chat_paraphrases.jsonl"  # in ops/data/
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache.pairs import Pair
 from ops.bench.quality_questions import wilson_interval
+from ops.training.pair_model.pairs import Pair
 
 KINDS = ("repeat", "rewording", "lookalike")
 

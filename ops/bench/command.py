@@ -169,7 +169,8 @@ def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
                    "reported on its own")
     p.add_argument("--limit", type=int, help="at most this many pairs of each label from each file")
     p.add_argument("--generated", type=int, default=0, help="also this many look-alikes generated from the first "
-                   "file's questions (cache/lookalikes.py), by the kind of change")
+                   "file's questions (ops/training/pair_model/lookalikes.py), by the kind of "
+                   "change")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -230,7 +231,7 @@ def _cache(args, settings: Settings) -> dict | int:
 
 
 def _cache_replay(args, settings: Settings) -> dict | int:
-    from cache.pairs import read_pairs
+    from ops.training.pair_model.pairs import read_pairs
     from ops.bench.cache_replay import ReplayConfig, default_pairs_path, run
     from ops.bench.serve_backends import CannotReach
     from ops.bench.serve_config import target_urls

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams
-from engine.distill.corpus import Example
-from engine.distill.evaluation import AGREEMENT_TOKENS, agreement, gap_closed, perplexity
 from ops.bench.engine import bench_requests, brigade_seconds
 from ops.bench.quality import accuracy, precision_flags, spread
 from ops.bench.quality_answers import Progress, ask_batched
 from ops.bench.quality_questions import load_questions
+from ops.training.distill.corpus import Example
+from ops.training.distill.evaluation import AGREEMENT_TOKENS, agreement, gap_closed, perplexity
 
 SPEED_NS = (1, 16)
 SPEED_TOKENS = 64

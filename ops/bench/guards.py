@@ -3,8 +3,8 @@ question pairs. Offline: no Redis, no model.
 
 On pairs that mean the same (`"duplicate": true`) a veto is a rewording refused; on pairs that
 mean something else it is a look-alike caught. With --generated, look-alikes made from the first
-file's questions by cache/lookalikes.py are counted too, by the kind of change. Each count is
-split by guard (one pair may be vetoed by several).
+file's questions by ops/training/pair_model/lookalikes.py are counted too, by the kind of change.
+Each count is split by guard (one pair may be vetoed by several).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 from cache.guards import conflicts
-from cache.lookalikes import generate
-from cache.pairs import read_pairs
+from ops.training.pair_model.lookalikes import generate
+from ops.training.pair_model.pairs import read_pairs
 
 GENERATED_FROM = 2000  # questions the generated look-alikes are made from
 GENERATED_SEED = 0

@@ -17,12 +17,13 @@ Rules, by a question's kind:
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
+
+from ops.core.jsonl import read_jsonl
 
 KINDS = ("words", "number", "yes_no", "choice")
 SHIPPED_FILE = "quality_questions.jsonl"
@@ -55,11 +56,8 @@ class Question:
 def load_questions(path: str | None = None) -> list[Question]:
     """The shipped set, or a JSONL file of the same shape."""
     if path is None:
-        text = resources.files("ops.bench").joinpath("data", SHIPPED_FILE).read_text(encoding="utf-8")
-    else:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    questions = [Question.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
+        path = str(resources.files("ops.bench").joinpath("data", SHIPPED_FILE))
+    questions = [Question.from_json(row) for row in read_jsonl(path)]
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         raise ValueError("question ids must be unique")

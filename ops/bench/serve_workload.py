@@ -5,7 +5,6 @@ Pure: seeded random generators in, plans out; nothing here opens a socket.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+from ops.core.jsonl import JsonLinesError, numbered_rows
 
 SHIPPED_DATASET = "chat_questions.jsonl"
 
@@ -45,16 +46,10 @@ def load_dataset(path: str | Path | None = None) -> list[Prompt]:
     """One chat request per line: `{"messages": [...], "max_tokens": N}`; `{"question": "..."}` is a
     one-message conversation; `max_tokens` is optional."""
     path = Path(path) if path else shipped_dataset_path()
-    prompts = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidDataset(f"{path}:{number}: not JSON ({exc.msg})") from None
-            prompts.append(_prompt_of(row, f"{path}:{number}"))
+    try:
+        prompts = [_prompt_of(row, f"{path}:{number}") for number, row in numbered_rows(path)]
+    except JsonLinesError as exc:
+        raise InvalidDataset(str(exc)) from None
     if not prompts:
         raise InvalidDataset(f"{path}: no requests")
     return prompts

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ops.cli_options import add_connection_options
+from ops.core.jsonl import JsonLinesError, numbered_rows
 from ops.core.settings import Settings
 
 
@@ -77,19 +78,16 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
     from websockets.asyncio.client import connect
 
     items = []
-    with open(path) as fh:
-        for n, line in enumerate(fh):
-            if line.strip():
-                d = json.loads(line)
-                if isinstance(d, str):
-                    d = {"question": d}
-                if "question" in d:
-                    d["messages"] = [{"role": "user", "content": d.pop("question")}]
-                d.update(type="generate", id=f"warm-{n}")
-                # Only deterministic answers are stored, and the model's default may sample: a line
-                # without a temperature is warmed greedily (the answer later greedy requests hit).
-                d.setdefault("temperature", 0)
-                items.append(d)
+    for n, d in numbered_rows(path):
+        if isinstance(d, str):
+            d = {"question": d}
+        if "question" in d:
+            d["messages"] = [{"role": "user", "content": d.pop("question")}]
+        d.update(type="generate", id=f"warm-{n}")
+        # Only deterministic answers are stored, and the model's default may sample: a line
+        # without a temperature is warmed greedily (the answer later greedy requests hit).
+        d.setdefault("temperature", 0)
+        items.append(d)
     result = {"questions": len(items), "answered": 0, "already_cached": 0, "errors": 0}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     async with connect(url or settings.ws_url, additional_headers=headers, max_size=None) as ws:
@@ -133,8 +131,8 @@ async def forget(settings: Settings, entries: list[str], asked: str | None) -> i
 
 def evaluate(settings: Settings, args) -> int:
     from cache.answer_cache import AnswerCache
-    from cache.evaluation import evaluate as run_eval
-    from cache.pairs import read_pairs, split_for
+    from ops.training.pair_model.evaluation import evaluate as run_eval
+    from ops.training.pair_model.pairs import read_pairs, split_for
 
     files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
     if not files:
@@ -164,13 +162,17 @@ def run(args, settings: Settings) -> int:
         removed = asyncio.run(store.clear(args.namespace))
         print(json.dumps({"removed": removed, "namespace": args.namespace}))
     elif args.cache_command == "warm":
-        print(json.dumps(asyncio.run(warm(settings, args.file, args.concurrency, args.url, args.api_key))))
+        try:
+            print(json.dumps(asyncio.run(warm(settings, args.file, args.concurrency, args.url, args.api_key))))
+        except JsonLinesError as exc:  # the user's file: say where, not a traceback
+            print(f"brigade cache warm: {exc}", file=sys.stderr)
+            return 2
     elif args.cache_command == "forget":
         return asyncio.run(forget(settings, args.entries, args.asked))
     elif args.cache_command == "eval":
         return evaluate(settings, args)
     elif args.cache_command == "train-verifier":
-        from cache.training import Targets, train_verifier
+        from ops.training.pair_model.training import Targets, train_verifier
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
         targets = Targets(args.max_lookalikes_served, args.max_paws_served, args.max_paraphrase_wrong)

@@ -26,7 +26,7 @@ from cache.answer_cache import reusable_for_rewordings
 from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import Item, VectorIndex
 from cache.store import answer_digest
-from cache.pairs import Pair
+from ops.training.pair_model.pairs import Pair
 
 SWEEP = [0.8, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98]  # serve_cosine, the rest as tuned
 

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from ops.core.jsonl import JsonLinesError, numbered_rows, read_jsonl
+
 log = logging.getLogger("brigade.distill")
 SLICE = 64  # prompts per engine.generate call, and per append to the corpus file
 
@@ -61,18 +63,14 @@ class CorpusSpec:
 
 def read_prompts(path: Path) -> list[Prompt]:
     """One JSON object a line: {"messages": [{"role": ..., "content": ...}, ...]} or {"prompt": "..."}."""
-    prompts = []
     try:
-        lines = Path(path).read_text().splitlines()
+        rows = list(numbered_rows(path))
     except OSError as exc:
         raise PromptFileError(f"cannot read the prompts file {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{path}:{number}: not JSON ({exc.msg})") from None
+    except JsonLinesError as exc:
+        raise PromptFileError(str(exc)) from None
+    prompts = []
+    for number, row in rows:
         messages, text = (row.get("messages"), row.get("prompt")) if isinstance(row, dict) else (None, None)
         if isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m for m in messages):
             prompts.append(Prompt(messages=messages))
@@ -108,7 +106,7 @@ class Corpus:
     def examples(self) -> list[Example]:
         if not self.examples_path.exists():
             return []
-        return [Example(**json.loads(line)) for line in self.examples_path.read_text().splitlines() if line.strip()]
+        return [Example(**row) for row in read_jsonl(self.examples_path)]
 
     def train(self) -> list[Example]:
         return [e for e in self.examples() if not e.held_out]

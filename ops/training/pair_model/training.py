@@ -1,9 +1,9 @@
 """`brigade cache train-verifier`: fine-tune the pair model and tune the hit rule, reproducibly.
 
-1. Split every labelled file by content hash: 80% train, 10% tune, 10% test (cache/pairs.py).
+1. Split every labelled file by content hash: 80% train, 10% tune, 10% test (pairs.py).
 2. Training examples: the train split of the duplicate-question pairs and of the look-alike
    pairs (PAWS, shown twice: they are the hard part), matched look-alikes and rewordings
-   generated from the training questions (cache/lookalikes.py), and the train file of the
+   generated from the training questions (lookalikes.py), and the train file of the
    hand-written chat pairs (ops/data/chat_pairs_train.jsonl, split by source, not by hash).
    Each example is shown in a random order of its two texts.
 3. Fine-tune the cross-encoder (cache/pair_model.py): AdamW, linear warm-up and decay, batches
@@ -11,7 +11,7 @@
    `checkpoint_every` steps (weights, optimizer, scheduler, step, RNG) that a run started again
    continues from.
 4. The operating point (hit_rule.OperatingPoint) is chosen on the tune splits and the chat
-   pairs' tune file (cache/tuning.py); the test splits are reported.
+   pairs' tune file (tuning.py); the test splits are reported.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.lookalikes import generate
-from cache.pairs import Pair, read_pairs, split_of
-from cache.tuning import Targets, tune
 from ops.core import keys, redis_clients
+from ops.training.pair_model.lookalikes import generate
+from ops.training.pair_model.pairs import Pair, read_pairs, split_of
+from ops.training.pair_model.tuning import Targets, tune
 
 log = logging.getLogger("brigade.cache")
 
@@ -178,8 +178,9 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
     return pairs
 
 
-CHAT_TUNE = str(Path(__file__).resolve().parents[1] / "ops" / "data" / "chat_pairs_tune.jsonl")
-CHAT_TEST = str(Path(__file__).resolve().parents[1] / "ops" / "data" / "chat_pairs_test.jsonl")
+CHAT_DATA = Path(__file__).resolve().parents[2] / "data"  # ops/data
+CHAT_TUNE = str(CHAT_DATA / "chat_pairs_tune.jsonl")
+CHAT_TEST = str(CHAT_DATA / "chat_pairs_test.jsonl")
 
 
 def tuning_files(files: dict[str, list[Pair]], chat_tune_file: str, chat_test_file: str) -> dict:

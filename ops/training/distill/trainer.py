@@ -29,8 +29,8 @@ from typing import Callable
 
 import torch
 
-from engine.distill.corpus import Example
-from engine.distill.loss import LossTerms, distillation_loss
+from ops.training.distill.corpus import Example
+from ops.training.distill.loss import LossTerms, distillation_loss
 
 log = logging.getLogger("brigade.distill")
 

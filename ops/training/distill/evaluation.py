@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.distill.corpus import Example
-from engine.distill.trainer import answer_batch, answer_logits, usable
+from ops.training.distill.corpus import Example
+from ops.training.distill.trainer import answer_batch, answer_logits, usable
 
 AGREEMENT_TOKENS = 32  # an answer agrees with the teacher's when its first 32 tokens are the same
 

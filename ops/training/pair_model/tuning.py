@@ -1,6 +1,6 @@
 """The operating point (hit_rule.OperatingPoint) chosen on tune splits: recall under a look-alike rate.
 
-Every look-up of the tune files is scored once (cache/evaluation.py scores every unvetoed
+Every look-up of the tune files is scored once (evaluation.py scores every unvetoed
 candidate), then each point of the grid is replayed with numpy: for one band floor the best
 proposal and its rival are fixed, and `hit_rule.passes` is a comparison of arrays.
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache.evaluation import Outcome
 from cache.hit_rule import OperatingPoint, proposals
+from ops.training.pair_model.evaluation import Outcome
 
 SERVE = [round(float(x), 3) for x in np.arange(0.80, 0.985, 0.01)]
 BANDS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85)
@@ -132,11 +132,11 @@ def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = T
 
     `files` maps a kind to its pairs: chat (rewordings and look-alikes of chat questions; their
     tune and test files are split by source question), duplicates (Quora), lookalikes (PAWS),
-    paraphrases (all rewordings). Quora and PAWS are split by content (cache/pairs.py)."""
+    paraphrases (all rewordings). Quora and PAWS are split by content (pairs.py)."""
     from cache.answer_cache import AnswerCache
-    from cache.evaluation import evaluate, score_pairs
     from cache.pair_model import PairModel
-    from cache.pairs import split_for
+    from ops.training.pair_model.evaluation import evaluate, score_pairs
+    from ops.training.pair_model.pairs import split_for
 
     pm = PairModel.load(pair_model_path)
     overrides = {f"cache_{k}": None for k in ("serve_cosine", "band_cosine", "agree", "objection")}

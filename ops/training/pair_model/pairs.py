@@ -4,7 +4,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
+
+from ops.core.jsonl import numbered_rows
 
 
 @dataclass(frozen=True)
@@ -27,16 +30,9 @@ def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
         if head == "[":
             rows = [Pair(str(d["origin"]), str(d["similar"]), True) for d in json.load(fh)]
             return rows[:limit] if limit is not None else rows
-    pairs = []
-    with open(path) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            pairs.append(Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"]), d.get("answer"), d.get("finish_reason")))
-            if limit is not None and len(pairs) >= limit:
-                break
-    return pairs
+    rows = islice(numbered_rows(path), limit)  # the first `limit` rows only: a file may be large
+    return [Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"]), d.get("answer"), d.get("finish_reason"))
+            for _, d in rows]
 
 
 def split_of(pair: Pair) -> str:
