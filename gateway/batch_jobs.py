@@ -148,15 +148,17 @@ class JobStore:
     async def active(self) -> list[str]:
         return sorted(await self.redis.smembers(keys.BATCH_ACTIVE))
 
+    async def forget_active(self, job_id: str) -> None:
+        """A job whose record expired leaves the runners' set."""
+        await self.redis.srem(keys.BATCH_ACTIVE, job_id)
+
     # ---- the runner's lease ----------------------------------------------------------------------
 
-    async def take_lease(self, job_id: str, holder: str) -> bool:
-        return bool(await self.redis.set(keys.batch_lease(job_id), holder, nx=True,
-                                         ex=keys.batch_lease_ttl_s(self.settings)))
+    async def take_lease(self, job_id: str, holder: str, ttl_s: int) -> bool:
+        return bool(await self.redis.set(keys.batch_lease(job_id), holder, nx=True, ex=ttl_s))
 
-    async def renew_lease(self, job_id: str, holder: str) -> bool:
-        return bool(await self._renew_lease(keys=[keys.batch_lease(job_id)],
-                                            args=[holder, keys.batch_lease_ttl_s(self.settings)]))
+    async def renew_lease(self, job_id: str, holder: str, ttl_s: int) -> bool:
+        return bool(await self._renew_lease(keys=[keys.batch_lease(job_id)], args=[holder, ttl_s]))
 
     async def drop_lease(self, job_id: str, holder: str) -> None:
         await self._drop_lease(keys=[keys.batch_lease(job_id)], args=[holder])

@@ -1,7 +1,8 @@
 """A batch job's output lines: one per input line, in the shapes OpenAI's batch API writes.
 
 A line's response is what the HTTP API would have answered its request (a completion, or an error
-body with its status), or an error of its own when the line itself was invalid and skipped.
+body with its status), or an error of its own when the line itself was invalid and skipped. Pure:
+the events of an answer in, the output line out.
 Identical deterministic lines of one job share one answer (`dedup_key`, `copy_result`).
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from gateway import openai_render as render
 from gateway import openai_schema as oa
 from gateway.batch_input import BadLine, BatchLine
 
@@ -28,6 +30,17 @@ BLANK = LineResult(0, {}, "blank")  # a blank input line: nothing to write
 def output_line(job_id: str, line: BatchLine | BadLine, response: dict | None, error: dict | None) -> dict:
     return {"id": f"batch_req_{job_id.removeprefix('batch_')}_{line.number}", "custom_id": line.custom_id,
             "response": response, "error": error}
+
+
+def completed(job_id: str, line: BatchLine, rid: str | None, answer: render.Answer, done: dict) -> LineResult:
+    """The request's answer (its tokens gathered in `answer`, then its done event), in the body the
+    HTTP API would have returned. A cached answer has no request of the line's own: its id is the
+    cached one's."""
+    served = rid or done.get("request_id")
+    body = render.completion_body(line.options, served or f"cached-{line.number}", answer, done, render.now(), served)
+    return LineResult(line.number, output_line(job_id, line, {"status_code": 200, "request_id": served, "body": body},
+                                               None),
+                      "completed", int((done.get("usage") or {}).get("completion_tokens") or 0))
 
 
 def request_failed(job_id: str, line: BatchLine, rid: str | None, code: str, message: str,

@@ -48,6 +48,8 @@ from gateway.api_keys import AuthError, KeyStore, bearer_key
 from gateway.auth import Authenticator
 from gateway.background import BackgroundTasks
 from gateway.batch_http import BatchDoor
+from gateway.batch_jobs import JobStore
+from gateway.batch_lines import IdenticalLines, LineRunner
 from gateway.batch_runner import BatchRunner
 from gateway.catalog import Catalog
 from gateway.content_guards import GuardConfigError, configured
@@ -121,9 +123,12 @@ class Gateway:
         self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
         self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle, self.catalog)
-        self.batches = BatchRunner(settings, self.protocol, self.admission, self.lifecycle, self.router, self.load,
-                                   self.key_store, self.id)
-        self.batch_door = BatchDoor(settings, self.auth, self.batches.store)
+        # Batch jobs: their records, shared by the door that starts and shows them and the runner
+        # that runs whichever this gateway holds the lease of.
+        jobs = JobStore(self.redis, settings)
+        lines = LineRunner(self.admission, self.lifecycle, self.router, jobs, IdenticalLines())
+        self.batches = BatchRunner(settings, jobs, self.protocol, lines, self.load, self.key_store, self.id)
+        self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.protocol, self.auth, self.catalog)
         self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
