@@ -19,7 +19,8 @@ class RequestChoices:
         self.n = params.n
         self.finish_reasons: list[str | None] = [None] * self.n
         self.completion_tokens = 0  # summed as choices end
-        self._params, self._seed, self._prompt_ids = params, seed, prompt_ids
+        self.prompt_ids = prompt_ids
+        self._params, self._seed = params, seed
         self._batch, self._arrived = batch, arrived
         if resume is not None and sorted(resume) == [(choice, []) for choice in range(self.n)]:
             resume = None  # handed over before any token: as good as new, so one prefill again
@@ -31,7 +32,7 @@ class RequestChoices:
             self.forked = True
 
     def _sequence(self, choice: int, generated: list[int]) -> Sequence:
-        return Sequence(self.request_id, self._prompt_ids, self._params, choice_seed(self._seed, choice), generated,
+        return Sequence(self.request_id, self.prompt_ids, self._params, choice_seed(self._seed, choice), generated,
                         batch=self._batch, arrived=self._arrived, choice=choice)
 
     def fork(self, parent: Sequence) -> list[Sequence]:

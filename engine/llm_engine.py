@@ -4,39 +4,41 @@
     attach_drafts(chunks, ...)             # prompt-lookup drafts on rows sampled from raw logits (speculation.py)
     logits = runner.forward(chunks)        # one pass; logits of the chunks that end a context
     tokens = sample(logits, sampled)
-    updates = self._postprocess(sampled, tokens)
+    updates = outputs.process(sampled, tokens, ...)   # tokens into updates; ends by the finisher
 
 A request with n answers is one sequence until its first token, then n (engine/choices.py).
-`add_request` and `cancel` may be called from any thread; `step` and `run` belong to one thread.
+`add_request` and `cancel` may be called from any thread (a request is read at the door,
+engine/engine_request.py, and queued in the inbox, engine/inbox.py); `step` and `run` belong to
+one thread. Every end of a sequence, whatever its reason, is the finisher's (engine/finishing.py).
 """
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from engine.choices import RequestChoices
-from engine import chat_prompt
 from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_request import EngineRequest, RequestReader, RequestRejected
+from engine.finishing import Finisher
+from engine.inbox import RequestInbox
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
 from engine.logprobs import TokenTexts, score_prompts, token_logprobs
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
 from engine.outputs import Completion, SequenceUpdate
 from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import Chunk, FinishReason, SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Chunk, Sequence, SequenceStatus
 from engine.speculation import Drafter, SpeculationConfig, attach_drafts, verify
-from engine.stop_checker import advance
 from engine.tokenizer import SerializedTokenizer
 
 __all__ = ["Completion", "Engine", "EngineConfig", "EngineRequest", "RequestRejected", "SequenceUpdate"]
@@ -69,31 +71,6 @@ class EngineConfig:
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
     # have verified per step; 0 turns it off. Only where passes are batch-invariant (the same text).
     speculative_tokens: int = 4
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    params: SamplingParams = field(default_factory=SamplingParams)
-    prompt: str | None = None
-    messages: list[dict] | None = None
-    prompt_ids: list[int] | None = None
-    # Tokens already generated elsewhere; generation continues at index len(resume_ids).
-    resume_ids: list[int] = field(default_factory=list)
-    batch: bool = False  # the batch lane (engine/scheduler.py): behind interactive work, preemptible
-    tools: list[dict] | None = None  # OpenAI function tools, offered to the model by its chat template
-    # Resuming a request with n > 1: its unfinished choices, each with the tokens it already
-    # generated; each is prefilled with prompt + its tokens and keeps its index and seed.
-    choices: list[tuple[int, list[int]]] | None = None
-
-
-class RequestRejected(Exception):
-    """A request the engine can never serve, with a stable error code for the client."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class Engine:
@@ -130,10 +107,12 @@ class Engine:
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width
-        self.requests: dict[str, RequestChoices] = {}
+        self.reader = RequestReader(self.tokenizer, self.vocab_width, self.context_length, self.kv)
+        self.inbox = RequestInbox()
+        self.finisher = Finisher(self.scheduler, self.inbox, self.eos_ids, self.context_length, clock)
         self.token_texts = TokenTexts(self.tokenizer)
+        self.outputs = OutputProcessor(self.finisher, self.token_texts, clock)
         self.guides = None  # engine/guided.Guides, made when a request first brings a guide
-        self.tokens_generated = 0
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
         self.drafted_tokens = 0  # draft tokens verified, and of those, kept
@@ -153,11 +132,6 @@ class Engine:
         # a recompute after preemption), before the forward pass, on the engine thread: from here on
         # a crash may be the request's doing (the worker's claim counts it). None: nobody listens.
         self.on_started: Callable[[set[str]], None] | None = None
-        self._inbox: list[RequestChoices] = []
-        # The very groups to stop: a stale cancel must never stop a later run under the same id.
-        self._cancels: list[RequestChoices] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
 
     # ---- construction -----------------------------------------------------------------------
 
@@ -192,100 +166,31 @@ class Engine:
     # ---- the thread-safe door -----------------------------------------------------------------
 
     def encode(self, request: EngineRequest) -> list[int]:
-        """The prompt's token ids as the engine reads them: its last `truncate_prompt_tokens` when
-        that is set (vLLM's rule: the start is dropped, the question at the end kept)."""
-        keep = request.params.truncate_prompt_tokens
-        if keep is not None and keep < 1:
-            raise RequestRejected("invalid_field", f"truncate_prompt_tokens must be at least 1, not {keep}")
-        if request.prompt_ids is not None:
-            ids = list(request.prompt_ids)
-        elif request.messages is not None:
-            text = chat_prompt.render(self.tokenizer, request.messages, request.tools)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        elif request.prompt is not None:
-            ids = self.tokenizer(request.prompt)["input_ids"]
-        else:
-            raise RequestRejected("invalid_request", "a request needs a prompt, messages or prompt_ids")
-        return ids[-keep:] if keep else ids
-
-    def _check_fields(self, request: EngineRequest) -> None:
-        """Fields a client can get wrong that the worker's mapping does not catch."""
-        p = request.params
-        for name, ids in (("logit_bias", [t for t, _ in p.logit_bias]), ("stop_token_ids", p.stop_token_ids),
-                          ("prompt_ids", request.prompt_ids or [])):
-            bad = [t for t in ids if not 0 <= t < self.vocab_width]
-            if bad:
-                raise RequestRejected("invalid_field", f"{name}: token id {bad[0]} is not in 0..{self.vocab_width - 1}")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(p, name)
-            if value is not None and not 0 <= value <= 20:
-                raise RequestRejected("invalid_field", f"{name} must be 0..20, not {value}")
-        if p.n < 1:
-            raise RequestRejected("invalid_field", f"n must be at least 1, not {p.n}")
-        if p.guide is not None:
-            from engine.guided import GuideError, check
-
-            try:
-                check(p.guide)
-            except GuideError as e:
-                raise RequestRejected("invalid_guide", e.reason) from None
-        if request.choices is not None:
-            indices = [c for c, _ in request.choices]
-            if not indices or len(set(indices)) != len(indices) or not all(0 <= c < p.n for c in indices):
-                raise RequestRejected("invalid_field", f"choices must name distinct choices of 0..{p.n - 1}")
+        """The prompt's token ids as the engine reads them (engine/engine_request.py)."""
+        return self.reader.encode(request)
 
     def add_request(self, request: EngineRequest) -> int:
         """Queue a request (any thread). Returns its prompt length; raises RequestRejected."""
-        prompt_ids = self.encode(request)
-        params = request.params
-        if not prompt_ids:
-            raise RequestRejected("empty_prompt", "the prompt is empty after tokenization")
-        need = len(prompt_ids) + params.max_tokens
-        limit = min(self.context_length, self.kv.budget_tokens)
-        if need > self.context_length or not self.kv.can_ever_fit(need):
-            raise RequestRejected(
-                "context_overflow",
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {need} "
-                f"exceeds the {limit} tokens this model and KV budget allow",
-            )
-        self._check_fields(request)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        resume = request.choices if request.choices is not None else (
-            [(0, request.resume_ids)] if request.resume_ids else None)
-        group = RequestChoices(request.request_id, params, seed, prompt_ids, resume, request.batch, self.clock())
-        with self._lock:
-            if request.request_id in self.requests or any(g.request_id == group.request_id for g in self._inbox):
-                raise RequestRejected("duplicate_id", f"request {request.request_id!r} is already in the engine")
-            self._inbox.append(group)
-        self._wake.set()
-        return len(prompt_ids)
+        group = self.reader.read(request, self.clock)
+        self.inbox.put(group)
+        return len(group.prompt_ids)
 
     def cancel(self, request_id: str) -> None:
         """Stop a request's every choice (any thread): waiting, it never runs; running, it leaves."""
-        with self._lock:
-            # The group held now, not the id: a cancel taken after that group ended on its own would
-            # stop the next run under its id (a fenced worker that claims its own request again; its
-            # new run ended "cancelled" 5 ms after its claim in the chaos bench).
-            group = self.requests.get(request_id) or next((g for g in self._inbox if g.request_id == request_id), None)
-            if group is not None:
-                self._cancels.append(group)
-        self._wake.set()
+        self.inbox.cancel(request_id)
 
     def holds(self, request_id: str) -> bool:
         """Whether the engine still has this request (any thread)."""
-        with self._lock:
-            return request_id in self.requests or any(g.request_id == request_id for g in self._inbox)
+        return self.inbox.holds(request_id)
 
     def wake(self) -> None:
         """Interrupt an idle `run` loop (to notice its stop event)."""
-        self._wake.set()
+        self.inbox.ring()
 
     # ---- the engine thread -----------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        with self._lock:
-            pending = bool(self._inbox or self._cancels)
-        return pending or self.scheduler.has_work()
+        return self.inbox.pending() or self.scheduler.has_work()
 
     def step(self) -> list[SequenceUpdate]:
         updates = self._take_inbox()
@@ -310,8 +215,8 @@ class Engine:
             kept = self._verify(drafted, sampled, tokens)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
-            return updates + self._fail(chunks)
-        return updates + self._postprocess(sampled, tokens, logprobs, kept)
+            return updates + self.finisher.fail([c.seq.request_id for c in chunks])
+        return updates + self.outputs.process(sampled, tokens, logprobs, kept)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -325,8 +230,7 @@ class Engine:
             # Idle, or filling a micro-batch: sleep until the batch deadline or new input.
             wait = self.scheduler.seconds_until_admission() if self.scheduler.waiting else IDLE_POLL_S
             if wait > 0:
-                self._wake.wait(wait)
-                self._wake.clear()
+                self.inbox.wait(wait)
 
     def generate(self, requests: list[EngineRequest],
                  on_finished: Callable[["Completion"], None] | None = None) -> dict[str, "Completion"]:
@@ -345,7 +249,7 @@ class Engine:
     def stats(self) -> dict[str, int]:
         return {
             "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting) + len(self._inbox),
+            "waiting": len(self.scheduler.waiting) + self.inbox.arrivals_waiting,
             # Held by sequences; the prefix cache's blocks give way on demand and count apart (as
             # vLLM's cached free blocks do not count as used).
             "kv_used_tokens": self.kv.used_tokens - self.prefix.cached_tokens,
@@ -361,23 +265,22 @@ class Engine:
             "spec_verify_steps": self.verify_steps,
         }
 
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens taken by sequences since the engine was made (resumed ones not counted)."""
+        return self.outputs.tokens_generated
+
     # ---- internals -----------------------------------------------------------------------------
 
     def _take_inbox(self) -> list[SequenceUpdate]:
-        with self._lock:  # inbox to requests in one step, so that holds() never misses a request
-            arrivals, self._inbox = self._inbox, []
-            cancels, self._cancels = self._cancels, []
-            self.requests.update((group.request_id, group) for group in arrivals)
+        arrivals, cancels = self.inbox.take()
         for group in arrivals:
             for seq in group.live:
                 self._prepare(seq)
                 self.scheduler.add(seq)
         updates = []
         for group in cancels:
-            if self.requests.get(group.request_id) is not group:
-                continue  # it ended before the cancel was taken; a new run under its id is not its
-            for seq in list(group.live):
-                updates.append(self._finish(seq, FinishReason.CANCELLED))
+            updates += self.finisher.cancel(group)
         return updates
 
     def _prepare(self, seq: Sequence) -> None:
@@ -405,15 +308,6 @@ class Engine:
             with self.tokenizer.exclusive() as tokenizer:
                 self.guides = Guides(tokenizer, self.vocab_width)
         return self.guides
-
-    def _fail(self, chunks: list[Chunk]) -> list[SequenceUpdate]:
-        """A pass that raised: every choice of the requests it carried ends with an error."""
-        updates = []
-        for request_id in dict.fromkeys(c.seq.request_id for c in chunks):
-            group = self.requests.get(request_id)
-            for seq in list(group.live) if group is not None else []:
-                updates.append(self._finish(seq, FinishReason.ERROR))
-        return updates
 
     def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
                        ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, tuple[Chunk, torch.Tensor]]]:
@@ -443,7 +337,7 @@ class Engine:
         for seq, row in list(zip(sampled, rows)):
             if seq.params.n == 1 or seq.output_ids:
                 continue  # forks happen at a request's first token only
-            for child in self.requests[seq.request_id].fork(seq):
+            for child in self.inbox.held[seq.request_id].fork(seq):
                 self._prepare(child)
                 self.scheduler.fork(seq, child)
                 if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
@@ -467,57 +361,3 @@ class Engine:
                 self.drafted_tokens += len(chunk.draft)
                 self.accepted_tokens += len(kept[seq])
         return kept
-
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list[dict | None],
-                     kept: dict[Sequence, list[int]]) -> list[SequenceUpdate]:
-        now = self.clock()
-        updates = []
-        for seq, token, entry in zip(seqs, tokens, logprobs):
-            update, reason = self._take(seq, token, entry, now)
-            updates.append(update)
-            for target in kept.get(seq, ()):  # each kept draft token's position is now computed
-                if reason is not None:
-                    break
-                seq.num_computed += 1
-                update, reason = self._take(seq, target, None, now)
-                updates.append(update)
-        return updates
-
-    def _take(self, seq: Sequence, token: int, entry: dict | None, now: float) -> tuple[SequenceUpdate, FinishReason | None]:
-        """seq takes `token`: its update, and why seq ends with it (None: it goes on)."""
-        if seq.timing.first_token is None:
-            seq.timing.first_token = now
-        seq.output_ids.append(token)
-        self.tokens_generated += 1
-        reason, text = advance(seq, token, self.eos_ids, self.context_length)
-        update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
-                                prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
-        if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
-            # The first prompt token has no score (nothing precedes it), but its text is part of the
-            # prompt an `echo` shows: it gets an entry without a logprob.
-            first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None,
-                     "top": []}
-            update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
-            seq.prompt_logprobs = None
-        if reason is not None:
-            self._finish(seq, reason, update)
-        return update, reason
-
-    def _finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
-        """End one choice; the update that ends a request's last choice says the request ended."""
-        self.scheduler.finish(seq, reason)
-        group = self.requests[seq.request_id]
-        if update is None:
-            update = SequenceUpdate(seq.request_id, None, None, "", choice=seq.choice)
-        update.choice_finish_reason = reason.value
-        update.prompt_tokens = len(seq.prompt_ids)
-        update.completion_tokens = len(seq.output_ids)
-        if group.end(seq, reason.value):
-            with self._lock:
-                self.requests.pop(seq.request_id, None)
-            update.finish_reason = reason.value
-            update.completion_tokens = group.completion_tokens
-            if group.n > 1:
-                update.finish_reasons = list(group.finish_reasons)
-            update.timing = seq.timing.summary(len(seq.output_ids) - seq.resumed_tokens)
-        return update

@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from engine.sequence import Chunk, FinishReason, Sequence, SequenceStatus
+from engine.sequence import Chunk, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVOwner, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.kv = kv
-        # The engine's clock: arrival, admission and finish times, the micro-batch wait and the
-        # admission patience all read it (a test drives it by hand).
+        # The engine's clock, on which arrivals and finishes are timed too: admission times, the
+        # micro-batch wait and the admission patience read it (a test drives it by hand).
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -206,13 +206,13 @@ class Scheduler:
         self.preemptions += 1
         self._at_lane_head(seq)
 
-    def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.timing.finished = self.clock()
+    def leave(self, seq: Sequence, remember: bool) -> None:
+        """A sequence that ended (engine/finishing.py decides why, and whether its blocks are worth
+        remembering) leaves its queue at once; a running one gives its KV back, its computed blocks
+        offered to the prefix cache first when `remember`."""
         if seq in self.running:
             self.running.remove(seq)
-            self.kv.release(seq, remember=reason is not FinishReason.ERROR)
+            self.kv.release(seq, remember=remember)
         else:
             try:
                 self.waiting.remove(seq)

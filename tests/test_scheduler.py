@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineRequest, FinishReason, RequestRejected, SamplingParams
+from engine import Engine, EngineConfig, EngineRequest, RequestRejected, SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from tests.clock import HandClock
@@ -287,6 +287,6 @@ def test_the_scheduler_decides_alone_an_interactive_arrival_preempts_the_newest_
     assert scheduler.preemptions == 1 and [s.request_id for s in scheduler.waiting] == ["b2"]
     b2 = scheduler.waiting[0]
     assert b2.num_computed == 0 and b2.output_ids == [9]  # its cache given back, its token kept
-    scheduler.finish(scheduler.running[0], FinishReason.STOP)
+    scheduler.leave(scheduler.running[0], remember=True)
     assert step() == ["b2", "live"]  # the freed row goes to it
     assert b2.num_computed == 4 and b2.output_ids == [9, 9]  # prefilled again, prompt and token, in one pass
