@@ -69,8 +69,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
             wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
         return real_forward(chunks, *args, **kwargs)
 
-    for t in host._threads:
-        t.start()
+    host.start_threads()
     try:
         wait_until(lambda: [w for w in fleet.live_workers(client) if w["instance"] == host.instance], 5,
                    what="the first heartbeat")
@@ -83,7 +82,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
         # The process lives and its heartbeat thread runs, but it no longer vouches for the request.
         wait_until(lambda: not client.exists(keys.worker(host.instance)), settings.engine_stall_s + 5,
                    what="the wedged worker's heartbeat to lapse")
-        assert host._threads[2].is_alive() and host._threads[0].is_alive()
+        assert host.heartbeat.thread.is_alive() and host.engine_loop.alive()
         assert "event=engine_stalled" in caplog.text
         assert fleet.live_workers(client) == []
         reaper = Reaper(settings, redis_clients.client(settings.redis_url))
@@ -106,8 +105,7 @@ def test_an_idle_engine_keeps_beating(settings, redis_server, tiny_engine_factor
 
     client = redis_server.client
     host = EngineHost(settings, "idle@test", tiny_engine_factory(max_batch=2))
-    for t in host._threads:
-        t.start()
+    host.start_threads()
     try:
         wait_until(lambda: client.exists(keys.worker(host.instance)), 5, what="the first heartbeat")
         deadline = time.monotonic() + settings.engine_stall_s * 2
