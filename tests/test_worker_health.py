@@ -27,17 +27,6 @@ def settings(redis_server) -> Settings:
                     unclaimed_after_s=0.5, model_name="health-model")
 
 
-@pytest.fixture
-def broker(settings):
-    """The reaper's sending app (ops.core.queue.sender) sends to the test's Redis (a supported
-    setting, read when the app first connects; nothing else in this process sends through it)."""
-    from ops.core.queue import sender
-
-    app = sender()
-    app.conf.broker_url = settings.redis_url
-    return app
-
-
 def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 200, version: str = "") -> QueuedRequest:
     rid = uuid.uuid4().hex
     queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
@@ -53,7 +42,7 @@ def on_queue(client: redis.Redis, model: str, rid: str, version: str = "") -> bo
 
 
 def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
-        settings, redis_server, tiny_engine_factory, broker, caplog):
+        settings, redis_server, tiny_engine_factory, caplog):
     from workers.engine_host import EngineHost
     from workers.reaper import Reaper
 
@@ -148,7 +137,7 @@ def test_the_registry_lists_live_workers_without_scanning_the_keyspace(settings,
 
 
 def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_reading_the_queue(
-        settings, redis_server, broker):
+        settings, redis_server):
     from workers.reaper import Reaper
 
     settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
@@ -189,7 +178,7 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     assert client.get(keys.taken(prefetched.request_id)) is None
 
 
-def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server, broker):
+def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server):
     from workers.reaper import Reaper
 
     settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
