@@ -27,17 +27,6 @@ def settings(redis_server) -> Settings:
                     unclaimed_after_s=0.5, model_name="health-model")
 
 
-@pytest.fixture
-def broker(settings):
-    """The reaper's sending app (ops.core.queue.sender) sends to the test's Redis (a supported
-    setting, read when the app first connects; nothing else in this process sends through it)."""
-    from ops.core.queue import sender
-
-    app = sender()
-    app.conf.broker_url = settings.redis_url
-    return app
-
-
 def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 200, version: str = "") -> QueuedRequest:
     rid = uuid.uuid4().hex
     queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
@@ -53,7 +42,7 @@ def on_queue(client: redis.Redis, model: str, rid: str, version: str = "") -> bo
 
 
 def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
-        settings, redis_server, tiny_engine_factory, broker, caplog):
+        settings, redis_server, tiny_engine_factory, caplog):
     from workers.engine_host import EngineHost
     from workers.reaper import Reaper
 
@@ -69,8 +58,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
             wedge.wait(60)  # a forward pass that never returns, as a hung kernel or a deadlock would
         return real_forward(chunks, *args, **kwargs)
 
-    for t in host._threads:
-        t.start()
+    host.start_threads()
     try:
         wait_until(lambda: [w for w in fleet.live_workers(client) if w["instance"] == host.instance], 5,
                    what="the first heartbeat")
@@ -83,7 +71,7 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
         # The process lives and its heartbeat thread runs, but it no longer vouches for the request.
         wait_until(lambda: not client.exists(keys.worker(host.instance)), settings.engine_stall_s + 5,
                    what="the wedged worker's heartbeat to lapse")
-        assert host._threads[2].is_alive() and host._threads[0].is_alive()
+        assert host.heartbeat.thread.is_alive() and host.engine_loop.alive()
         assert "event=engine_stalled" in caplog.text
         assert fleet.live_workers(client) == []
         reaper = Reaper(settings, redis_clients.client(settings.redis_url))
@@ -106,8 +94,7 @@ def test_an_idle_engine_keeps_beating(settings, redis_server, tiny_engine_factor
 
     client = redis_server.client
     host = EngineHost(settings, "idle@test", tiny_engine_factory(max_batch=2))
-    for t in host._threads:
-        t.start()
+    host.start_threads()
     try:
         wait_until(lambda: client.exists(keys.worker(host.instance)), 5, what="the first heartbeat")
         deadline = time.monotonic() + settings.engine_stall_s * 2
@@ -150,7 +137,7 @@ def test_the_registry_lists_live_workers_without_scanning_the_keyspace(settings,
 
 
 def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_reading_the_queue(
-        settings, redis_server, broker):
+        settings, redis_server):
     from workers.reaper import Reaper
 
     settings = settings.model_copy(update={"unclaimed_after_s": 60.0})
@@ -191,7 +178,7 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     assert client.get(keys.taken(prefetched.request_id)) is None
 
 
-def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server, broker):
+def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server):
     from workers.reaper import Reaper
 
     settings = settings.model_copy(update={"unclaimed_after_s": 60.0})

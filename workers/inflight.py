@@ -1,7 +1,7 @@
 """A request as this worker holds it (InFlight), and its translations: the queued request into the
 engine's EngineRequest, the engine's updates into the reply events the gateway reads.
 
-Pure: no Redis, no threads; engine_host.py owns the bookkeeping and the publishing.
+Pure: no Redis, no threads; held.py keeps the InFlight entries, publisher.py sends their events.
 """
 from __future__ import annotations
 

@@ -6,11 +6,11 @@ version is "" for a worker serving an unversioned folder); docs/metrics.md lists
 this module's REGISTRY, not in prometheus_client's global one, so the worker exposes exactly
 these and a gateway in the same process (tests, tools) never mixes its own in.
 
-The engine host records each fact once, where it becomes known (`WorkerMetrics`): a token's
-arrival is one observe or inc, with label children resolved once at start, so the hot path takes
-no label lookup and no Redis round trip. The gauges (running, waiting, KV use) are read from the
-engine when Prometheus scrapes (`EngineGauges`), so they cost nothing between scrapes and are
-never stale.
+The worker records each fact once, where it becomes known (`WorkerMetrics`, from engine_loop.py
+and serving.py): a token's arrival is one observe or inc, with label children resolved once at
+start, so the hot path takes no label lookup and no Redis round trip. The gauges (running,
+waiting, KV use) are read from the engine when Prometheus scrapes (`EngineGauges`), so they cost
+nothing between scrapes and are never stale.
 """
 from __future__ import annotations
 

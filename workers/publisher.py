@@ -10,15 +10,22 @@ asynchronous), the tail of a replay log among them. So the publisher keeps every
 request until the request's last event is logged, and when publish.lua reports a gap (the log holds
 fewer tokens than the next event follows) it sends the missing ones again, in order, at once. The
 gateway drops any index it has already forwarded, so a client sees each token once.
+
+`ReplyPublisher` is the worker's one door to all this, from any thread: it settles the requests
+whose last event went out (their task threads return then, not before) and hands the fenced ones
+to whoever drops them.
 """
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Callable
 
 import redis
 
 from ops.core.messages import ReplyEvent
 from workers.claims import ClaimStore
+from workers.inflight import InFlight
 
 log = logging.getLogger("brigade.worker")
 
@@ -35,7 +42,7 @@ Positioned = tuple[str, ReplyEvent, int | None]  # reply channel, event, positio
 
 
 class TokenPublisher:
-    """Not thread-safe: the engine host calls it under its publish lock (engine step or heartbeat)."""
+    """Not thread-safe: ReplyPublisher calls it under its lock (`forget` excepted)."""
 
     def __init__(self, claims: ClaimStore):
         self.claims = claims
@@ -101,9 +108,49 @@ class TokenPublisher:
 
     def forget(self, rid: str) -> None:
         """The request left this worker without a last event of its own (handed back, dropped).
-        Called with or without the publish lock: one dict pop, which the interpreter makes atomic."""
+        Called with or without ReplyPublisher's lock: one dict pop, which the interpreter makes atomic."""
         self._sent.pop(rid, None)
 
     @property
     def waiting(self) -> int:
         return len(self._pending)
+
+
+class ReplyPublisher:
+    """Every reply event of this worker goes out here: a step's (engine thread), a refusal or a
+    last word without the engine (task threads), and those waiting through an outage (retried by
+    the heartbeat thread). A request's task returns only once its last event is out."""
+
+    def __init__(self, tokens: TokenPublisher, on_fenced: Callable[[str], None]):
+        self.tokens = tokens
+        # Called under the lock for each request whose claim was taken over: no event of it goes out
+        # after the one that found it fenced.
+        self.on_fenced = on_fenced
+        self._unsettled: list[InFlight] = []  # ended, but their last event is not in Redis yet
+        self.requests_served = 0
+        # Guards `tokens` (not thread-safe), `_unsettled` and `requests_served`; taken by the engine
+        # thread after each step, by task threads and by the heartbeat thread. The held requests'
+        # lock may be taken inside it (on_fenced), never the other way round.
+        self._publishing = threading.Lock()
+
+    def publish(self, events: list[tuple[str, ReplyEvent]], ended: list[InFlight]) -> None:
+        """Publish (after whatever waits); the `ended` requests settle once their last event is out."""
+        with self._publishing:
+            self._unsettled.extend(ended)
+            fenced = self.tokens.publish(events)
+            if fenced is None:
+                return  # Redis is away: the heartbeat thread retries
+            for rid in fenced:
+                self.on_fenced(rid)
+            for entry in self._unsettled:
+                self.requests_served += 1
+                entry.finished.set()
+            self._unsettled = []
+
+    def retry(self) -> None:
+        """Send what waits for Redis, if anything does."""
+        if self.tokens.waiting or self._unsettled:
+            self.publish([], [])
+
+    def forget(self, rid: str) -> None:
+        self.tokens.forget(rid)

@@ -82,7 +82,7 @@ def _drain(sig=None, how=None, **_):
     # Sent on SIGTERM/SIGINT before Celery's warm shutdown waits for running tasks: the drain
     # ends every task within drain_seconds (finished, or handed back), so that wait is bounded.
     if _host is not None and how == "Warm":
-        threading.Thread(target=_host.drain, args=(_worker_settings().drain_seconds,), name="drain", daemon=True).start()
+        threading.Thread(target=_host.drain, args=(_worker_settings().drain_seconds,), name="brigade-drain", daemon=True).start()
 
 
 @worker_shutdown.connect

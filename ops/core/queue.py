@@ -1,4 +1,4 @@
-"""The sending side of the queue: task names, queues, priorities, and `enqueue`.
+"""The sending side of the queue: task names, queues, priorities, and `QueueSender`.
 
 The gateway, the reaper and a draining worker put requests on a model's queue through here, so
 none of them imports workers/ to send: each holds a `QueueSender` built from its own settings. The Celery configuration lives here too, once: the worker
@@ -7,7 +7,6 @@ Importing this module loads no model and no torch.
 """
 from __future__ import annotations
 
-import functools
 import threading
 import uuid
 
@@ -111,22 +110,6 @@ class QueueSender:
                            queue=interactive_queue(queued.model, queued.version),
                            task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
                            priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
-
-
-@functools.cache
-def _environment_sender() -> QueueSender:
-    return QueueSender(Settings())
-
-
-def sender() -> Celery:
-    """The environment's sending app, for code that holds no settings yet (see `enqueue`)."""
-    return _environment_sender().app
-
-
-def enqueue(queued: QueuedRequest, first: bool = False) -> None:
-    """`QueueSender.send` on the environment's settings: left for workers/engine_host.py, which is
-    being split apart and will hold its worker's sender; everything else sends through its own."""
-    _environment_sender().send(queued, first)
 
 
 def task_summary(queued: QueuedRequest) -> str:
