@@ -19,7 +19,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
-from cache.evidence import BAR_MARGIN, Learned, Observation, answers_agree, learn, same_text
+from cache.evidence import BAR_MARGIN, Learned, Observation, answers_agree, learn, observed, same_text
 from cache.guards import conflicts
 from cache.hit_rule import Candidate, OperatingPoint, choose, point_from, proposals
 from cache.index import Item, VectorIndex
@@ -286,7 +286,8 @@ class AnswerCache:
             return None
         agreed = await asyncio.to_thread(answers_agree, stored.answer, answer, self.embedder,
                                          self.settings.cache_answer_agreement)
-        await self.observe(Observation(near.cosine, near.score, agreed, "near_miss", near.entry_id))
+        await self.observe(observed("near_miss", entry=near.entry_id, cosine=near.cosine, score=near.score,
+                                    agreed=agreed))
         return near.entry_id if not sampled and same_text(stored.answer, answer) else None
 
     async def observe(self, observation: Observation) -> None:
