@@ -4,7 +4,7 @@ An observation is a pair the cache could have served (a proposal of cache/hit_ru
 answers were compared: the stored answer and the model's own answer to the asked question. Three
 sources give them, as vCache (arXiv 2502.03771) learns from:
 - near misses: a proposal that was not served, so the model answered; its answer is compared
-  with the proposal's when it ends (cache/answer_cache.py, on insert);
+  with the proposal's when it ends (cache/insert_path.py, on insert);
 - audits: a share (`cache_audit_share`) of semantic hits asked again of the model in the batch
   lane (gateway/audits.py); these are the unbiased sample of what is served;
 - feedback: a client or operator reporting a served answer wrong.
