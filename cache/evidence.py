@@ -4,10 +4,12 @@ An observation is a pair the cache could have served (a proposal of cache/hit_ru
 answers were compared: the stored answer and the model's own answer to the asked question. Three
 sources give them, as vCache (arXiv 2502.03771) learns from:
 - near misses: a proposal that was not served, so the model answered; its answer is compared
-  with the proposal's when it ends (cache/answer_cache.py, on insert);
+  with the proposal's when it ends (cache/insert_path.py, on insert);
 - audits: a share (`cache_audit_share`) of semantic hits asked again of the model in the batch
   lane (gateway/audits.py); these are the unbiased sample of what is served;
 - feedback: a client or operator reporting a served answer wrong.
+All three make theirs with `observed` (the one place an observation is made): a known source,
+stamped with when it was seen.
 
 Two answers agree when they are the same text up to case and spacing, or when their embeddings'
 cosine reaches `cache_answer_agreement` (the same content worded differently; sampled answers
@@ -62,6 +64,16 @@ class Observation:
                        str(d["source"]), str(d["entry"]), float(d.get("at", 0.0)))
         except (ValueError, KeyError, TypeError):
             return None  # one unreadable observation is skipped, not fatal
+
+
+def observed(source: str, *, entry: str, cosine: float, score: float | None, agreed: bool) -> Observation:
+    """Evidence about one pairing of a question with a stored entry (`cosine` apart, `score` the
+    pair model's say or None): near misses (cache/insert_path.py), audits (gateway/audits.py) and
+    feedback (gateway/admission.py) all come through here. Keyword-only: a cosine and a score
+    swapped would move the thresholds without a word."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown evidence source {source!r} (one of {', '.join(SOURCES)})")
+    return Observation(cosine, score, agreed, source, entry, time.time())
 
 
 def wilson(errors: int, n: int, z: float = Z_TWO_SIDED_95) -> tuple[float, float]:

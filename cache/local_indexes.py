@@ -1,6 +1,6 @@
 """One gateway's FAISS indexes, one per namespace, and their rebuilds off the event loop.
 
-The answer cache (cache/answer_cache.py) feeds them from Redis and from the shared log; this
+The answer cache feeds them from Redis (cache/log_follower.py, cache/insert_path.py); this
 module only keeps them: add, forget, raise an entry's bar, and rebuild an index (flat to HNSW,
 or compaction) on a worker thread while lookups go on with the old one.
 """
@@ -16,10 +16,10 @@ log = logging.getLogger("brigade.cache")
 
 
 class LocalIndexes:
-    def __init__(self, dim: int, hnsw_from: int, later: Callable):
+    def __init__(self, dim: int, hnsw_from: int, in_background: Callable):
         self.dim = dim
         self.hnsw_from = hnsw_from
-        self._later = later  # runs a coroutine in the background (the cache's)
+        self._in_background = in_background  # runs a coroutine in the background (the cache's)
         self.indexes: dict[str, VectorIndex] = {}
         self.namespace_of: dict[str, str] = {}  # entry id -> namespace, for deletes that name none
         self.rebuilding: set[str] = set()
@@ -63,7 +63,7 @@ class LocalIndexes:
             index.compact()
             return
         self.rebuilding.add(namespace)
-        self._later(self._rebuild_index(namespace, index))
+        self._in_background(self._rebuild_index(namespace, index))
 
     async def _rebuild_index(self, namespace: str, index: VectorIndex) -> None:
         """Build on a worker thread (seconds at 100k entries) while lookups use the old index."""

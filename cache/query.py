@@ -9,7 +9,7 @@
 
 Every request may use the cache. A greedy or seeded one has one answer, stored once. A sampled one
 (temperature above 0, no seed) has many: the cache keeps a pool of up to `cache_samples` of them
-per question, filled by the model while it is short, then served one at random (cache/answer_cache.py).
+per question, filled by the model while it is short, then served one at random (cache/lookup_path.py).
 """
 from __future__ import annotations
 

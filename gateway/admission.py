@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 import redis.asyncio as aioredis
 
-from cache.evidence import Observation
+from cache.evidence import observed
 from cache.query import PromptRenderer, make_query
 from gateway import metrics
 from gateway.audits import Audits
@@ -100,7 +100,8 @@ class Admission:
         A semantic hit's is evidence against its cosine too (cache/evidence.py)."""
         evicted = await self.cache.forget(hit.entry.entry_id, asked)
         if hit.layer == "semantic":
-            await self.cache.observe(Observation(hit.similarity, hit.score, False, "feedback", hit.entry.entry_id))
+            await self.cache.observe(observed("feedback", entry=hit.entry.entry_id, cosine=hit.similarity,
+                                              score=hit.score, agreed=False))
         return evicted
 
     async def admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str = "interactive",

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from cache.evidence import Observation, answers_agree
+from cache.evidence import answers_agree, observed
 from gateway import metrics
 from gateway.catalog import Choice
 from gateway.request_store import RequestStore
@@ -87,8 +86,8 @@ class Audits:
     async def _compare(self, context: AuditContext, answer: str) -> None:
         agreed = await asyncio.to_thread(answers_agree, context.served, answer, self.cache.embedder,
                                          self.cache.settings.cache_answer_agreement)
-        await self.cache.observe(Observation(context.cosine, context.score, agreed, "audit", context.entry_id,
-                                             time.time()))
+        await self.cache.observe(observed("audit", entry=context.entry_id, cosine=context.cosine,
+                                          score=context.score, agreed=agreed))
         metrics.CACHE_AUDITS.labels(context.choice.model, "agreed" if agreed else "different").inc()
         log.info("event=cache_audit_measured entry=%s cosine=%.4f agreed=%s", context.entry_id, context.cosine,
                  agreed)

@@ -1,7 +1,7 @@
 """Give each stored question (q1) of a paraphrase file the answer the served model gives it.
 
 `brigade cache eval` then stores a q1 for rewordings only when the live cache would
-(cache/answer_cache.reusable_for_rewordings: how the answer ended, whether it loops), so its
+(cache/insert_path.reusable_for_rewordings: how the answer ended, whether it loops), so its
 recall counts what a gateway really serves, not every question as if its answer were fit.
 
     python -m ops.answer_pairs IN.jsonl OUT.jsonl [--max-tokens 48] [--dtype auto]

@@ -192,7 +192,7 @@ def test_index_rebuilds_happen_off_the_event_loop_and_lookups_go_on(settings, em
 
 def test_looping_answers_serve_only_the_same_request_and_a_cut_one_may_serve_rewordings(settings, embedder,
                                                                                       renderer):
-    from cache.answer_cache import repetitive
+    from cache.insert_path import repetitive
 
     loop = "The answer is the answer is the answer is the answer is the answer is the answer is"
     assert repetitive(loop) and not repetitive("Paris is the capital of France, and it is on the Seine.")

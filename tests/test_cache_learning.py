@@ -1,5 +1,5 @@
 """What the answer cache learns, on real Redis, the real embedding model and the real pair model (no
-worker needed): sampled questions' pools of answers, rivals that know their answers, near misses
+worker needed): sampled questions' pools of answers, rivals that know their answers, near misses and audits
 that become evidence, aliases or raised bars, thresholds that move with evidence, and `brigade
 cache stats`' view of it. The lookups and storage themselves are tests/test_cache.py."""
 from __future__ import annotations
@@ -142,3 +142,35 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
     assert evidence["why"] == {"serve_cosine": "evidence_higher", "agree": "trained"}
     assert evidence["serving"]["agree"] == 0.99
     assert evidence["max_error"] == 0.01
+
+
+def test_an_audit_that_ends_is_evidence_and_a_different_answer_raises_its_entrys_bar(redis_server, embedder, renderer):
+    """gateway/audits.py: when an audit's answer ends, it is compared with the one served and kept
+    as audit evidence (cache/evidence.observed); a different answer raises the served entry's bar."""
+    from gateway.audits import AuditContext, Audits, AuditSink
+    from gateway.catalog import Choice
+    from gateway.router import ReplyRouter, Route
+    from ops.core.messages import ReplyEvent
+
+    redis_server.client.flushdb()
+    settings = Settings(redis_url=redis_server.url)
+    served = "About 384,400 km."
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        entry_id = await stored(cache, ask(renderer, "How far away is the Moon?"), served)
+        comparisons = []
+        audits = Audits(settings, ReplyRouter(), None, comparisons.append)
+        audits.use_cache(cache)
+        for rid, cosine, answer in (("audit-1", 0.93, "about 384,400 KM."), ("audit-2", 0.91, "It depends on the orbit.")):
+            context = AuditContext(entry_id, cosine, 0.8, served, Choice("smollm2-135m-instruct", "v1", "stable"))
+            route = Route(rid, rid, AuditSink(), keep_text=True, chunks=[answer], context=context)
+            audits.ended(route, ReplyEvent(type="done", request_id=rid))
+            await comparisons.pop()
+        return entry_id, await cache.store.observations()
+
+    entry_id, evidence = run(main())
+    assert [(o.source, o.entry, o.cosine, o.score, o.agreed) for o in reversed(evidence)] == [
+        ("audit", entry_id, 0.93, 0.8, True), ("audit", entry_id, 0.91, 0.8, False)]
+    assert all(o.at > 0 for o in evidence)
+    assert float(redis_server.client.hget(keys.cache_entry(entry_id), "bar")) == pytest.approx(0.92)

@@ -158,3 +158,26 @@ def test_thresholds_move_only_where_the_evidence_bounds_the_error():
     lo, hi = wilson(20, 500)
     assert lo < 0.04 < hi and served_error(bad + good)["audited"] == 500
     assert served_error(bad + good)["wrong"] == 20
+
+
+def test_evidence_is_made_one_way_stamped_from_a_known_source_in_the_shape_redis_keeps():
+    """Near misses, audits and feedback all make their observations with `observed`; what reaches
+    brigade:cache:evidence keeps its fields (every gateway and `brigade cache stats` read them)."""
+    import json
+    import time
+
+    import pytest
+
+    from cache.evidence import Observation, observed
+
+    before = time.time()
+    seen = observed("audit", entry="e1", cosine=0.93, score=0.8, agreed=False)
+    assert before <= seen.at <= time.time()
+    wire = json.loads(seen.to_json())
+    assert list(wire) == ["cosine", "score", "agreed", "source", "entry", "at"]
+    assert wire == {"cosine": 0.93, "score": 0.8, "agreed": False, "source": "audit", "entry": "e1", "at": seen.at}
+    assert Observation.from_json(seen.to_json()) == seen
+    with pytest.raises(ValueError, match="unknown evidence source"):
+        observed("hunch", entry="e1", cosine=0.93, score=None, agreed=True)
+    with pytest.raises(TypeError):  # positional numbers could be swapped unnoticed
+        observed("audit", "e1", 0.93, 0.8, False)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cache.answer_cache import reusable_for_rewordings
+from cache.insert_path import reusable_for_rewordings
 from gateway import openai_schema as oa
 from gateway.batch_input import Checker
 from gateway.protocol import ClientProtocol
