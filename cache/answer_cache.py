@@ -37,7 +37,7 @@ from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.cache")
 
-# Names the gateway (Hit, Lookup) and cache/evaluation.py (reusable_for_rewordings) import from here.
+# Names the gateway (Hit, Lookup) and ops/training/pair_model/evaluation.py (reusable_for_rewordings) import from here.
 __all__ = ["AnswerCache", "Hit", "Lookup", "reusable_for_rewordings"]
 
 
@@ -95,7 +95,7 @@ class AnswerCache:
 
     @pair_model.setter
     def pair_model(self, pair_model: PairModel | None) -> None:
-        """Another pair model (cache/tuning.py swaps in the one it tuned): its trained numbers too."""
+        """Another pair model (ops/training/pair_model/tuning.py swaps in the one it tuned): its trained numbers too."""
         self.lookups.pair_model = pair_model
         self.thresholds.trained = trained_point(pair_model, self.settings)
 

@@ -44,7 +44,7 @@ def trained_point(pair_model: PairModel | None, settings) -> OperatingPoint | No
 class Thresholds:
     def __init__(self, trained: OperatingPoint | None, max_error: float, store: EntryStore | None,
                  local: LocalIndexes):
-        self.trained = trained  # replaced when the pair model is (cache/tuning.py swaps in a tuned one)
+        self.trained = trained  # replaced when the pair model is (ops/training/pair_model/tuning.py swaps in a tuned one)
         self.max_error = max_error  # delta: the error rate's bound the evidence must keep
         self.store = store
         self.local = local  # this gateway's indexes: each entry's bar is read there on lookups
