@@ -6,7 +6,7 @@ sources give them, as vCache (arXiv 2502.03771) learns from:
 - near misses: a proposal that was not served, so the model answered; its answer is compared
   with the proposal's when it ends (cache/insert_path.py, on insert);
 - audits: a share (`cache_audit_share`) of semantic hits asked again of the model in the batch
-  lane (gateway/audits.py); these are the unbiased sample of what is served;
+  lane (gateway/admission/audits.py); these are the unbiased sample of what is served;
 - feedback: a client or operator reporting a served answer wrong.
 All three make theirs with `observed` (the one place an observation is made): a known source,
 stamped with when it was seen.
@@ -68,8 +68,8 @@ class Observation:
 
 def observed(source: str, *, entry: str, cosine: float, score: float | None, agreed: bool) -> Observation:
     """Evidence about one pairing of a question with a stored entry (`cosine` apart, `score` the
-    pair model's say or None): near misses (cache/insert_path.py), audits (gateway/audits.py) and
-    feedback (gateway/admission.py) all come through here. Keyword-only: a cosine and a score
+    pair model's say or None): near misses (cache/insert_path.py), audits (gateway/admission/audits.py) and
+    feedback (gateway/admission/admission.py) all come through here. Keyword-only: a cosine and a score
     swapped would move the thresholds without a word."""
     if source not in SOURCES:
         raise ValueError(f"unknown evidence source {source!r} (one of {', '.join(SOURCES)})")

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
 from gateway import tool_calls
-from gateway.events import error_event
+from gateway.delivery.events import error_event
 from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
@@ -105,7 +105,7 @@ LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for each bias
 
 
 class ModelBook(Protocol):
-    """What the protocol asks of the models this gateway knows (gateway/catalog.py's Catalog)."""
+    """What the protocol asks of the models this gateway knows (gateway/admission/catalog.py's Catalog)."""
 
     def resolve(self, ref: str | None, client_id: str | None = None) -> tuple[str, str]: ...
 

@@ -42,30 +42,30 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from gateway import metrics
-from gateway.admission import Admission
-from gateway.audits import Audits
-from gateway.api_keys import AuthError, KeyStore, bearer_key
-from gateway.auth import Authenticator
+from gateway.admission.admission import Admission
+from gateway.admission.audits import Audits
+from gateway.admission.api_keys import AuthError, KeyStore, bearer_key
+from gateway.admission.auth import Authenticator
 from gateway.background import BackgroundTasks
-from gateway.batch_http import BatchDoor
-from gateway.batch_jobs import JobStore
-from gateway.batch_lines import IdenticalLines, LineRunner
-from gateway.batch_runner import BatchRunner
-from gateway.catalog import Catalog
-from gateway.content_guards import GuardConfigError, configured
-from gateway.embeddings import EmbeddingsDoor
-from gateway.http_door import HttpDoor
-from gateway.lifecycle import RequestLifecycle
-from gateway.limits import KeyLimiter
-from gateway.load import LoadMonitor
+from gateway.batch.batch_http import BatchDoor
+from gateway.batch.batch_jobs import JobStore
+from gateway.batch.batch_lines import IdenticalLines, LineRunner
+from gateway.batch.batch_runner import BatchRunner
+from gateway.admission.catalog import Catalog
+from gateway.admission.content_guards import GuardConfigError, configured
+from gateway.doors.embeddings import EmbeddingsDoor
+from gateway.doors.http_door import HttpDoor
+from gateway.admission.lifecycle import RequestLifecycle
+from gateway.admission.limits import KeyLimiter
+from gateway.admission.load import LoadMonitor
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.replies import ReplyIntake
-from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter
-from gateway.shadows import Shadows
-from gateway.tokenize_door import TokenizeDoor
-from gateway.utility_routes import UtilityRoutes
-from gateway.ws_door import WebSocketDoor
+from gateway.delivery.replies import ReplyIntake
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import ReplyRouter
+from gateway.admission.shadows import Shadows
+from gateway.doors.tokenize_door import TokenizeDoor
+from gateway.doors.utility_routes import UtilityRoutes
+from gateway.doors.ws_door import WebSocketDoor
 from ops.core import fleet, keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.ports import bind_error
@@ -290,7 +290,7 @@ class GatewayServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         self.gateway.stopping = True
-        log.info("event=gateway_stopping routes=%d", len(self.gateway.router.routes()))
+        log.info("event=gateway_stopping routes=%d", len(self.gateway.delivery.router.routes()))
         await super().shutdown(sockets)
 
 

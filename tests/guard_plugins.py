@@ -1,7 +1,7 @@
 """Guards that tests plug in through BRIGADE_GUARDS, as an operator plugs in a classifier."""
 from __future__ import annotations
 
-from gateway.content_guards import GuardInput
+from gateway.admission.content_guards import GuardInput
 
 EXPLODE = "PLEASE-EXPLODE-THE-GUARD"
 

@@ -49,7 +49,7 @@ class Doors(Stack):
         answer, `open` is ready, `empty` has looked at the heartbeats once and `key` is a key."""
         self.start_gateway("open")
         self.start_gateway("strict", BRIGADE_AUTH="required", BRIGADE_GUARD_PATTERNS_FILE=str(patterns),
-                           BRIGADE_GUARDS="gateway.content_guards:sanitize,gateway.content_guards:patterns,"
+                           BRIGADE_GUARDS="gateway.admission.content_guards:sanitize,gateway.admission.content_guards:patterns,"
                                           "tests.guard_plugins:explode_on_marker,tests.guard_plugins:explode_on_output")
         self.start_gateway("full", BRIGADE_MAX_QUEUE_DEPTH="0", BRIGADE_CACHE_ENABLED="0")
         self.start_gateway("empty", BRIGADE_REDIS_URL=self.redis.url.rsplit("/", 1)[0] + "/1",

@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.api_keys import KeyStore
+from gateway.admission.api_keys import KeyStore
 from ops.core.redis_clients import async_client
 from tests.openai_doors import MODEL, _scrape, _value
 from tests.services import create_key, wait_until

@@ -242,8 +242,8 @@ def http_status(port: int, path: str) -> int | None:
 
 
 def create_key(redis_url: str, name: str = "test", **limits) -> str:
-    """A real API key in the test's Redis (gateway/api_keys.py), as `brigade keys create` makes one."""
-    from gateway.api_keys import KeyStore
+    """A real API key in the test's Redis (gateway/admission/api_keys.py), as `brigade keys create` makes one."""
+    from gateway.admission.api_keys import KeyStore
     from ops.core.redis_clients import async_client
 
     async def create() -> str:

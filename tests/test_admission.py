@@ -13,16 +13,16 @@ import uuid
 
 import pytest
 
-from gateway.api_keys import KeyStore
+from gateway.admission.api_keys import KeyStore
 from gateway.background import BackgroundTasks
-from gateway.content_guards import GuardInput
-from gateway.lifecycle import Caller, RequestContext, RequestLifecycle
-from gateway.limits import KeyLimiter
+from gateway.admission.content_guards import GuardInput
+from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle
+from gateway.admission.limits import KeyLimiter
 from gateway.protocol import ProtocolError
-from gateway.replies import ReplyIntake
-from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route
-from gateway.shadows import Shadows
+from gateway.delivery.replies import ReplyIntake
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import ReplyRouter, Route
+from gateway.admission.shadows import Shadows
 from ops.core import keys
 from ops.core.messages import GenerateParams, QueuedRequest
 from ops.core.queue import QueueSender
@@ -203,8 +203,8 @@ def test_a_batch_line_is_followed_again_only_while_its_request_has_a_replay_log(
 
 
 def _shadow_routes(admission: RequestLifecycle, served_text: list[str], shadow_text: list[str]):
-    from gateway.catalog import Choice
-    from gateway.shadows import ShadowContext, ShadowPair, ShadowSink
+    from gateway.admission.catalog import Choice
+    from gateway.admission.shadows import ShadowContext, ShadowPair, ShadowSink
 
     served = routed(admission, Sink())
     served.keep_text, served.chunks = True, list(served_text)

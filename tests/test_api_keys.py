@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api_keys import AuthError, KeyStore, UnknownKey
-from gateway.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
+from gateway.admission.api_keys import AuthError, KeyStore, UnknownKey
+from gateway.admission.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
 from ops.core import keys
 from ops.core.redis_clients import async_client
 from ops.commands.keys import run

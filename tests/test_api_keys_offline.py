@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api_keys import bearer_key, new_key
+from gateway.admission.api_keys import bearer_key, new_key
 from ops.commands.keys import run
 from ops.core.settings import Settings
 from tests.keys_cli import parse

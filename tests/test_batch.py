@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.batch_input import Checker
+from gateway.batch.batch_input import Checker
 from gateway.protocol import ClientProtocol
 from ops.core.settings import Settings
 from tests.services import RedisServer, Stack, wait_until, worker_statuses

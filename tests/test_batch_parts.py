@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.batch_jobs import JobStore, new_id
-from gateway.batch_lease import JobLease
-from gateway.batch_lines import IdenticalLines
-from gateway.batch_output import BLANK, LineResult
-from gateway.batch_runner import LinesInFlight
-from gateway.batch_writer import OrderedWriter
+from gateway.batch.batch_jobs import JobStore, new_id
+from gateway.batch.batch_lease import JobLease
+from gateway.batch.batch_lines import IdenticalLines
+from gateway.batch.batch_output import BLANK, LineResult
+from gateway.batch.batch_runner import LinesInFlight
+from gateway.batch.batch_writer import OrderedWriter
 from ops.core import keys
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings

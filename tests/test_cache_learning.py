@@ -145,11 +145,11 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
 
 
 def test_an_audit_that_ends_is_evidence_and_a_different_answer_raises_its_entrys_bar(redis_server, embedder, renderer):
-    """gateway/audits.py: when an audit's answer ends, it is compared with the one served and kept
+    """gateway/admission/audits.py: when an audit's answer ends, it is compared with the one served and kept
     as audit evidence (cache/evidence.observed); a different answer raises the served entry's bar."""
-    from gateway.audits import AuditContext, Audits, AuditSink
-    from gateway.catalog import Choice
-    from gateway.router import ReplyRouter, Route
+    from gateway.admission.audits import AuditContext, Audits, AuditSink
+    from gateway.admission.catalog import Choice
+    from gateway.delivery.router import ReplyRouter, Route
     from ops.core.messages import ReplyEvent
 
     redis_server.client.flushdb()

@@ -12,10 +12,10 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.embeddings import encode, parse_embeddings
+from gateway.doors.embeddings import encode, parse_embeddings
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.tokenize_door import parse_tokenize
-from gateway.utility_routes import UtilityRoutes
+from gateway.doors.tokenize_door import parse_tokenize
+from gateway.doors.utility_routes import UtilityRoutes
 from ops.core.messages import SamplingDefaults
 from ops.core.settings import Settings
 

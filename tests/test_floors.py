@@ -157,3 +157,36 @@ def test_no_runtime_package_imports_offline_training():
     reaching = sorted(f"{importer} -> {imported}" for importer, targets in import_graph().items()
                       if floor(importer) in RUNTIME for imported in targets if floor(imported) == "ops.training")
     assert not reaching, "runtime modules that import offline training:\n" + "\n".join(reaching)
+
+
+# Inside the gateway, its sub-packages stand on one another the same way (docs/architecture.md,
+# "The gateway's rooms"): delivery at the bottom (reply events to their routes), then the one
+# request type and its checks with the parts every room shares, admission (a request in, and its life to the end),
+# the doors (each wire format), batch jobs (lines through admission, rendered as the OpenAI door
+# renders), and server.py, which wires them all and which nothing imports.
+GATEWAY_ROOMS = {
+    "gateway.delivery": {"gateway.delivery"},
+    "gateway.shared": {"gateway.shared", "gateway.delivery"},
+    "gateway.admission": {"gateway.admission", "gateway.delivery", "gateway.shared"},
+    "gateway.doors": {"gateway.doors", "gateway.admission", "gateway.delivery", "gateway.shared"},
+    "gateway.batch": {"gateway.batch", "gateway.doors", "gateway.admission", "gateway.delivery", "gateway.shared"},
+    "gateway.server": {"gateway.server", "gateway.batch", "gateway.doors", "gateway.admission", "gateway.delivery",
+                       "gateway.shared"},
+}
+
+
+def room(module: str) -> str:
+    """A gateway module's room: its sub-package, `server`, or `shared` (protocol, tool_calls, metrics,
+    background: the request type and what every room uses)."""
+    parts = module.split(".")
+    if len(parts) > 1 and f"gateway.{parts[1]}" in GATEWAY_ROOMS:
+        return f"gateway.{parts[1]}"
+    return "gateway.server" if module == "gateway.server" else "gateway.shared"
+
+
+def test_the_gateways_rooms_import_only_the_rooms_beneath_them():
+    gateway = {m: t for m, t in import_graph().items() if m.startswith("gateway.")}
+    assert {room(m) for m in gateway} == set(GATEWAY_ROOMS)  # every room is there, none unnamed
+    broken = sorted(f"{importer} -> {imported}" for importer, targets in gateway.items() for imported in targets
+                    if imported.startswith("gateway.") and room(imported) not in GATEWAY_ROOMS[room(importer)])
+    assert not broken, "gateway imports that break its rooms:\n" + "\n".join(broken)

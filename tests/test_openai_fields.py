@@ -1,6 +1,6 @@
 """The OpenAI door's further fields, apart from any socket: bodies into `Generate`s
-(gateway/openai_schema.py), events into bodies and stream chunks (gateway/openai_render.py,
-gateway/http_door.py's `_Stream`), tools into prompts and back (engine/chat_prompt.py,
+(gateway/doors/openai_schema.py), events into bodies and stream chunks (gateway/doors/openai_render.py,
+gateway/doors/http_door.py's `_Stream`), tools into prompts and back (engine/chat_prompt.py,
 gateway/tool_calls.py). The same fields against real processes: tests/test_openai_depth.py."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from engine import chat_prompt
-from gateway import openai_render as render
-from gateway import openai_schema as oa
+from gateway.doors import openai_render as render
+from gateway.doors import openai_schema as oa
 from gateway import tool_calls
-from gateway.http_door import _Stream
+from gateway.doors.http_door import _Stream
 from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.settings import Settings
 

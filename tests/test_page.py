@@ -269,7 +269,7 @@ def test_keys_and_guards_errors_show_their_code_and_the_key_field(browser, stack
     from selenium.webdriver.common.keys import Keys
 
     with stack.another_gateway("gateway-keys", BRIGADE_AUTH="required",
-                               BRIGADE_GUARDS="gateway.content_guards:patterns") as gateway:
+                               BRIGADE_GUARDS="gateway.admission.content_guards:patterns") as gateway:
         key = create_key(stack.redis.url, "page")
         page = ChatPage(browser, gateway.http_url)
         browser.get(page.base_url + "/")

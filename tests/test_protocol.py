@@ -105,7 +105,7 @@ def test_cancel_is_parsed(protocol):
 
 
 def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
-    from gateway.events import cached_events
+    from gateway.delivery.events import cached_events
 
     events = cached_events("r1", ["Par", "is."], "stop", {"completion_tokens": 2}, "semantic", 0.91234, 0.004)
     assert [e["type"] for e in events] == ["token", "done"]
@@ -115,7 +115,7 @@ def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
 
 
 def test_estimated_wait_is_the_work_ahead_over_the_fleets_completion_rate():
-    from gateway.load import LoadMonitor
+    from gateway.admission.load import LoadMonitor
 
     monitor = LoadMonitor(None, Settings())
     assert monitor.estimated_wait_s(0) == 0.0

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import time
 
-from gateway.replies import CATCH_UP_PAGE, ReplyIntake
-from gateway.router import ReplyRouter, Route
+from gateway.delivery.replies import CATCH_UP_PAGE, ReplyIntake
+from gateway.delivery.router import ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
@@ -147,7 +147,7 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
     first one's writes (requests stored and queued on it) were lost when it was made a replica of
     the second. A request that never sent its client a token is put on the queue again, as it was
     stored; one that had begun cannot continue without its log, and its client is told."""
-    from gateway.request_store import RequestStore
+    from gateway.admission.request_store import RequestStore
     from ops.core.messages import GenerateParams, QueuedRequest
     from ops.core.queue import QueueSender
 

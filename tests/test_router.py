@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import openai_schema as oa
-from gateway.content_guards import GuardInput, load_guards, patterns, sanitize
+from gateway.doors import openai_schema as oa
+from gateway.admission.content_guards import GuardInput, load_guards, patterns, sanitize
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.router import GAP, ReplyRouter, Route
+from gateway.delivery.router import GAP, ReplyRouter, Route
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
 
@@ -169,6 +169,13 @@ def test_a_guard_that_does_not_resolve_fails_at_start_with_its_name():
     with pytest.raises(ValueError, match="nosuch.module:check"):
         load_guards("nosuch.module:check")
     with pytest.raises(ValueError, match="module:callable"):
-        load_guards("gateway.content_guards")
-    assert [g.name for g in load_guards("gateway.content_guards:sanitize, gateway.content_guards:patterns")] == [
-        "gateway.content_guards:sanitize", "gateway.content_guards:patterns"]
+        load_guards("gateway.admission.content_guards")
+    assert [g.name for g in load_guards("gateway.admission.content_guards:sanitize, gateway.admission.content_guards:patterns")] == [
+        "gateway.admission.content_guards:sanitize", "gateway.admission.content_guards:patterns"]
+
+
+def test_guards_named_by_their_module_before_the_gateway_was_split_still_load():
+    from gateway.admission.content_guards import load_guards
+
+    assert [g.check for g in load_guards("gateway.content_guards:sanitize")] == [
+        g.check for g in load_guards("gateway.admission.content_guards:sanitize")]

@@ -61,7 +61,7 @@ async def _list(store, args) -> int:
 
 
 async def _revoke(store, args) -> int:
-    from gateway.api_keys import key_id_of
+    from gateway.admission.api_keys import key_id_of
 
     key_id = key_id_of(args.key)  # never echo a whole key back
     if not await store.revoke(key_id):
@@ -92,7 +92,7 @@ _COMMANDS = {"create": _create, "list": _list, "revoke": _revoke, "usage": _usag
 
 
 async def _run(args, settings: Settings) -> int:
-    from gateway.api_keys import KeyStore
+    from gateway.admission.api_keys import KeyStore
     from ops.core.redis_clients import async_client
 
     client = async_client(settings.redis_url)

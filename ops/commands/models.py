@@ -272,7 +272,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def effective_share(snap: Snapshot, name: str, version: str) -> float:
-    """The percent of NAME's requests `version` gets, as the gateway chooses (gateway/catalog.py):
+    """The percent of NAME's requests `version` gets, as the gateway chooses (gateway/admission/catalog.py):
     the route's share, or all of them for the stable version when no route gives any."""
     route = snap.routes.get(name)
     if route is not None and any(s.percent > 0 for s in route.shares):

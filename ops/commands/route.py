@@ -4,7 +4,7 @@ A route is ops/core/registry.py's RouteSpec: shares that add up to 100, the stic
 gateway hashes so that one key, user or conversation stays on one version) and shadows (versions
 that also run a copy of some requests, measured, never delivered). Each change is one transaction
 that the gateways see whole within their registry poll. A model without a route sends every request
-to its stable version (gateway/catalog.py).
+to its stable version (gateway/admission/catalog.py).
 """
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ CACHE_HARD_NEGATIVES = f"{PREFIX}:cache:hard_negatives"
 CACHE_EVIDENCE = f"{PREFIX}:cache:evidence"
 
 
-# ---- API keys (gateway/api_keys.py, gateway/limits.py) -----------------------------------------
+# ---- API keys (gateway/admission/api_keys.py, gateway/admission/limits.py) ---------------------------------
 # The records live as long as the operator keeps them (see the docstring above); the limiter's
 # state is short-lived: trimmed to its window by each admission and expiring when a key goes idle.
 API_KEYS = f"{PREFIX}:apikeys"  # set of every API key id ever created (for `brigade keys list`)
@@ -290,7 +290,7 @@ def key_in_flight_ttl_ms(stale_s: float) -> int:
     return math.ceil(stale_s * 1000)
 
 
-# ---- batch jobs (gateway/batch_jobs.py) -----------------------------------------------------------
+# ---- batch jobs (gateway/batch/batch_jobs.py) -----------------------------------------------------------
 # A job's keys live batch_ttl_s: its hash, its in-flight map (at most Settings.batch_window fields)
 # and its files; its lease lives seconds. The job index and the active set lose a member when its
 # hash is gone (pruned by `list`) or the job ends.

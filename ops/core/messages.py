@@ -74,7 +74,7 @@ class Role:
     from its default, so an ordinary request keeps the key it always had); "never" (a request
     that asks it is not cached, or it does not change the text).
     door: "same" when the OpenAI door takes the body's field of the same name as it is; "own"
-    when the door reads it its own way (gateway/openai_schema.py: two spellings, a string or a list).
+    when the door reads it its own way (gateway/doors/openai_schema.py: two spellings, a string or a list).
     engine: the engine's value (engine.SamplingParams' field of the same name) made from the
     request's; None when the engine has no such field or the worker makes it (the guide's spec).
     """

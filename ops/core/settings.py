@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     # an address other than loopback, so nothing listens unprotected on a network.
     auth: str = Field(default="", pattern="^(|off|required)$")
     # Content guards run before enqueue (prompt) and on the output stream: module:callable, comma
-    # separated (gateway/content_guards.py). Empty: none.
+    # separated (gateway/admission/content_guards.py). Empty: none.
     guards: str = ""
     # The shipped pattern guard's list: one regular expression a line ('#' starts a comment);
     # empty: the built-in list of known prompt-injection phrases.
@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     canary_tick_s: float = 1.0
     # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
     max_batch: int = 32
-    # Batch jobs (gateway/batch_runner.py): where their files live (every gateway must see the same
+    # Batch jobs (gateway/batch/batch_runner.py): where their files live (every gateway must see the same
     # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
     # Under the data dir, not BRIGADE_HOME (a cache): a job's records survive in Redis now, and

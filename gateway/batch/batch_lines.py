@@ -21,14 +21,14 @@ from typing import Awaitable, Callable, Generic, TypeVar
 
 import redis.asyncio as aioredis
 
-from gateway import openai_render as render
-from gateway.admission import Admission
-from gateway.batch_input import BatchLine
-from gateway.batch_jobs import JobStore
-from gateway.batch_output import LineResult, completed, copy_result, dedup_key, request_failed
-from gateway.lifecycle import Caller, RequestLifecycle
+from gateway.doors import openai_render as render
+from gateway.admission.admission import Admission
+from gateway.batch.batch_input import BatchLine
+from gateway.batch.batch_jobs import JobStore
+from gateway.batch.batch_output import LineResult, completed, copy_result, dedup_key, request_failed
+from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ProtocolError
-from gateway.router import AnswerQueue, ReplyRouter
+from gateway.delivery.router import AnswerQueue, ReplyRouter
 from ops.core.redis_clients import async_outage_retry
 
 log = logging.getLogger("brigade.batch")

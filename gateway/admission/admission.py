@@ -1,15 +1,15 @@
 """Admission, the one path in for every door: version, limits, guards, cache, load, enqueue.
 
 A door (WebSocket, OpenAI HTTP, the page, a batch line) turns its input into a `Generate` and
-calls `admit`. In order: the version it runs on is chosen once (gateway/catalog.py) and its
+calls `admit`. In order: the version it runs on is chosen once (gateway/admission/catalog.py) and its
 sampling defaults filled for that version (`Generate.with_defaults`); then the caller's key
 limits (rate_limited), the prompt guards (content_blocked), the answer cache (a hit is answered
 at once, after the output guards), the service's load (overloaded, no_workers); then the request
 is recorded and queued with a route registered first, so a fast worker's first token finds its
-way back, and its shadow copies are sent (gateway/shadows.py). Every refusal is a ProtocolError
+way back, and its shadow copies are sent (gateway/admission/shadows.py). Every refusal is a ProtocolError
 with a stable code, which each door renders in its own shape.
 
-What happens to an admitted request afterwards (cancel, resume, settle) is gateway/lifecycle.py's.
+What happens to an admitted request afterwards (cancel, resume, settle) is gateway/admission/lifecycle.py's.
 """
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ import redis.asyncio as aioredis
 from cache.evidence import observed
 from cache.query import PromptRenderer, make_query
 from gateway import metrics
-from gateway.audits import Audits
-from gateway.catalog import Catalog, Choice
-from gateway.content_guards import GuardInput, NamedGuard, first_refusal
-from gateway.events import cached_events
-from gateway.lifecycle import Caller, RequestContext, RequestLifecycle, output_refusal
-from gateway.limits import KeyLimiter
-from gateway.load import LoadMonitor
+from gateway.admission.audits import Audits
+from gateway.admission.catalog import Catalog, Choice
+from gateway.admission.content_guards import GuardInput, NamedGuard, first_refusal
+from gateway.delivery.events import cached_events
+from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle, output_refusal
+from gateway.admission.limits import KeyLimiter
+from gateway.admission.load import LoadMonitor
 from gateway.protocol import Generate, ProtocolError
-from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route, Sink
-from gateway.shadows import Shadows
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import ReplyRouter, Route, Sink
+from gateway.admission.shadows import Shadows
 from ops.core import fleet, keys, outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.redis_clients import through_failover
@@ -79,7 +79,7 @@ class Admission:
         self.reply_channel = reply_channel
         self.store = store
         self.shadows = shadows
-        self.audits = audits  # a share of semantic hits asked again of the model (gateway/audits.py)
+        self.audits = audits  # a share of semantic hits asked again of the model (gateway/admission/audits.py)
         self.lifecycle = lifecycle  # a refused or failed request's slot is freed, a cache hit settled
         self._spawn = spawn  # the gateway's: background work it waits for at shutdown
         self._deliver = deliver  # the gateway's: a routed event to its client
@@ -123,7 +123,7 @@ class Admission:
         return admitted
 
     def _choose(self, cmd: Generate, caller: Caller) -> Choice:
-        """The version this request runs on (gateway/catalog.py): pinned, routed, or stable."""
+        """The version this request runs on (gateway/admission/catalog.py): pinned, routed, or stable."""
         if self.catalog is None:
             return Choice(cmd.model, cmd.version, "settings")
         choice = self.catalog.route(cmd.model, cmd.version, caller.key.id if caller.key else None, cmd.user,

@@ -18,10 +18,10 @@ from typing import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.admission import Admission
-from gateway.auth import Authenticator
-from gateway.events import cancelled_event, error_event, feedback_recorded, queued_event
-from gateway.lifecycle import Caller, RequestLifecycle
+from gateway.admission.admission import Admission
+from gateway.admission.auth import Authenticator
+from gateway.delivery.events import cancelled_event, error_event, feedback_recorded, queued_event
+from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
 from ops.core.settings import Settings
 

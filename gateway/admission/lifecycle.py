@@ -8,7 +8,7 @@ followed again from its replay log by `resume` (a WebSocket client's, on any gat
 
 `settle` is the other end: when a route ends (done, error, cancel, abandoned) the key's
 concurrency slot is released and its usage counted, a finished answer is stored in the cache, the
-version's outcome recorded, and a served answer compared with its shadows (gateway/shadows.py).
+version's outcome recorded, and a served answer compared with its shadows (gateway/admission/shadows.py).
 
 The delivery rule lives here too (`deliver`: each routed event to its client, the output guards'
 verdict first, `output_refusal`, one check for a streamed answer and a cached one alike; the
@@ -27,17 +27,17 @@ import redis.asyncio as aioredis
 
 from cache.query import CacheQuery
 from gateway import metrics
-from gateway.api_keys import ApiKey, KeyStore
-from gateway.audits import AuditContext, Audits
-from gateway.catalog import Choice
-from gateway.content_guards import GuardInput, NamedGuard, first_refusal
-from gateway.events import stream_error
-from gateway.limits import KeyLimiter
+from gateway.admission.api_keys import ApiKey, KeyStore
+from gateway.admission.audits import AuditContext, Audits
+from gateway.admission.catalog import Choice
+from gateway.admission.content_guards import GuardInput, NamedGuard, first_refusal
+from gateway.delivery.events import stream_error
+from gateway.admission.limits import KeyLimiter
 from gateway.protocol import ProtocolError
-from gateway.replies import ReplyIntake
-from gateway.request_store import RequestStore
-from gateway.router import Delivery, ReplyRouter, Route, Sink
-from gateway.shadows import ShadowContext, Shadows
+from gateway.delivery.replies import ReplyIntake
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
+from gateway.admission.shadows import ShadowContext, Shadows
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings

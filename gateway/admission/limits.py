@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from gateway.api_keys import ApiKey
+from gateway.admission.api_keys import ApiKey
 from ops.core import keys, scripts
 
 RATE_LIMITED = "rate_limited"

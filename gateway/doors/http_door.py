@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP door: /v1/chat/completions, /v1/completions (JSON or SSE), /v1/models.
 
-A thin adapter: the body becomes a `Generate` (gateway/openai_schema.py), the gateway admits it
+A thin adapter: the body becomes a `Generate` (gateway/doors/openai_schema.py), the gateway admits it
 like any WebSocket request, and the request's events (in the WebSocket protocol's shapes) are
 rendered as an OpenAI response. A streamed response starts only with the first token, so an
 error a worker reports before any token (a prompt past the context, a deadline) still gets its
@@ -18,16 +18,16 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway import openai_render as render
-from gateway import openai_schema as oa
-from gateway.admission import Admission
-from gateway.auth import Authenticator
-from gateway.catalog import Catalog
-from gateway.lifecycle import Caller, RequestLifecycle
+from gateway.doors import openai_render as render
+from gateway.doors import openai_schema as oa
+from gateway.admission.admission import Admission
+from gateway.admission.auth import Authenticator
+from gateway.admission.catalog import Catalog
+from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.http_body import read_json
-from gateway.http_errors import error_response
-from gateway.router import AnswerQueue
+from gateway.doors.http_body import read_json
+from gateway.doors.http_errors import error_response
+from gateway.delivery.router import AnswerQueue
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -161,7 +161,7 @@ class HttpDoor:
 
 
 class _Stream:
-    """A request's events as OpenAI stream chunks, choice by choice (gateway/openai_render.py)."""
+    """A request's events as OpenAI stream chunks, choice by choice (gateway/doors/openai_render.py)."""
 
     def __init__(self, opts: oa.Options, rid: str):
         self.opts, self.rid, self.created = opts, rid, render.now()

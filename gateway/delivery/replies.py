@@ -15,8 +15,8 @@ from typing import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from gateway.events import stream_error
-from gateway.router import GAP, Delivery, ReplyRouter, Route
+from gateway.delivery.events import stream_error
+from gateway.delivery.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.redis_clients import async_client, async_outage_retry, outage_pause_s

@@ -5,7 +5,7 @@ Bodies are translated into the WebSocket protocol's `generate` fields and valida
 ones are each supported, accepted and ignored (with a reason), or refused with `unsupported_field`
 and a message that says what to do (docs/doors.md has the table); unknown fields are refused as
 OpenAI does. Brigade's own fields (`cache`, `cache_threshold`, `deadline_ms`) ride as extra body fields.
-Responses are gateway/openai_render.py's.
+Responses are gateway/doors/openai_render.py's.
 """
 from __future__ import annotations
 

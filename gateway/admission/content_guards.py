@@ -66,6 +66,10 @@ class GuardRefusal:
     reason: str
 
 
+# The built-in guards' module before the gateway's sub-packages: a BRIGADE_GUARDS written then still loads.
+_MOVED = {"gateway.content_guards": __name__}
+
+
 def load_guards(spec: str, settings: Settings | None = None) -> list[NamedGuard]:
     """`module:callable,...` -> the callables (given `settings` where they take them); a name that
     does not resolve fails at start, clearly."""
@@ -74,6 +78,7 @@ def load_guards(spec: str, settings: Settings | None = None) -> list[NamedGuard]
         if not name:
             continue
         module_name, _, attr = name.partition(":")
+        module_name = _MOVED.get(module_name, module_name)
         if not attr:
             raise GuardConfigError(f"BRIGADE_GUARDS entry {name!r} must be module:callable")
         try:

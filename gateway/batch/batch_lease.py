@@ -14,7 +14,7 @@ import logging
 
 import redis.asyncio as aioredis
 
-from gateway.batch_jobs import JobStore
+from gateway.batch.batch_jobs import JobStore
 from ops.core import keys
 from ops.core.settings import Settings
 

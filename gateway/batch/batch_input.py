@@ -1,7 +1,7 @@
 """A batch job's input: OpenAI Batch API JSONL, one request a line, checked line by line.
 
 Each line is `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
-"body": {...}}`. A body is checked by the very parser the HTTP door uses (gateway/openai_schema.py),
+"body": {...}}`. A body is checked by the very parser the HTTP door uses (gateway/doors/openai_schema.py),
 so a line is valid exactly when the same request sent over HTTP would be admitted as far as its
 shape goes. Lines stream through: a 100,000-line file is never held whole, only the set of
 custom_ids seen (each must be unique, as OpenAI requires). No sockets, no Redis.
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from gateway import openai_schema as oa
+from gateway.doors import openai_schema as oa
 from gateway.protocol import ClientProtocol, Generate, ProtocolError
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}  # url -> chat?

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-from gateway import openai_schema as oa
+from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError
 
 

@@ -20,8 +20,8 @@ import time
 from typing import BinaryIO
 
 from gateway import metrics
-from gateway.batch_jobs import JobStore
-from gateway.batch_output import BLANK, LineResult
+from gateway.batch.batch_jobs import JobStore
+from gateway.batch.batch_output import BLANK, LineResult
 
 FLUSH_EVERY_S = 0.5
 FLUSH_LINES = 64

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import tool_calls
-from gateway.openai_schema import ECHO_TOKENS, Options
+from gateway.doors.openai_schema import ECHO_TOKENS, Options
 
 LOWEST_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to the same value
 

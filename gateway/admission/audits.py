@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Callable
 
 from cache.evidence import answers_agree, observed
 from gateway import metrics
-from gateway.catalog import Choice
-from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route, Sink
+from gateway.admission.catalog import Choice
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import ReplyRouter, Route, Sink
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 

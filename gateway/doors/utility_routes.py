@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import openai_schema as oa
+from gateway.doors import openai_schema as oa
 
 Readiness = Callable[[], Awaitable[dict]]
 

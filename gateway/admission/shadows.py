@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gateway import metrics
-from gateway.catalog import Choice
-from gateway.request_store import RequestStore
-from gateway.router import ReplyRouter, Route, Sink
+from gateway.admission.catalog import Choice
+from gateway.admission.request_store import RequestStore
+from gateway.delivery.router import ReplyRouter, Route, Sink
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings

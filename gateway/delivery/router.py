@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.events import done_event, stream_error, token_event
+from gateway.delivery.events import done_event, stream_error, token_event
 from ops.core.messages import ReplyEvent
 
 

@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from cache.query import PromptRenderer
-from gateway import openai_schema as oa
-from gateway.auth import Authenticator
-from gateway.catalog import Catalog
-from gateway.http_body import read_json
-from gateway.http_errors import error_response
+from gateway.doors import openai_schema as oa
+from gateway.admission.auth import Authenticator
+from gateway.admission.catalog import Catalog
+from gateway.doors.http_body import read_json
+from gateway.doors.http_errors import error_response
 from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.settings import Settings
 

@@ -14,7 +14,7 @@ import logging
 
 import redis.asyncio as aioredis
 
-from gateway.catalog import Choice
+from gateway.admission.catalog import Choice
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.queue import SEND_ERRORS, QueueSender
