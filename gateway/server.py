@@ -290,7 +290,7 @@ class GatewayServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         self.gateway.stopping = True
-        log.info("event=gateway_stopping routes=%d", len(self.gateway.delivery.router.routes()))
+        log.info("event=gateway_stopping routes=%d", len(self.gateway.router.routes()))
         await super().shutdown(sockets)
 
 
