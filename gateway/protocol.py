@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,7 +18,7 @@ from pydantic import ValidationError
 from cache.query import CACHE_MODES
 from gateway import tool_calls
 from gateway.delivery.events import error_event
-from ops.core.messages import ChatMessage, GenerateParams, SamplingDefaults
+from ops.core.messages import ChatMessage, GenerateParams, QueuedRequest, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
 
@@ -65,6 +67,23 @@ class Generate:
         again with the chosen version's when they differ."""
         params = (self.asked or self.params).with_defaults(defaults)
         return self if params == self.params else dataclasses.replace(self, params=params)
+
+    def queued(self, request_id: str, client_id: str, model: str, version: str, reply_channel: str,
+               key_id: str | None = None, lane: str = "interactive") -> QueuedRequest:
+        """What travels on the queue for this request, run as `model`@`version`."""
+        params = self.params
+        if params.temperature > 0 and params.seed is None:
+            # Drawn here, once: a worker that continues this request after a crash samples the
+            # same random stream, so the answer is the one an uninterrupted run would give.
+            params = params.model_copy(update={"seed": secrets.randbits(63)})
+        now = time.time()
+        return QueuedRequest(
+            request_id=request_id, client_id=client_id, reply_channel=reply_channel, enqueued_at=now,
+            model=model, version=version, prompt=self.prompt, prompt_ids=self.prompt_ids,
+            messages=self.messages, tools=self.tools, params=params,
+            deadline_at=now + self.deadline_ms / 1000 if self.deadline_ms else None,
+            api_key=key_id, lane=lane,
+        )
 
 
 @dataclass(frozen=True)

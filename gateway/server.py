@@ -43,29 +43,29 @@ from starlette.staticfiles import StaticFiles
 
 from gateway import metrics
 from gateway.admission.admission import Admission
-from gateway.admission.audits import Audits
 from gateway.admission.api_keys import AuthError, KeyStore, bearer_key
+from gateway.admission.audits import Audits
 from gateway.admission.auth import Authenticator
+from gateway.admission.catalog import Catalog
+from gateway.admission.content_guards import GuardConfigError, configured
+from gateway.admission.lifecycle import RequestLifecycle
+from gateway.admission.limits import KeyLimiter
+from gateway.admission.load import LoadMonitor
+from gateway.admission.request_store import RequestStore
+from gateway.admission.shadows import Shadows
 from gateway.background import BackgroundTasks
 from gateway.batch.batch_http import BatchDoor
 from gateway.batch.batch_jobs import JobStore
 from gateway.batch.batch_lines import IdenticalLines, LineRunner
 from gateway.batch.batch_runner import BatchRunner
-from gateway.admission.catalog import Catalog
-from gateway.admission.content_guards import GuardConfigError, configured
+from gateway.delivery.replies import ReplyIntake
+from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
 from gateway.doors.http_door import HttpDoor
-from gateway.admission.lifecycle import RequestLifecycle
-from gateway.admission.limits import KeyLimiter
-from gateway.admission.load import LoadMonitor
-from gateway.protocol import ClientProtocol, ProtocolError
-from gateway.delivery.replies import ReplyIntake
-from gateway.admission.request_store import RequestStore
-from gateway.delivery.router import ReplyRouter
-from gateway.admission.shadows import Shadows
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
+from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core import fleet, keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.ports import bind_error
@@ -238,7 +238,7 @@ class Gateway:
 
         renderer = PromptRenderer(self.settings.model_dir)
         cache = AnswerCache(self.settings, spawn=self.background.spawn)
-        self.admission.use_cache(cache, renderer)
+        self.admission.cache_step.use_cache(cache, renderer)
         self.lifecycle.use_cache(cache)
         self.audits.use_cache(cache)
         self.embeddings_door.use_embedder(cache.embedder)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,27 +22,25 @@ from typing import TYPE_CHECKING, Callable
 
 import redis.asyncio as aioredis
 
-from cache.evidence import observed
-from cache.query import PromptRenderer, make_query
 from gateway import metrics
 from gateway.admission.audits import Audits
+from gateway.admission.cache_step import CacheStep
 from gateway.admission.catalog import Catalog, Choice
 from gateway.admission.content_guards import GuardInput, NamedGuard, first_refusal
-from gateway.delivery.events import cached_events
-from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle, output_refusal
+from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.admission.limits import KeyLimiter
 from gateway.admission.load import LoadMonitor
-from gateway.protocol import Generate, ProtocolError
 from gateway.admission.request_store import RequestStore
-from gateway.delivery.router import ReplyRouter, Route, Sink
 from gateway.admission.shadows import Shadows
+from gateway.delivery.router import ReplyRouter, Route, Sink
+from gateway.protocol import Generate, ProtocolError
 from ops.core import fleet, keys, outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
-    from cache.answer_cache import AnswerCache
+    pass
 
 log = logging.getLogger("brigade.gateway")
 
@@ -83,26 +80,8 @@ class Admission:
         self.lifecycle = lifecycle  # a refused or failed request's slot is freed, a cache hit settled
         self._spawn = spawn  # the gateway's: background work it waits for at shutdown
         self._deliver = deliver  # the gateway's: a routed event to its client
-        self.cache: AnswerCache | None = None  # set once the answer cache has loaded
-        self.renderer: PromptRenderer | None = None
-        self._renderers: dict[str, PromptRenderer] = {}  # per served version: its own chat template
-
-    def use_cache(self, cache: AnswerCache, renderer: PromptRenderer) -> None:
-        """The answer cache (AnswerCache) and the prompt renderer its keys need, once both have loaded."""
-        self.cache, self.renderer = cache, renderer
-
-    @property
-    def caching(self) -> bool:
-        return self.cache is not None
-
-    async def forget(self, hit, asked: str) -> bool:
-        """A client's feedback that a cached answer (`hit`) was wrong for what it asked; True if evicted.
-        A semantic hit's is evidence against its cosine too (cache/evidence.py)."""
-        evicted = await self.cache.forget(hit.entry.entry_id, asked)
-        if hit.layer == "semantic":
-            await self.cache.observe(observed("feedback", entry=hit.entry.entry_id, cosine=hit.similarity,
-                                              score=hit.score, agreed=False))
-        return evicted
+        # The answer cache's step: a hit answered at once, audits, feedback (gateway/admission/cache_step.py).
+        self.cache_step = CacheStep(settings, catalog, guards, store, audits, lifecycle, reply_channel, spawn)
 
     async def admit(self, cmd: Generate, caller: Caller, sink: Sink, lane: str = "interactive",
                     store_answer: bool = True) -> Admitted:
@@ -144,9 +123,10 @@ class Admission:
         await self._within_limits(caller, rid, cmd)
         try:
             await self._check_prompt(guard_input, cmd.id)
-            hit = await self._look_up(cmd, context)
-            if hit is not None:
-                return hit
+            cached = await self.cache_step.look_up(cmd, context)
+            if cached is not None:
+                return Admitted(cached=cached.events, hit=cached.hit, asked=cached.asked,
+                                hit_request_id=cached.request_id, model=choice.model, version=choice.version)
             await self._refuse_if_overloaded(cmd, lane, choice)
         except BaseException:
             self.lifecycle.release(caller, rid)
@@ -163,7 +143,8 @@ class Admission:
         gateway with guards but no tokenizer refuses such a prompt rather than let it pass unread."""
         if cmd.prompt_ids is None:
             return cmd.prompt
-        tokenizer = self.renderer.tokenizer if self.renderer is not None else None
+        renderer = self.cache_step.renderer
+        tokenizer = renderer.tokenizer if renderer is not None else None
         if tokenizer is not None:
             return tokenizer.decode(cmd.prompt_ids)
         if self.guards:
@@ -194,64 +175,6 @@ class Admission:
             log.info("event=content_blocked stage=prompt guard=%s client_id=%s", refusal.guard, client_id)
             metrics.CONTENT_BLOCKED.labels(data.model, "prompt").inc()
             raise ProtocolError("content_blocked", f"refused by guard {refusal.guard}: {refusal.reason}", client_id)
-
-    async def _look_up(self, cmd: Generate, context: RequestContext) -> Admitted | None:
-        if self.cache is None or cmd.cache == "off" or cmd.prompt_ids is not None:
-            return None  # a token-id prompt has no question to embed: the model answers it
-        started = time.perf_counter()
-        choice = context.choice
-        try:
-            renderer = await self._renderer_for(choice) if cmd.messages is not None else self.renderer
-            # Keyed by the served version: each version's answers are its own (a new version's
-            # users must not be served the old one's answers from the cache).
-            query = make_query(renderer, choice.served, cmd.prompt, cmd.messages, cmd.params, cmd.cache,
-                               cmd.cache_threshold, cmd.tools)
-        except Exception as exc:  # a template that cannot render this input: no caching, no failure
-            log.warning("event=cache_query_failed client_id=%s error=%r", cmd.id, exc)
-            return None
-        if query is None:
-            return None
-        lookup = await self.cache.lookup(query)
-        metrics.CACHE_LOOKUPS.labels(cmd.model, choice.version).inc()
-        context.cache_query, context.cache_lookup = query, lookup
-        hit = lookup.hit
-        if hit is None:
-            return None
-        metrics.CACHE_HITS.labels(cmd.model, choice.version, hit.layer).inc()
-        entry = hit.entry
-        text = "".join(entry.chunks)
-        refusal = output_refusal(self.guards, context.guard_input, text, text)
-        if refusal is not None:
-            raise ProtocolError("content_blocked", refusal, cmd.id)
-        usage = {"prompt_tokens": entry.prompt_tokens, "completion_tokens": entry.completion_tokens}
-        rid = context.guard_input.request_id
-        events = cached_events(cmd.id, entry.chunks, entry.finish_reason, usage, hit.layer, hit.similarity,
-                               time.perf_counter() - started, entry.entry_id, request_id=rid, model=choice.model,
-                               version=choice.version, continuous_usage=cmd.params.continuous_usage_stats)
-        log.info("event=cache_hit request_id=%s client_id=%s layer=%s similarity=%.4f entry=%s", rid, cmd.id,
-                 hit.layer, hit.similarity, entry.entry_id)
-        self._spawn(self.lifecycle.settle_usage(context.key_id, rid, usage, cache_hit=True))
-        if self.audits.due(hit):
-            audit = uuid.uuid4().hex
-            # No deadline: an audit waits behind interactive work for as long as it takes.
-            queued = self._queued(cmd, audit, audit, choice, None, "batch").model_copy(update={"deadline_at": None})
-            self._spawn(self.audits.start(queued, hit, choice))
-        self._spawn(self.store.record(choice, outcomes.Outcome(at=time.time(), cached=True)))
-        return Admitted(cached=events, hit=hit, asked=query.question, hit_request_id=rid, model=choice.model,
-                        version=choice.version)
-
-    async def _renderer_for(self, choice: Choice) -> PromptRenderer:
-        """The chat template of the chosen version (its folder's tokenizer files, when this machine
-        has them; else canonical JSON of the messages, which costs a miss, never a wrong hit)."""
-        if self.catalog is None:
-            return self.renderer
-        folder = self.catalog.folder(choice.model, choice.version)
-        if folder is not None and folder.resolve() == self.settings.model_dir.resolve() and self.renderer is not None:
-            return self.renderer
-        key = str(folder)
-        if key not in self._renderers:
-            self._renderers[key] = await asyncio.to_thread(PromptRenderer, folder or "/nonexistent")
-        return self._renderers[key]
 
     async def _refuse_if_overloaded(self, cmd: Generate, lane: str, choice: Choice) -> None:
         retry = self.settings.retry_after_s
@@ -298,27 +221,11 @@ class Admission:
         return any(s.get("model") == choice.model and (s.get("version") or "") == choice.version
                    and not s.get("draining") for s in statuses)
 
-    def _queued(self, cmd: Generate, rid: str, client_id: str, choice: Choice, key_id: str | None,
-                lane: str) -> QueuedRequest:
-        params = cmd.params
-        if params.temperature > 0 and params.seed is None:
-            # Drawn here, once: a worker that continues this request after a crash samples the
-            # same random stream, so the answer is the one an uninterrupted run would give.
-            params = params.model_copy(update={"seed": secrets.randbits(63)})
-        now = time.time()
-        return QueuedRequest(
-            request_id=rid, client_id=client_id, reply_channel=self.reply_channel, enqueued_at=now,
-            model=choice.model, version=choice.version, prompt=cmd.prompt, prompt_ids=cmd.prompt_ids,
-            messages=cmd.messages, tools=cmd.tools,
-            params=params,
-            deadline_at=now + cmd.deadline_ms / 1000 if cmd.deadline_ms else None,
-            api_key=key_id, lane=lane,
-        )
-
     async def _enqueue(self, cmd: Generate, rid: str, context: RequestContext, sink: Sink, lane: str) -> QueuedRequest:
         key = context.caller.key
         choice = context.choice
-        queued = self._queued(cmd, rid, cmd.id, choice, key.id if key else None, lane)
+        queued = cmd.queued(rid, cmd.id, choice.model, choice.version, self.reply_channel, key.id if key else None,
+                            lane)
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
         # A shadow's answer is compared as one text: several choices interleave, so they are not shadowed.

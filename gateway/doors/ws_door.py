@@ -20,8 +20,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
-from gateway.delivery.events import cancelled_event, error_event, feedback_recorded, queued_event
 from gateway.admission.lifecycle import Caller, RequestLifecycle
+from gateway.delivery.events import cancelled_event, error_event, feedback_recorded, queued_event
 from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
 from ops.core.settings import Settings
 
@@ -191,13 +191,13 @@ class WebSocketDoor:
 
     async def _feedback(self, session: WebSocketSession, cmd: Feedback) -> None:
         served = session.served_from_cache.pop(cmd.id, None)
-        if served is None or not self.admission.caching:
+        if served is None or not self.admission.cache_step.caching:
             raise ProtocolError("unknown_request", f"no cached answer to {cmd.id!r} on this connection "
                                 "(feedback names the id of a request answered from the cache)", cmd.id, "id")
         hit, asked = served
         entry_id = hit.entry.entry_id
         try:
-            evicted = await self.admission.forget(hit, asked)
+            evicted = await self.admission.cache_step.forget(hit, asked)
         except Exception as exc:  # Redis down: say so; the client may send it again
             session.served_from_cache[cmd.id] = served
             log.warning("event=cache_feedback_failed client_id=%s entry=%s error=%r", cmd.id, entry_id, exc)
