@@ -15,8 +15,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from cache.wording import (CLAUSE_ENDS, STOPWORDS, dates_of, is_word, mentioned, mentions_of, names_of,
-                           numbers_of, plain, tokens_of, with_names)
+from cache.wording import (
+    CLAUSE_ENDS,
+    STOPWORDS,
+    dates_of,
+    is_word,
+    mentioned,
+    mentions_of,
+    names_of,
+    numbers_of,
+    plain,
+    tokens_of,
+    with_names,
+)
 
 _NEGATIONS = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "cant", "dont",
               "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "wont", "couldnt", "shouldnt", "wouldnt"}

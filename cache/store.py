@@ -24,7 +24,6 @@ from cache.index import Item
 from ops.core import keys, scripts
 from ops.core.settings import Settings
 
-
 # What a hit needs (not the embedding, which only index rebuilds read).
 _SERVED_FIELDS = ("question", "chunks", "finish_reason", "prompt_tokens", "completion_tokens", "namespace",
                   "exact_key", "hits", "sampled", "answer", "bar", "alias_of")

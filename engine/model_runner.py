@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import rotate_half
 
-from engine.batch_invariance import padded, row_quantum
 from engine import grid_store
+from engine.batch_invariance import padded, row_quantum
 from engine.grid_linear import PANEL_FROM, GridMatrix, matmul
 from engine.kernels import KernelUnavailable, kernels
 from engine.placement import Placement

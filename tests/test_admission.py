@@ -14,15 +14,15 @@ import uuid
 import pytest
 
 from gateway.admission.api_keys import KeyStore
-from gateway.background import BackgroundTasks
 from gateway.admission.content_guards import GuardInput
 from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.admission.limits import KeyLimiter
-from gateway.protocol import ProtocolError
-from gateway.delivery.replies import ReplyIntake
 from gateway.admission.request_store import RequestStore
-from gateway.delivery.router import ReplyRouter, Route
 from gateway.admission.shadows import Shadows
+from gateway.background import BackgroundTasks
+from gateway.delivery.replies import ReplyIntake
+from gateway.delivery.router import ReplyRouter, Route
+from gateway.protocol import ProtocolError
 from ops.core import keys
 from ops.core.messages import GenerateParams, QueuedRequest
 from ops.core.queue import QueueSender

@@ -14,9 +14,9 @@ import pytest
 
 from gateway.admission.api_keys import AuthError, KeyStore, UnknownKey
 from gateway.admission.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
+from ops.commands.keys import run
 from ops.core import keys
 from ops.core.redis_clients import async_client
-from ops.commands.keys import run
 from ops.core.settings import Settings
 from tests.keys_cli import parse  # the CLI's subprocesses import it from here too
 

@@ -278,8 +278,8 @@ def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack
 
 
 def test_cache_replay_judges_a_hit_by_its_text_not_by_what_was_asked():
-    from ops.training.pair_model.pairs import Pair
     from ops.bench.cache_replay_judge import Reply, judge, plan_replay
+    from ops.training.pair_model.pairs import Pair
 
     pairs = [Pair("a?", "a, reworded?", True), Pair("b?", "b, reworded?", True), Pair("a?", "b?", False)]
     asks = {a.question: a for a in plan_replay(pairs, 0.0, seed=1)}

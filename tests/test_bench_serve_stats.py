@@ -10,14 +10,27 @@ import statistics
 
 import pytest
 
-from ops.commands.capacity import NoRunMeetsObjectives, SweepPoint, plan_capacity, sweep_point, workers_needed
-from ops.bench.serve_stats import (InvalidObjective, RequestResult, distribution, judge, parse_slo, percentile,
-                             run_metrics)
-from ops.bench.serve_workload import (InvalidDataset, Prompt, arrival_gaps, arrival_times, load_dataset, plan_requests,
-                                reword)
 from ops.bench.serve_config import target_urls
+from ops.bench.serve_stats import (
+    InvalidObjective,
+    RequestResult,
+    distribution,
+    judge,
+    parse_slo,
+    percentile,
+    run_metrics,
+)
+from ops.bench.serve_workload import (
+    InvalidDataset,
+    Prompt,
+    arrival_gaps,
+    arrival_times,
+    load_dataset,
+    plan_requests,
+    reword,
+)
+from ops.commands.capacity import NoRunMeetsObjectives, SweepPoint, plan_capacity, sweep_point, workers_needed
 from ops.core.settings import Settings
-
 
 # ---- objectives ---------------------------------------------------------------------------------
 

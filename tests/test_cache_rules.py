@@ -11,8 +11,7 @@ from tests.services import free_port
 
 def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
     from cache.hit_rule import Candidate, OperatingPoint
-    from ops.training.pair_model.evaluation import (Outcome, duplicate_metrics, lookalike_metrics,
-                                                    paraphrase_metrics)
+    from ops.training.pair_model.evaluation import Outcome, duplicate_metrics, lookalike_metrics, paraphrase_metrics
 
     def seen(own: str, duplicate: bool, *cands: tuple[str, float]) -> Outcome:
         return Outcome([Candidate(e, f"question {e}", 0.9, score=v) for e, v in cands], own, duplicate)
@@ -97,8 +96,9 @@ def test_a_rival_blocks_only_with_another_answer_and_at_most_two_are_scored():
 
 
 def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
-    from ops.training.pair_model.lookalikes import NEGATIVE_MAKERS, POSITIVE_MAKERS, generate
     import random
+
+    from ops.training.pair_model.lookalikes import NEGATIVE_MAKERS, POSITIVE_MAKERS, generate
 
     rng = random.Random(0)
     assert NEGATIVE_MAKERS["swap_ends"]("Cheap flights from Paris to London?", rng) == "Cheap flights from London to Paris?"

@@ -13,10 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.training.distill.corpus import Example, Prompt, is_held_out, read_prompts, PromptFileError
+from ops.training.distill.corpus import Example, Prompt, PromptFileError, is_held_out, read_prompts
 from ops.training.distill.loss import distillation_loss
-from ops.training.distill.student import (StudentShapeError, VocabularyMismatch, build_student, check_vocabulary,
-                                    evenly_spaced, student_config)
+from ops.training.distill.student import (
+    StudentShapeError,
+    VocabularyMismatch,
+    build_student,
+    check_vocabulary,
+    evenly_spaced,
+    student_config,
+)
 from ops.training.distill.trainer import TrainConfig, Trainer, answer_batch, answer_logits
 
 BRIGADE = [sys.executable, "-m", "ops.cli"]

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.brigade_up import BrigadeUp
-from tests.services import (RedisServer, Stack, create_key, free_port, service_env, wait_until,
-                            worker_statuses)
+from tests.services import RedisServer, Stack, create_key, free_port, service_env, wait_until, worker_statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_QUESTION = "Write a very long and detailed essay about the history of the Roman Empire."

@@ -13,9 +13,9 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from gateway.doors.embeddings import encode, parse_embeddings
-from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.doors.tokenize_door import parse_tokenize
 from gateway.doors.utility_routes import UtilityRoutes
+from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.messages import SamplingDefaults
 from ops.core.settings import Settings
 

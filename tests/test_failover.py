@@ -20,7 +20,8 @@ from websockets.asyncio.client import connect
 from ops.core import keys
 from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, wait_until
-from tests.streams import PROMPTS, assert_complete, busiest, stream_clients as streams, uninterrupted
+from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
+from tests.streams import stream_clients as streams
 
 pytestmark = pytest.mark.long
 

@@ -18,12 +18,11 @@ import asyncio
 import json
 import sys
 
+import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
-
-import pytest
 
 from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
 from ops.core.messages import SAMPLING_FIELDS

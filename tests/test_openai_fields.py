@@ -9,9 +9,9 @@ import json
 import pytest
 
 from engine import chat_prompt
+from gateway import tool_calls
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
-from gateway import tool_calls
 from gateway.doors.http_door import _Stream
 from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.settings import Settings

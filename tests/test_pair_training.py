@@ -8,10 +8,10 @@ DATA = Path(__file__).resolve().parents[1] / "ops" / "data"
 
 def test_a_resumed_run_continues_the_steps_and_the_weights_of_the_stopped_one(tmp_path):
     pytest.importorskip("torch")
+    import torch
+
     from cache.pair_model import PairModel
     from ops.training.pair_model.training import RESUME_STATE, Example, fine_tune
-
-    import torch
 
     examples = [Example("What is the capital of France?", "What is France's capital?", 1.0),
                 Example("Flights from Paris to Rome", "Flights from Rome to Paris", 0.0)] * 4

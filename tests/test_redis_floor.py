@@ -250,8 +250,14 @@ def test_a_token_already_logged_is_not_logged_twice(client):
 
 
 def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwords():
-    from ops.core.redis_address import (RedisAddressError, describe, is_sentinel, kombu_broker, parse_sentinel,
-                                        sentinel_url)
+    from ops.core.redis_address import (
+        RedisAddressError,
+        describe,
+        is_sentinel,
+        kombu_broker,
+        parse_sentinel,
+        sentinel_url,
+    )
 
     address = parse_sentinel("redis+sentinel://:p%40ss@h1:26380,h2,[::1]:26381/mymaster/2?sentinel_password=s3")
     assert address.sentinels == (("h1", 26380), ("h2", 26379), ("::1", 26381))

@@ -12,8 +12,8 @@ from gateway.delivery.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import ReplyEvent
-from ops.core.settings import Settings
 from ops.core.redis_clients import async_client
+from ops.core.settings import Settings
 from tests.services import wait_until_async
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import signal
 
-import pytest
-
 import httpx
+import pytest
 from openai import OpenAI
 
 from tests.brigade_up import BrigadeUp, still_running

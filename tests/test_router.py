@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.doors import openai_schema as oa
 from gateway.admission.content_guards import GuardInput, load_guards, patterns, sanitize
-from gateway.protocol import ClientProtocol, ProtocolError
 from gateway.delivery.router import GAP, ReplyRouter, Route
+from gateway.doors import openai_schema as oa
+from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from cache.insert_path import reusable_for_rewordings
-from gateway.doors import openai_schema as oa
 from gateway.batch.batch_input import Checker
+from gateway.doors import openai_schema as oa
 from gateway.protocol import ClientProtocol
 from ops.core.messages import GenerateParams
 from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, NEUTRAL, GenerationConfigError, load_sampling_defaults

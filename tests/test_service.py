@@ -13,8 +13,16 @@ from websockets.asyncio.client import connect
 from engine import EngineRequest, SamplingParams
 from ops.core import keys
 from tests.clients import Answer, _converse, _question, absorb, ask, collect, collect_one, start_long_request
-from tests.services import (Stack, _process_tree, free_port, http_get, http_status, service_env, wait_until,
-                            worker_statuses)
+from tests.services import (
+    Stack,
+    _process_tree,
+    free_port,
+    http_get,
+    http_status,
+    service_env,
+    wait_until,
+    worker_statuses,
+)
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "List three colors.", "What is 2 + 2?",

@@ -4,7 +4,6 @@ not pay. The mechanics on the tiny model on grids; the same text on the real mod
 from __future__ import annotations
 
 import pytest
-
 import torch
 
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams

@@ -24,8 +24,8 @@ import redis
 from ops.core import keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.messages import QueuedRequest
-from ops.core.settings import Settings
 from ops.core.queue import QueueSender
+from ops.core.settings import Settings
 from workers.claims import ClaimStore
 
 log = logging.getLogger("brigade.reaper")

@@ -31,13 +31,13 @@ from gateway.admission.api_keys import ApiKey, KeyStore
 from gateway.admission.audits import AuditContext, Audits
 from gateway.admission.catalog import Choice
 from gateway.admission.content_guards import GuardInput, NamedGuard, first_refusal
-from gateway.delivery.events import stream_error
 from gateway.admission.limits import KeyLimiter
-from gateway.protocol import ProtocolError
-from gateway.delivery.replies import ReplyIntake
 from gateway.admission.request_store import RequestStore
-from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
 from gateway.admission.shadows import ShadowContext, Shadows
+from gateway.delivery.events import stream_error
+from gateway.delivery.replies import ReplyIntake
+from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
+from gateway.protocol import ProtocolError
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings

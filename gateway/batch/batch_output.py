@@ -11,9 +11,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from gateway.batch.batch_input import BadLine, BatchLine
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
-from gateway.batch.batch_input import BadLine, BatchLine
 
 
 @dataclass

@@ -29,14 +29,14 @@ from typing import Coroutine
 import redis.asyncio as aioredis
 
 from gateway.admission.api_keys import ApiKey, KeyStore
+from gateway.admission.lifecycle import Caller
+from gateway.admission.load import LoadMonitor
 from gateway.batch.batch_input import MAX_REASONS_SHOWN, BadLine, Checker, check_file
 from gateway.batch.batch_jobs import JobStore, new_id
 from gateway.batch.batch_lease import JobLease
 from gateway.batch.batch_lines import LineRunner, RunningJob
 from gateway.batch.batch_output import BLANK, LineResult, invalid_result
 from gateway.batch.batch_writer import OrderedWriter
-from gateway.admission.lifecycle import Caller
-from gateway.admission.load import LoadMonitor
 from gateway.protocol import ClientProtocol
 from ops.core.settings import Settings
 

@@ -33,13 +33,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import metrics
-from gateway.doors import openai_schema as oa
 from gateway.admission.api_keys import ApiKey
 from gateway.admission.auth import Authenticator
-from gateway.doors.http_body import read_json
-from gateway.doors.http_errors import error_response
 from gateway.admission.lifecycle import RequestLifecycle
 from gateway.admission.limits import KeyLimiter
+from gateway.doors import openai_schema as oa
+from gateway.doors.http_body import read_json
+from gateway.doors.http_errors import error_response
 from gateway.protocol import ProtocolError
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings

@@ -18,16 +18,16 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.doors import openai_render as render
-from gateway.doors import openai_schema as oa
 from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
 from gateway.admission.lifecycle import Caller, RequestLifecycle
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.delivery.router import AnswerQueue
+from gateway.doors import openai_render as render
+from gateway.doors import openai_schema as oa
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.delivery.router import AnswerQueue
+from gateway.protocol import ClientProtocol, ProtocolError
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

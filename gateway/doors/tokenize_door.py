@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from cache.query import PromptRenderer
-from gateway.doors import openai_schema as oa
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
+from gateway.doors import openai_schema as oa
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import ClientProtocol, ProtocolError

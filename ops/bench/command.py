@@ -11,8 +11,8 @@ import json
 import sys
 
 from ops.cli_options import add_connection_options
-from ops.core.settings import Settings
 from ops.commands.load_flags import add_serve_arguments
+from ops.core.settings import Settings
 
 
 def _max_tokens(parser: argparse.ArgumentParser, default: int | None, what: str) -> None:
@@ -231,10 +231,10 @@ def _cache(args, settings: Settings) -> dict | int:
 
 
 def _cache_replay(args, settings: Settings) -> dict | int:
-    from ops.training.pair_model.pairs import read_pairs
     from ops.bench.cache_replay import ReplayConfig, default_pairs_path, run
     from ops.bench.serve_backends import CannotReach
     from ops.bench.serve_config import target_urls
+    from ops.training.pair_model.pairs import read_pairs
 
     if not 0 <= args.repeat_ratio < 1 or args.concurrency < 1 or (args.limit is not None and args.limit < 1):
         print("brigade bench cache-replay: --repeat-ratio is from 0 up to (not including) 1, --concurrency and "

@@ -40,8 +40,16 @@ import torch
 import engine as engine_package
 from engine.llm_engine import Engine
 from engine.placement import DTYPES, cpu_flags, resolve
-from ops.bench.quality_answers import (CHUNK_TOKENS, RESUME_TOKENS, Answer, ModeRun, Progress, ask_batched, ask_hf,
-                                       consistency_runs)
+from ops.bench.quality_answers import (
+    CHUNK_TOKENS,
+    RESUME_TOKENS,
+    Answer,
+    ModeRun,
+    Progress,
+    ask_batched,
+    ask_hf,
+    consistency_runs,
+)
 from ops.bench.quality_questions import Question, is_correct, load_questions, wilson_interval
 
 MAX_TOKENS = 32

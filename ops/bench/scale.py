@@ -17,8 +17,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from ops.bench.serve_config import LoadConfig
 from ops.bench.serve import run as run_load
+from ops.bench.serve_config import LoadConfig
 from ops.core.ports import free_port
 from ops.supervision import PartExited, Supervisor
 

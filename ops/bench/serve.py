@@ -29,7 +29,6 @@ from ops.bench.serve_workload import PlannedRequest, arrival_gaps, load_dataset,
 from ops.core.redaction import redact
 from ops.core.settings import Settings
 
-
 # ---- the run ------------------------------------------------------------------------------------
 
 
@@ -40,7 +39,8 @@ class Progress:
         self.bar = None
         if sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
             self.bar = Bar(TextColumn("bench serve"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)

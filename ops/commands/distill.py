@@ -300,8 +300,8 @@ def _report(args, teacher: Teacher, config, device: str, held_out, runs: dict, r
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ops.training.distill.student import build_student
     from ops.bench.distill import candidate, evaluate
+    from ops.training.distill.student import build_student
 
     untrained, plan = build_student(teacher.model, config)
     candidates = [candidate("teacher", teacher.model, teacher.tokenizer, str(teacher.folder), device),

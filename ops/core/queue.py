@@ -17,8 +17,15 @@ from redis.exceptions import RedisError
 from ops.core import keys
 from ops.core.keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
-from ops.core.redis_address import (is_sentinel, is_tls, kombu_broker, kombu_ssl, parse_sentinel, tls_options,
-                                    without_tls_options)
+from ops.core.redis_address import (
+    is_sentinel,
+    is_tls,
+    kombu_broker,
+    kombu_ssl,
+    parse_sentinel,
+    tls_options,
+    without_tls_options,
+)
 from ops.core.settings import Settings
 
 GENERATE_TASK = "brigade.generate"

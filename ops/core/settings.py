@@ -13,7 +13,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ops.core.redis_address import is_sentinel, with_tls_defaults
 
-
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
