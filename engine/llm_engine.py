@@ -22,7 +22,6 @@ from typing import Callable
 
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_request import EngineRequest, RequestReader, RequestRejected
 from engine.finishing import Finisher
 from engine.inbox import RequestInbox
@@ -38,7 +37,8 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, Sequence, SequenceStatus
-from engine.speculation import Drafter, SpeculationConfig, attach_drafts, verify
+from engine.speculation import Drafter, SpeculationConfig, Verifier, attach_drafts
+from engine.starting import Starter
 from engine.tokenizer import SerializedTokenizer
 
 __all__ = ["Completion", "Engine", "EngineConfig", "EngineRequest", "RequestRejected", "SequenceUpdate"]
@@ -112,12 +112,10 @@ class Engine:
         self.finisher = Finisher(self.scheduler, self.inbox, self.eos_ids, self.context_length, clock)
         self.token_texts = TokenTexts(self.tokenizer)
         self.outputs = OutputProcessor(self.finisher, self.token_texts, clock)
-        self.guides = None  # engine/guided.Guides, made when a request first brings a guide
+        self.starter = Starter(self.tokenizer, self.vocab_width)  # a new sequence's detokenizer and guide
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
-        self.drafted_tokens = 0  # draft tokens verified, and of those, kept
-        self.accepted_tokens = 0
-        self.verify_steps = 0  # decode rows that carried a draft
+        self.verifier = Verifier()  # drafts checked against the step's own tokens, and counted
         # A sequence's draft source, made when it first may draft (a test gives drafts it chose).
         self.drafter_for: Callable[[Sequence], Drafter] = lambda seq: Drafter(self.speculation)
         self.prefill_tokens = 0  # prompt positions computed by forward passes
@@ -210,9 +208,9 @@ class Engine:
             self.scheduler.computed(chunks)
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
             sampled, logits, drafted = self._sampling_rows(chunks, logits)
-            tokens = sample(logits, sampled, self.eos_ids, self.guides)
+            tokens = sample(logits, sampled, self.eos_ids, self.starter.guides)
             logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
-            kept = self._verify(drafted, sampled, tokens)
+            kept = self.verifier.verify(drafted, sampled, tokens)
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self.finisher.fail([c.seq.request_id for c in chunks])
@@ -260,9 +258,9 @@ class Engine:
             "tokens_generated": self.tokens_generated,
             "prefill_tokens": self.prefill_tokens,
             "preemptions": self.scheduler.preemptions,
-            "spec_drafted_tokens": self.drafted_tokens,
-            "spec_accepted_tokens": self.accepted_tokens,
-            "spec_verify_steps": self.verify_steps,
+            "spec_drafted_tokens": self.verifier.drafted_tokens,
+            "spec_accepted_tokens": self.verifier.accepted_tokens,
+            "spec_verify_steps": self.verifier.verify_steps,
         }
 
     @property
@@ -276,38 +274,12 @@ class Engine:
         arrivals, cancels = self.inbox.take()
         for group in arrivals:
             for seq in group.live:
-                self._prepare(seq)
+                self.starter.start(seq)
                 self.scheduler.add(seq)
         updates = []
         for group in cancels:
             updates += self.finisher.cancel(group)
         return updates
-
-    def _prepare(self, seq: Sequence) -> None:
-        """Give a new sequence its detokenizer and guide's matcher. A resumed one replays the tokens
-        already sent into both, so that text held back at the hand-over (half a character, a
-        possible stop string) is released exactly once and its grammar goes on where it was."""
-        p = seq.params
-        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.prompt_ids, p.stop, p.skip_special_tokens,
-                                           p.include_stop_str_in_output)
-        if p.guide is not None:
-            seq.matcher = self._guides().start(p.guide)
-        for n, token in enumerate(seq.output_ids, start=1):
-            seq.detok.push(token, check_stop=n >= p.min_tokens)
-            if seq.matcher is not None:
-                seq.matcher.accept(token)
-        if p.prompt_logprobs is not None and seq.choice == 0 and not seq.output_ids:
-            seq.prompt_logprobs = {}
-
-    def _guides(self):
-        """The engine's guides (engine/guided.py), made when a request first brings a guide: only
-        engines that meet one load the grammar library."""
-        if self.guides is None:
-            from engine.guided import Guides
-
-            with self.tokenizer.exclusive() as tokenizer:
-                self.guides = Guides(tokenizer, self.vocab_width)
-        return self.guides
 
     def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
                        ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, tuple[Chunk, torch.Tensor]]]:
@@ -338,7 +310,7 @@ class Engine:
             if seq.params.n == 1 or seq.output_ids:
                 continue  # forks happen at a request's first token only
             for child in self.inbox.held[seq.request_id].fork(seq):
-                self._prepare(child)
+                self.starter.start(child)
                 self.scheduler.fork(seq, child)
                 if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
                     sampled.append(child)
@@ -346,18 +318,3 @@ class Engine:
         if rows == list(range(logits.shape[0])):
             return sampled, logits, drafted  # the plain case: one row per sampled sequence, in order
         return sampled, logits[rows], drafted
-
-    def _verify(self, drafted: dict[Sequence, tuple[Chunk, torch.Tensor]], sampled: list[Sequence],
-                tokens: list[int]) -> dict[Sequence, list[int]]:
-        """The tokens each drafted row takes after the one it sampled (engine/speculation.py)."""
-        kept: dict[Sequence, list[int]] = {}
-        if not drafted:
-            return kept
-        for seq, token in zip(sampled, tokens):
-            if seq in drafted:
-                chunk, positions = drafted[seq]
-                kept[seq] = verify(chunk, positions, token)
-                self.verify_steps += 1
-                self.drafted_tokens += len(chunk.draft)
-                self.accepted_tokens += len(kept[seq])
-        return kept

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engine.sampling import choose
 from engine.sequence import Chunk, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 WINDOW = 32  # drafted tokens over which a sequence's acceptance is judged
 
@@ -139,3 +142,28 @@ def attach_drafts(chunks: list[Chunk], config: SpeculationConfig, context_length
         if draft:
             c.draft = tuple(draft)
             c.length += len(draft)
+
+
+class Verifier:
+    """Each drafted row's kept tokens after a step (`verify`), and how drafts fare: the
+    engine's `stats()` reports the counts, `brigade bench engine` the rates."""
+
+    def __init__(self):
+        self.drafted_tokens = 0  # draft tokens verified, and of those, kept
+        self.accepted_tokens = 0
+        self.verify_steps = 0  # decode rows that carried a draft
+
+    def verify(self, drafted: dict[Sequence, tuple[Chunk, torch.Tensor]], sampled: list[Sequence],
+               tokens: list[int]) -> dict[Sequence, list[int]]:
+        """The tokens each drafted row takes after the one it sampled."""
+        kept: dict[Sequence, list[int]] = {}
+        if not drafted:
+            return kept
+        for seq, token in zip(sampled, tokens):
+            if seq in drafted:
+                chunk, positions = drafted[seq]
+                kept[seq] = verify(chunk, positions, token)
+                self.verify_steps += 1
+                self.drafted_tokens += len(chunk.draft)
+                self.accepted_tokens += len(kept[seq])
+        return kept

@@ -8,6 +8,8 @@ one version of the set do not compare with another's.
 
 Every line: id, category, kind (how its answer is checked: words, number, yes_no or choice),
 question, answers (accepted words or numbers), and where needed rejected words or choices.
+
+It is long for the hand-written questions it holds (data, one table per category), not for its logic.
 """
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ def _register(args, settings: Settings, student_folder: Path) -> str | None:
     """The trained student registered as --out (unless --eval-only or --no-register): its ref."""
     if args.eval_only or args.no_register:
         return None
-    from ops.commands.models import add_model
+    from ops.model_store import add_model
 
     entry, said = add_model(redis_clients.client(settings.redis_url), settings, args.out, student_folder,
                             replace=args.replace)

@@ -173,8 +173,9 @@ def _up_models_step(model: str | None, settings: Settings) -> str | None:
     workers will serve is resolved once here, so that a model that is unknown or not on this machine
     stops `up` with its reason before any part starts. Returns that reason, or None."""
     from engine.model_files import ModelNotFound
-    from ops.commands.models import ModelNotHere, RegistryError, register_default_model, resolve_served
     from ops.core import redis_clients
+    from ops.core.registry import RegistryError
+    from ops.model_store import ModelNotHere, register_default_model, resolve_served
     from ops.supervision import say
 
     try:

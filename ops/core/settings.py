@@ -30,6 +30,8 @@ def _default_data_dir() -> Path:
     return Path(base) / "brigade"
 
 
+# One class on purpose (STYLE.md: one settings object from BRIGADE_* variables): every setting of every
+# part is declared here, once, grouped by part below; each part is handed this object or the fields it uses.
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
 

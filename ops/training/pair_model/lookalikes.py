@@ -22,6 +22,9 @@ word means a different question, and read every rewording as a look-alike. Entit
 only within their kind.)
 
 Everything is drawn from a seeded generator, so `brigade cache train-verifier` reproduces it.
+
+The file is long for its hand tables (opposites, entities by kind, synonyms), not its logic: each
+table is read by one generator below, and splitting them from it would only scatter one concept.
 """
 from __future__ import annotations
 
