@@ -6,7 +6,7 @@ The embedding proposes, the checks only veto. The stored questions nearest the a
 cosine first, are proposals once they reach the band's floor (`band_cosine`) and their entry's
 own bar (an entry that once served a wrong answer at cosine c asks more than c from then on:
 cache/evidence.py). A proposal is served
-- at or above `serve_cosine` when no check objects: no guard vetoes it (cache/guards.py) and the
+- at or above `serve_cosine` when no check objects: no guard vetoes it (cache/vetoes.py) and the
   pair model does not score it below `objection`;
 - in the band below, only when the pair model agrees (`agree` or more).
 The pair model sees at most two proposals, the best and the best whose stored answer differs (a

@@ -18,7 +18,6 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
-from cache.guards import conflicts
 from cache.hit_rule import Candidate, OperatingPoint, choose, proposals
 from cache.index import VectorIndex
 from cache.local_indexes import LocalIndexes
@@ -26,6 +25,7 @@ from cache.pair_model import PairModel
 from cache.query import CacheQuery
 from cache.store import CorruptEntry, Entry, EntryStore
 from cache.thresholds import Thresholds, semantic_mode
+from cache.vetoes import conflicts
 
 log = logging.getLogger("brigade.cache")
 

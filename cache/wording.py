@@ -1,7 +1,7 @@
 """The forms in which one detail of a question can be written.
 
 A rewording spells a number, a name or a date differently ("First World War" / "World War I",
-"Kenya's" / "Kenya", "USA" / "United States"). The guards (cache/guards.py) compare details, not
+"Kenya's" / "Kenya", "USA" / "United States"). The guards (cache/vetoes.py) compare details, not
 spellings, so everything here turns a question into tokens and each detail into one canonical
 value: a number into its value, a name into keys that its plural, possessive and demonym share.
 """

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from cache.answer_cache import AnswerCache
-from cache.guards import conflicts
 from cache.index import Item
 from cache.query import make_query
+from cache.vetoes import conflicts
 from ops.core import keys
 from ops.core.messages import ChatMessage, GenerateParams
 from ops.core.settings import Settings

@@ -137,7 +137,7 @@ def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
 
 
 def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
-    """The answer cache's benchmarks: lookup cost (`cache`), live hits (`cache-replay`), guards."""
+    """The answer cache's benchmarks: lookup cost (`cache`), live hits (`cache-replay`), vetoes."""
     p = targets.add_parser("cache", parents=[report], help="cache hit latency over a running gateway's WebSocket, "
                            "and lookup cost by index size")
     p.add_argument("--pairs", help="(required) JSONL question pairs whose duplicates are asked as rewordings")
@@ -163,8 +163,10 @@ def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
                    "to be stored (default 60)")
     _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
     add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
-    p = targets.add_parser("guards", parents=[report], help="how often the cache's lexical guards veto, on "
-                           "labelled question pairs: rewordings refused, look-alikes caught (offline)")
+    # `guards`: its name before the cache's vetoes were told apart from the content guards.
+    p = targets.add_parser("vetoes", aliases=["guards"], parents=[report], help="how often the cache's lexical "
+                           "vetoes refuse a hit, on labelled question pairs: rewordings refused, look-alikes caught "
+                           "(offline)")
     p.add_argument("pairs", nargs="+", help='JSONL question pairs ({"q1", "q2", "duplicate"}), each file '
                    "reported on its own")
     p.add_argument("--limit", type=int, help="at most this many pairs of each label from each file")
@@ -183,7 +185,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from ops.bench.serve import main as bench_serve
 
         return bench_serve(args, settings)
-    bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "guards": _guards, "soak": _soak,
+    bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "vetoes": _vetoes,
+             "guards": _vetoes, "soak": _soak,
              "chaos": _chaos, "doors": _doors, "scale": _scale,
              "quality": _quality, "guided": _guided}[args.target]
     report = bench(args, settings)
@@ -292,8 +295,8 @@ def _scale(args, settings: Settings) -> dict | int:
     return run(sizes, load, args.threads_per_worker)
 
 
-def _guards(args, settings: Settings) -> dict:
-    from ops.bench.guards import run
+def _vetoes(args, settings: Settings) -> dict:
+    from ops.bench.vetoes import run
 
     return run(args.pairs, args.limit, args.generated)
 

@@ -32,7 +32,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from cache.guards import OPPOSITE_OF, STOPWORDS
+from cache.vetoes import OPPOSITE_OF, STOPWORDS
 
 _STOP = STOPWORDS
 _AUX = re.compile(r"\b(is|are|can|does|do|should|will|was|were|could|would|did|has|have)\b", re.I)

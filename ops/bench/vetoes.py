@@ -1,4 +1,4 @@
-"""`brigade bench guards`: how often the cache's lexical guards (cache/guards.py) veto, on labelled
+"""`brigade bench vetoes` (formerly `guards`): how often the cache's lexical vetoes (cache/vetoes.py) refuse, on labelled
 question pairs. Offline: no Redis, no model.
 
 On pairs that mean the same (`"duplicate": true`) a veto is a rewording refused; on pairs that
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from cache.guards import conflicts
+from cache.vetoes import conflicts
 from ops.training.pair_model.lookalikes import generate
 from ops.training.pair_model.pairs import read_pairs
 

@@ -1,4 +1,4 @@
-"""Lexical guards against semantic false hits.
+"""Lexical vetoes against semantic false hits (the answer cache's; the content guards that refuse a prompt or an answer are gateway/admission/content_guards.py).
 
 Two questions can embed close yet ask different things. Each guard compares one kind of
 detail that an embedding blurs, and vetoes the hit when the two questions disagree on it.

@@ -1,4 +1,4 @@
-"""The cache's lexical guards (cache/guards.py) veto a change of meaning, not of wording: rewordings
+"""The cache's lexical vetoes (cache/vetoes.py) veto a change of meaning, not of wording: rewordings
 that the guards of 2026-12 refused (18 of the 94 in ops/data/chat_paraphrases.jsonl) pass, and the
 look-alikes they caught are still caught. Pure: no Redis, no model."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.guards import conflicts, details
+from cache.vetoes import conflicts, details
 
 CHAT_PARAPHRASES = Path(__file__).resolve().parent.parent / "ops" / "data" / "chat_paraphrases.jsonl"
 
@@ -152,7 +152,7 @@ def test_the_guards_veto_at_most_two_of_the_chat_paraphrases():
 
 
 def test_bench_guards_counts_vetoes_by_label_and_by_guard(tmp_path):
-    from ops.bench.guards import run
+    from ops.bench.vetoes import run
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("\n".join(json.dumps(p) for p in [
