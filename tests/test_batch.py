@@ -239,8 +239,10 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
     source = write_lines(tmp_path / "kill.jsonl", requests)
     job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["request_counts"]["completed"] >= 3, 120, what="some lines to finish")
-    busy = max(worker_statuses(stack.redis.client), key=lambda s: s["running"])
-    assert busy["running"] > 0, "no line was running when the worker was to be killed"
+    # A heartbeat is a snapshot: one taken between two of a worker's steps may show nothing running,
+    # so the worker to kill is the first one seen running a line (the job must still be under way).
+    busy = wait_until(lambda: next((s for s in worker_statuses(stack.redis.client) if s["running"] > 0), None), 30,
+                      what="a worker running a line of the job, to be killed")
     name = busy["worker"]
     stack.kill(stack.workers[name])
     job = stack.wait_end(job_id, "the job to end")
