@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Callable, Literal, get_args, get_origin
@@ -131,8 +132,15 @@ class GenerateParams(BaseModel):
                                                      keyed=lambda g: g.model_dump())]
 
     @classmethod
+    @functools.cache  # read per request (the worker's mapping, the cache key): the fields never change
     def roles(cls) -> dict[str, Role]:
         return {name: next(m for m in info.metadata if isinstance(m, Role)) for name, info in cls.model_fields.items()}
+
+    @classmethod
+    @functools.cache
+    def defaults(cls) -> dict[str, Any]:
+        """Each field's default (what a request that leaves it out gets)."""
+        return {name: info.get_default(call_default_factory=True) for name, info in cls.model_fields.items()}
 
     @classmethod
     def number_fields(cls) -> frozenset[str]:
@@ -169,8 +177,7 @@ class GenerateParams(BaseModel):
         for name, role in self.roles().items():
             value = getattr(self, name)
             if role.key == "changed":
-                default = type(self).model_fields[name].get_default(call_default_factory=True)
-                wanted = value != default
+                wanted = value != self.defaults()[name]
             else:
                 wanted = role.key == "always" or (role.key == "sampled" and sampled)
             if wanted:
