@@ -109,17 +109,8 @@ class AnswerCache:
     def operating_point(self) -> OperatingPoint | None:
         """The semantic rule's trained numbers (stored with the pair model; the cosine rule's without
         one), each overridable from settings; None when the semantic layer is off. Evidence then
-        moves them (`point`)."""
+        moves them (`Thresholds.point`)."""
         return self.thresholds.trained
-
-    @property
-    def point(self) -> OperatingPoint | None:
-        """The operating point serving now: the trained one as the evidence moved it."""
-        return self.thresholds.point
-
-    @property
-    def learned(self) -> Learned | None:
-        return self.thresholds.learned
 
     async def relearn(self) -> Learned | None:
         """Read the evidence and move the thresholds (every sweep; any gateway reads the same list)."""
@@ -139,9 +130,6 @@ class AnswerCache:
 
     def scored(self, question: str, candidates: list[Candidate], point: OperatingPoint) -> list[Candidate]:
         return self.lookups.scored(question, candidates, point)
-
-    def point_for(self, query: CacheQuery) -> OperatingPoint | None:
-        return self.lookups.point_for(query)
 
     async def insert(self, query: CacheQuery, lookup: Lookup | None, chunks: list[str], finish_reason: str,
                      prompt_tokens: int, completion_tokens: int) -> str | None:
@@ -164,9 +152,6 @@ class AnswerCache:
 
     async def sweep(self) -> int:
         return await self.sweeper.sweep()
-
-    async def sweep_forever(self) -> None:
-        await self.sweeper.run()
 
     async def start(self) -> list[asyncio.Task]:
         """Rebuild, then follow the log and sweep in the background (the gateway calls this)."""

@@ -252,6 +252,3 @@ def register_default_model(client: redis.Redis, settings: Settings) -> str | Non
     entry, _ = add_model(client, settings, keys.served(settings.model_name, DEFAULT_VERSION), folder,
                          in_place=True, if_missing=True)
     return None if entry is None else f"registered the default model as {entry.ref} ({folder})"
-
-
-# ---- the command line -------------------------------------------------------------------------------

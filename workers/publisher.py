@@ -81,7 +81,7 @@ class TokenPublisher:
                 log.warning("event=publish_failed pending=%d error=%r", len(self._pending), exc)
             self._failing = True
             if len(self._pending) > MAX_PENDING_EVENTS:
-                abandoned = {e.request_id for _, e in self._pending}
+                abandoned = {e.request_id for _, e, _ in self._pending}  # (channel, event, position)
                 self._pending = []
                 log.error("event=publish_abandoned requests=%d", len(abandoned))
                 return abandoned
@@ -152,5 +152,3 @@ class ReplyPublisher:
         if self.tokens.waiting or self._unsettled:
             self.publish([], [])
 
-    def forget(self, rid: str) -> None:
-        self.tokens.forget(rid)

@@ -83,7 +83,7 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
             d = {"question": d}
         if "question" in d:
             d["messages"] = [{"role": "user", "content": d.pop("question")}]
-        d.update(type="generate", id=f"warm-{n}")
+        d.update(type="generate", id=f"warm-{n - 1}")  # counted from 0, as before
         # Only deterministic answers are stored, and the model's default may sample: a line
         # without a temperature is warmed greedily (the answer later greedy requests hit).
         d.setdefault("temperature", 0)
