@@ -1,18 +1,17 @@
 """The gateway: one process serving every door on one host and port, over one admission path.
 
-Rooms:
-- `protocol.py`: the pure WebSocket protocol (frames in, commands or errors out);
-- `admission.py`: the version, limits, guards, cache, load, enqueue; `shadows.py`: shadow copies;
-  `lifecycle.py`: ending a request early, resuming it, and the settling when it ends;
-  `request_store.py`: a request's writes to Redis (queued, stopped, its outcome);
-- `events.py`: every event a client is sent;
-- `auth.py`: the caller's API key, for every door;
-- `router.py` (pure) and `replies.py` (Redis): workers' events to the waiting clients;
-- the doors, thin adapters: `ws_door.py` (/v1/ws), `http_door.py` (OpenAI HTTP and SSE),
-  `batch_http.py` (/v1/files, /v1/batches), `embeddings.py` (/v1/embeddings, the cache's embedder),
-  `tokenize_door.py` (/tokenize, /detokenize), `utility_routes.py` (/health, /ping, /version),
-  and the chat page (`static/`, served at /);
-- `background.py`: the one set of background tasks (the cache's too), drained at shutdown;
+Rooms (each a sub-package; tests/test_floors.py keeps their order):
+- `delivery/`: every event a client is sent (`events.py`), which waiting client gets a worker's
+  event (`router.py`, pure) and the replies read from Redis (`replies.py`);
+- `protocol.py`: the one request type and the rules every door's request passes; beside it
+  `tool_calls.py`, `metrics.py` and `background.py` (the one set of background tasks, drained at shutdown);
+- `admission/`: the version, limits, guards, cache, load, enqueue (`admission.py`), a request's
+  life after that (`lifecycle.py`), the caller's API key (`auth.py`), the models (`catalog.py`);
+- `doors/`, thin adapters, each reading its own wire format: `ws_door.py` with `ws_protocol.py`
+  (/v1/ws), `http_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
+  `embeddings.py` (/v1/embeddings), `tokenize_door.py` (/tokenize, /detokenize),
+  `utility_routes.py` (/health, /ping, /version), and the chat page (`static/`, served at /);
+- `batch/`: batch jobs (/v1/files, /v1/batches) run line by line through admission;
 - this module: the parts built and wired together (each door is handed what it uses; nothing
   imports this module back), health and readiness, start and stop (uvicorn).
 
@@ -65,7 +64,8 @@ from gateway.doors.http_door import HttpDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.doors.ws_protocol import ClientProtocol
+from gateway.protocol import ProtocolError, RequestRules
 from ops.core import fleet, keys, redis_clients
 from ops.core.canary import Controller
 from ops.core.ports import bind_error
@@ -100,7 +100,8 @@ class Gateway:
         log.info("event=sampling_defaults %s", describe(defaults))
         # The models and versions requests may ask for, and the routes between versions.
         self.catalog = Catalog(self.redis, settings, defaults, self.started_at)
-        self.protocol = ClientProtocol(settings, defaults, models=self.catalog)
+        # Every door's request passes the same rules; the WebSocket door reads its frames into them.
+        self.rules = RequestRules(settings, self.catalog)
         self.background = BackgroundTasks()
         spawn = self.background.spawn
         self.router = ReplyRouter()
@@ -120,17 +121,18 @@ class Gateway:
         self.admission = Admission(settings, self.redis, self.router, self.load, limiter, guards, reply_channel, spawn,
                                    self.lifecycle.deliver, store=store, shadows=shadows, audits=self.audits,
                                    lifecycle=self.lifecycle, catalog=self.catalog)
-        self.ws_door = WebSocketDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle,
+        frames = ClientProtocol(settings, self.rules)
+        self.ws_door = WebSocketDoor(settings, frames, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
-        self.http_door = HttpDoor(settings, self.protocol, self.auth, self.admission, self.lifecycle, self.catalog)
+        self.http_door = HttpDoor(settings, self.rules, self.auth, self.admission, self.lifecycle, self.catalog)
         # Batch jobs: their records, shared by the door that starts and shows them and the runner
         # that runs whichever this gateway holds the lease of.
         jobs = JobStore(self.redis, settings)
         lines = LineRunner(self.admission, self.lifecycle, self.router, jobs, IdenticalLines())
-        self.batches = BatchRunner(settings, jobs, self.protocol, lines, self.load, self.key_store, self.id)
+        self.batches = BatchRunner(settings, jobs, self.rules, lines, self.load, self.key_store, self.id)
         self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
-        self.tokenize_door = TokenizeDoor(settings, self.protocol, self.auth, self.catalog)
+        self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
         self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
 
     # ---- health ------------------------------------------------------------------------------------

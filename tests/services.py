@@ -205,6 +205,15 @@ class BrigadeProcess:
         self.log.close()
 
 
+def queued_params(**given):
+    """A request's params as a gateway queues them: every sampling field filled (greedy, unless
+    given), for a test that puts a request on the queue itself."""
+    from ops.core.messages import GenerateParams
+
+    return GenerateParams(**{"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                             "repetition_penalty": 1.0, **given})
+
+
 def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
     """The environment of a test service; a variable given as None is removed."""
     base = {

@@ -24,10 +24,11 @@ from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
 from gateway.protocol import ProtocolError
 from ops.core import keys
-from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
+from tests.services import queued_params
 
 
 class Sink:
@@ -157,7 +158,7 @@ def test_a_websocket_client_that_does_not_come_back_within_the_grace_time_has_it
 
 def queue_record(redis_server, rid: str, api_key: str | None = None) -> None:
     queued = QueuedRequest(request_id=rid, client_id="c1", reply_channel="brigade:reply:old", enqueued_at=time.time(),
-                           model="m", prompt="a prompt", params=GenerateParams(), api_key=api_key)
+                           model="m", prompt="a prompt", params=queued_params(), api_key=api_key)
     redis_server.client.set(keys.request(rid), queued.model_dump_json(), ex=60)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.batch.batch_input import Checker
-from gateway.protocol import ClientProtocol
+from gateway.batch.batch_input import Checker, read_checked, write_checked
+from gateway.protocol import RequestRules
 from ops.core.settings import Settings
 from tests.services import RedisServer, Stack, wait_until, worker_statuses
 
@@ -196,8 +196,23 @@ def test_identical_deterministic_lines_are_answered_once(stack, tmp_path):
     assert len({text_of(r) for r in results[:6]}) == 1 and len({r["id"] for r in results}) == 7
 
 
+def test_a_job_is_parsed_once_its_checked_file_gives_back_every_verdict_as_the_checker_made_it(tmp_path):
+    source = tmp_path / "in.jsonl"
+    guided = {**line(1), "body": {**line(1)["body"], "response_format": {"type": "json_object"}, "stop": "x",
+                                  "logit_bias": {"5": 2}}}
+    source.write_text("\n".join([json.dumps(line(0)), "", "not json", json.dumps(guided),
+                                  json.dumps(line(2, chat=False))]) + "\n")
+    checked = tmp_path / "job.checked.jsonl"
+    valid, bad, count_bad = write_checked(str(source), Checker(RequestRules(Settings())), checked)
+    assert (valid, count_bad, [b["line"] for b in bad]) == (3, 1, [3])
+    again = Checker(RequestRules(Settings()))  # what a second parse of the input would give
+    expected = [(n, again.check(n, raw)) for n, raw in enumerate(source.read_text().splitlines(), start=1)]
+    assert list(read_checked(checked)) == expected  # typed requests back, equal field for field
+    assert not checked.with_name(checked.name + ".part").exists()
+
+
 def test_the_checker_gives_every_bad_line_a_reason():
-    checker = Checker(ClientProtocol(Settings()))
+    checker = Checker(RequestRules(Settings()))
     good = checker.check(1, json.dumps(line(0)))
     assert good.custom_id == "req-0" and good.chat
     reasons = [checker.check(n, raw).reason for n, raw in enumerate([

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from gateway.doors.embeddings import encode, parse_embeddings
 from gateway.doors.tokenize_door import parse_tokenize
 from gateway.doors.utility_routes import UtilityRoutes
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.protocol import OneModel, ProtocolError, RequestRules
 from ops.core.messages import SamplingDefaults
 from ops.core.settings import Settings
 
@@ -41,9 +41,9 @@ def test_health_is_200_and_empty_when_redis_answers_even_before_a_worker_beats()
 
 
 @pytest.fixture
-def protocol() -> ClientProtocol:
+def protocol() -> RequestRules:
     defaults = SamplingDefaults(max_tokens=16, temperature=0, top_p=1, top_k=0, repetition_penalty=1)
-    return ClientProtocol(Settings(), defaults)
+    return RequestRules(Settings(), OneModel(Settings(), defaults))
 
 
 def test_tokenize_defaults_follow_vllm_special_tokens_for_prompts_not_for_messages(protocol):

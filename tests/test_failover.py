@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.clients import Answer, absorb, ask_once, resume
-from tests.services import RedisServer, Stack, http_status, wait_until
+from tests.services import RedisServer, Stack, http_status, queued_params, wait_until
 from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
 from tests.streams import stream_clients as streams
 
@@ -305,7 +305,7 @@ def test_gateway_refuses_work_past_the_queue_limit_with_overloaded(fleet, frozen
 
 
 def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_model_work(fleet):
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.queue import make_app
 
     client = fleet.redis.client
@@ -314,7 +314,7 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_mode
     pubsub.subscribe(channel)
     queued = QueuedRequest(
         request_id="late-1", client_id="late-1", reply_channel=channel, enqueued_at=time.time() - 5,
-        model="smollm2-135m-instruct", prompt="Hello", params=GenerateParams(max_tokens=8), deadline_at=time.time() - 1,
+        model="smollm2-135m-instruct", prompt="Hello", params=queued_params(max_tokens=8), deadline_at=time.time() - 1,
     )
     client.set(keys.request("late-1"), queued.model_dump_json(), ex=60)
     make_app(fleet.redis.url).send_task("brigade.generate", args=[queued.model_dump(mode="json")],

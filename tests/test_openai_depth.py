@@ -22,7 +22,7 @@ from engine import EngineRequest, SamplingParams
 from engine.kv_cache import SequenceKV
 from engine.sequence import Chunk, Sequence
 from ops.core import keys
-from tests.services import Stack, wait_until, worker_statuses
+from tests.services import Stack, queued_params, wait_until, worker_statuses
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -315,14 +315,14 @@ def test_a_handed_over_n2_request_whose_every_choice_had_ended_gets_its_done_fro
     """A worker died after the last token of every choice was logged, before the `done` (a failover
     can lose that tail): the next worker runs nothing and publishes the done from the log (its
     usage with the prompt's tokens, each choice's end, the request's end as its last choice's)."""
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.queue import QueueSender
     from ops.core.settings import Settings
 
     rid = f"ended-{time.monotonic_ns()}"
     queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("gone"),
                            enqueued_at=time.time(), model=MODEL, messages=QUESTION,
-                           params=GenerateParams(max_tokens=3, n=2, temperature=1.0, seed=1))
+                           params=queued_params(max_tokens=3, n=2, temperature=1.0, seed=1))
     r = stack.redis.client
     r.set(keys.request(rid), queued.model_dump_json(), ex=300)
     logged = [(0, 504, None), (1, 504, None), (0, 2, "stop"), (1, 28, None), (1, 30, "length")]

@@ -13,10 +13,12 @@ from gateway import tool_calls
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors.http_door import _Stream
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.doors.ws_protocol import ClientProtocol
+from gateway.protocol import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
-PROTOCOL = ClientProtocol(Settings())
+RULES = RequestRules(Settings())
+FRAMES = ClientProtocol(Settings(), RULES)
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -24,7 +26,7 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"ty
 
 
 def parse(body, chat=True):
-    return oa.parse(body, chat, PROTOCOL, "x")
+    return oa.parse(body, chat, RULES, "x")
 
 
 def test_every_sampling_field_reaches_the_generate_as_the_websocket_names_it():
@@ -262,10 +264,10 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta():
     ({"prompt_ids": [1], "tools": [WEATHER]}, "invalid_field", "tools"),
 ])
 def test_the_websocket_takes_a_prompt_of_token_ids_checked_like_any_field(frame, code, field):
-    ok = PROTOCOL.parse(json.dumps({"type": "generate", "id": "a", "prompt_ids": [3, 4]}))
+    ok = FRAMES.parse(json.dumps({"type": "generate", "id": "a", "prompt_ids": [3, 4]}))
     assert ok.prompt_ids == [3, 4] and ok.prompt is None and ok.messages is None
     with pytest.raises(ProtocolError) as err:
-        PROTOCOL.parse(json.dumps({"type": "generate", "id": "a", **frame}))
+        FRAMES.parse(json.dumps({"type": "generate", "id": "a", **frame}))
     assert (err.value.code, err.value.field) == (code, field)
 
 
@@ -298,6 +300,8 @@ def test_truncate_prompt_tokens_and_continuous_usage_stats_reach_the_generate():
     cmd, _ = parse({"messages": USER, "truncate_prompt_tokens": 5, "stream": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     assert cmd.params.truncate_prompt_tokens == 5 and cmd.params.continuous_usage_stats
+    unstreamed, _ = parse({"messages": USER, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert not unstreamed.params.continuous_usage_stats  # chunks only: an answer in one body has one usage
     # vLLM's rule: usage on every chunk only when the final usage is asked too.
     cmd, opts = parse({"messages": USER, "stream": True, "stream_options": {"continuous_usage_stats": True}})
     assert not cmd.params.continuous_usage_stats and not opts.include_usage

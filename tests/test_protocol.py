@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from gateway.protocol import Cancel, ClientProtocol, Generate, ProtocolError
+from gateway.doors.ws_protocol import Cancel, ClientProtocol
+from gateway.protocol import Generate, ProtocolError, runnable
+from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
 
 
@@ -72,14 +74,27 @@ def test_error_names_the_request_when_its_id_is_known(protocol):
     assert err.value.event()["id"] == "r1"
 
 
-def test_good_generate_is_parsed_with_the_models_defaults_for_what_it_leaves_out(protocol):
+def test_good_generate_leaves_unset_what_it_leaves_out_and_runnable_fills_it_once(protocol):
     cmd = protocol.parse(good(max_tokens=12, stop=["\n"], seed=7))
     assert isinstance(cmd, Generate)
     assert cmd.id == "r1" and cmd.prompt == "hi" and cmd.cache == "auto"
     assert cmd.params.max_tokens == 12 and cmd.params.seed == 7
-    # The default model's recommended sampling (ops/core/sampling_defaults.py) fills the rest.
-    assert (cmd.params.temperature, cmd.params.top_p) == (protocol.defaults.temperature, protocol.defaults.top_p)
-    assert not cmd.params.unset
+    assert cmd.params.unset == ("temperature", "top_p", "top_k", "repetition_penalty")
+    # Admission fills the rest from the routed version's defaults; what the client gave is kept.
+    defaults = load_sampling_defaults(Settings())
+    ran = runnable(cmd, defaults, Settings())
+    assert (ran.params.temperature, ran.params.top_p) == (defaults.temperature, defaults.top_p)
+    assert ran.params.max_tokens == 12 and not ran.params.unset
+
+
+def test_limits_hold_on_the_values_that_run_a_defaults_too(protocol):
+    cmd = protocol.parse(good(min_tokens=20))  # no max_tokens: nothing to compare with yet
+    with pytest.raises(ProtocolError) as err:
+        runnable(cmd, load_sampling_defaults(Settings(default_max_tokens=10)), Settings())
+    assert (err.value.code, err.value.field, err.value.request_id) == ("invalid_field", "min_tokens", "r1")
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse(good(min_tokens=20, max_tokens=10))  # both given: refused at the door
+    assert err.value.field == "min_tokens"
 
 
 def test_chat_messages_are_accepted(protocol):
@@ -137,7 +152,7 @@ def test_estimated_wait_is_the_work_ahead_over_the_fleets_completion_rate():
 
 
 def test_resume_and_deadline_fields_are_validated(protocol):
-    from gateway.protocol import Resume
+    from gateway.doors.ws_protocol import Resume
 
     assert protocol.parse(json.dumps({"type": "resume", "id": "abc", "after_index": 4})) == Resume("abc", 4)
     assert protocol.parse(json.dumps({"type": "resume", "id": "abc"})) == Resume("abc", -1)
@@ -156,7 +171,7 @@ def test_resume_and_deadline_fields_are_validated(protocol):
 
 
 def test_feedback_names_a_request_and_only_known_verdicts():
-    from gateway.protocol import Feedback
+    from gateway.doors.ws_protocol import Feedback
 
     protocol = ClientProtocol(Settings())
     assert protocol.parse(json.dumps({"type": "feedback", "id": "r1", "verdict": "wrong"})) == Feedback("r1", "wrong")

@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.clients import Answer, absorb
-from tests.services import RedisHAServer, create_key, wait_until, wait_until_async
+from tests.services import RedisHAServer, create_key, queued_params, wait_until, wait_until_async
 from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
@@ -77,7 +77,7 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     import os
     import signal
 
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.settings import Settings
     from workers.claims import ClaimStore
 
@@ -89,7 +89,7 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     def request(rid: str) -> str:
         client.set(keys.request(rid), QueuedRequest(
             request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
-            model="m", prompt="hi", params=GenerateParams(max_tokens=4)).model_dump_json(), ex=60)
+            model="m", prompt="hi", params=queued_params(max_tokens=4)).model_dump_json(), ex=60)
         return rid
 
     # The stack's reaper would take these claims back (their owner never beats): give it a beat.

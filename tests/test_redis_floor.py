@@ -11,8 +11,9 @@ import pytest
 from redis.exceptions import RedisError
 
 from ops.core import keys, redis_clients, scripts
-from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
+from tests.services import queued_params
 from workers.claims import ClaimStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def test_an_outage_retry_waits_until_redis_answers_and_stops_when_told():
 
 def queued(rid: str) -> QueuedRequest:
     return QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
-                         model="m", prompt="hi", params=GenerateParams(max_tokens=4))
+                         model="m", prompt="hi", params=queued_params(max_tokens=4))
 
 
 def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_bounds(client):

@@ -14,7 +14,7 @@ from ops.core import keys
 from ops.core.messages import ReplyEvent
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
-from tests.services import wait_until_async
+from tests.services import queued_params, wait_until_async
 
 
 class Collect:
@@ -148,7 +148,7 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
     the second. A request that never sent its client a token is put on the queue again, as it was
     stored; one that had begun cannot continue without its log, and its client is told."""
     from gateway.admission.request_store import RequestStore
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.queue import QueueSender
 
     client = redis_server.client
@@ -157,7 +157,7 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
     def queued(rid: str) -> QueuedRequest:
         client.delete(keys.stream(rid), keys.request(rid), keys.claim(rid))
         return QueuedRequest(request_id=rid, client_id=rid, reply_channel="reply", enqueued_at=time.time(),
-                             model="lost-model", prompt="hi", params=GenerateParams(max_tokens=4))
+                             model="lost-model", prompt="hi", params=queued_params(max_tokens=4))
 
     async def main():
         aio = async_client(redis_server.url)

@@ -6,7 +6,7 @@ import pytest
 from gateway.admission.content_guards import GuardInput, load_guards, patterns, sanitize
 from gateway.delivery.router import GAP, ReplyRouter, Route
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.protocol import ProtocolError, RequestRules
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
 
@@ -90,11 +90,11 @@ def test_an_error_event_ends_the_route_with_the_workers_code():
 
 # ---- the OpenAI translation -----------------------------------------------------------------------------
 
-PROTOCOL = ClientProtocol(Settings())
+RULES = RequestRules(Settings())
 
 
 def parse(body, chat=True):
-    return oa.parse(body, chat, PROTOCOL, "x")
+    return oa.parse(body, chat, RULES, "x")
 
 
 def test_chat_body_becomes_the_same_generate_as_the_websocket_would_get():
@@ -104,13 +104,13 @@ def test_chat_body_becomes_the_same_generate_as_the_websocket_would_get():
         "stream_options": {"include_usage": True}})
     assert [(m.role, m.content) for m in cmd.messages] == [("system", "Be brief."), ("user", "Hi")]
     assert cmd.params.max_tokens == 7 and cmd.params.stop == ["\n"] and cmd.params.seed == 3 and cmd.params.top_k == 5
-    assert cmd.params.temperature == PROTOCOL.defaults.temperature  # the model's, as on the WebSocket
+    assert cmd.params.temperature is None  # left to the routed version's default, as on the WebSocket
     assert opts.stream and opts.include_usage and opts.chat
 
 
-def test_without_max_tokens_the_models_default_applies():
+def test_a_null_max_tokens_is_left_to_the_models_default():
     cmd, _ = parse({"prompt": "Once", "temperature": 0, "max_tokens": None}, chat=False)
-    assert cmd.params.max_tokens == PROTOCOL.defaults.max_tokens and cmd.prompt == "Once"
+    assert cmd.params.max_tokens is None and cmd.prompt == "Once"  # null is not given
     assert cmd.params.temperature == 0  # given: kept
 
 

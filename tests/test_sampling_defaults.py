@@ -10,7 +10,8 @@ import pytest
 from cache.insert_path import reusable_for_rewordings
 from gateway.batch.batch_input import Checker
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ClientProtocol
+from gateway.doors.ws_protocol import ClientProtocol
+from gateway.protocol import RequestRules, runnable
 from ops.core.messages import GenerateParams
 from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, NEUTRAL, GenerationConfigError, load_sampling_defaults
 from ops.core.settings import Settings
@@ -78,16 +79,20 @@ def test_unset_is_not_the_same_as_given_and_given_wins():
     assert GenerateParams().with_defaults(d).temperature == 0.5
 
 
-def test_every_door_fills_the_same_defaults():
-    protocol = ClientProtocol(Settings(model="", default_max_tokens=9))
-    ws = protocol.parse(json.dumps({"type": "generate", "id": "a", "prompt": "Hi", "temperature": None}))
-    chat, _ = oa.parse({"messages": [{"role": "user", "content": "Hi"}]}, True, protocol, "b")
-    completion, _ = oa.parse({"prompt": "Hi", "max_tokens": None}, False, protocol, "c")
-    batch = Checker(protocol).check(1, json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
-                                                   "body": {"messages": [{"role": "user", "content": "Hi"}]}}))
+def test_every_door_leaves_the_same_fields_unset_and_one_fill_gives_the_same_values():
+    settings = Settings(model="", default_max_tokens=9)
+    rules = RequestRules(settings)
+    ws = ClientProtocol(settings, rules).parse(json.dumps({"type": "generate", "id": "a", "prompt": "Hi",
+                                                           "temperature": None}))
+    chat, _ = oa.parse({"messages": [{"role": "user", "content": "Hi"}]}, True, rules, "b")
+    completion, _ = oa.parse({"prompt": "Hi", "max_tokens": None}, False, rules, "c")
+    batch = Checker(rules).check(1, json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                                                "body": {"messages": [{"role": "user", "content": "Hi"}]}}))
     expected = {"max_tokens": 9, "temperature": 0.2, "top_p": 0.9, "top_k": 0, "repetition_penalty": 1.0}
     for cmd in (ws, chat, completion, batch.command):
-        assert {k: getattr(cmd.params, k) for k in expected} == expected
+        assert cmd.params.unset == tuple(expected)  # no door fills: the version is not chosen yet
+        filled = runnable(cmd, rules.models.defaults_for(cmd.model), settings).params
+        assert {k: getattr(filled, k) for k in expected} == expected
 
 
 def test_an_answer_cut_by_max_tokens_serves_rewordings_unless_it_loops():

@@ -19,6 +19,7 @@ from tests.services import (
     free_port,
     http_get,
     http_status,
+    queued_params,
     service_env,
     wait_until,
     worker_statuses,
@@ -226,7 +227,7 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     """The worker checks the cancel flag when it takes a request from the queue."""
     import redis as redis_lib
 
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.queue import GENERATE_TASK, make_app
 
     client = redis_lib.Redis.from_url(stack.redis.url)
@@ -236,7 +237,7 @@ def test_request_cancelled_while_queued_is_never_run(stack):
 
     def queued(rid: str) -> dict:
         return QueuedRequest(request_id=rid, client_id=rid, reply_channel=channel, enqueued_at=time.time(),
-                             model="smollm2-135m-instruct", prompt="Hello", params=GenerateParams(max_tokens=4),
+                             model="smollm2-135m-instruct", prompt="Hello", params=queued_params(max_tokens=4),
                              ).model_dump(mode="json")
 
     app = make_app(stack.redis.url)

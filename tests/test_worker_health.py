@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from ops.core import fleet, keys, redis_clients
-from ops.core.messages import GenerateParams, QueuedRequest
+from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
-from tests.services import wait_until
+from tests.services import queued_params, wait_until
 from workers.claims import ClaimStore
 
 
@@ -31,7 +31,7 @@ def queued_request(settings: Settings, client: redis.Redis, max_tokens: int = 20
     rid = uuid.uuid4().hex
     queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
                            enqueued_at=time.time(), model=settings.model_name, version=version, prompt="hello there",
-                           params=GenerateParams(max_tokens=max_tokens, temperature=0.0))
+                           params=queued_params(max_tokens=max_tokens, temperature=0.0))
     client.set(keys.request(rid), queued.model_dump_json(), ex=600)
     client.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
     return queued

@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from ops.core import keys
 from tests.clients import Answer, absorb, ask, collect_one
-from tests.services import Stack, wait_until
+from tests.services import Stack, queued_params, wait_until
 
 MODEL = "smollm2-135m-instruct"
 WORKERS = ("w1@metrics", "w2@metrics")
@@ -287,7 +287,7 @@ def test_running_and_kv_gauges_show_a_request_in_flight(fleet):
 # ---- dead letters ----------------------------------------------------------------------------------------
 
 def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_that_buried_it(fleet):
-    from ops.core.messages import GenerateParams, QueuedRequest
+    from ops.core.messages import QueuedRequest
     from ops.core.queue import GENERATE_TASK, make_app
 
     client = fleet.redis.client
@@ -295,7 +295,7 @@ def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_
     rid = f"poison-{os.getpid()}"
     queued = QueuedRequest(
         request_id=rid, client_id=rid, reply_channel=keys.reply_channel("test-direct"), enqueued_at=time.time(),
-        model=MODEL, prompt="Hello", params=GenerateParams(max_tokens=4),
+        model=MODEL, prompt="Hello", params=queued_params(max_tokens=4),
     )
     client.set(keys.request(rid), queued.model_dump_json(), ex=60)
     # As if it had crashed three workers already (max_attempts is 3): the next claim buries it.

@@ -13,9 +13,9 @@ import pytest
 
 from engine import SequenceUpdate
 from ops.core import fleet, keys, redis_clients
-from ops.core.messages import GenerateParams, QueuedRequest, ReplyEvent
+from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
-from tests.services import RedisServer, wait_until
+from tests.services import RedisServer, queued_params, wait_until
 from workers.cancels import CancelListener
 from workers.claims import ClaimStore
 from workers.heartbeat import Heartbeat
@@ -42,7 +42,7 @@ def stop():
 def queued(rid: str) -> QueuedRequest:
     return QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
                          enqueued_at=time.time(), model="parts-model", prompt="hello",
-                         params=GenerateParams(max_tokens=8, temperature=0.0))
+                         params=queued_params(max_tokens=8, temperature=0.0))
 
 
 def held_entry(rid: str, epoch: int = 1) -> InFlight:
@@ -168,3 +168,16 @@ def test_a_task_is_released_only_once_its_last_event_is_in_redis(tmp_path):
         assert [json.loads(f["event"])["type"] for _, f in client.xrange(keys.stream("r"))] == ["done"]
     finally:
         server.stop()
+
+
+def test_a_request_queued_without_its_sampling_fields_is_refused_never_run_with_guessed_values():
+    from engine import RequestRejected
+    from ops.core.messages import GenerateParams
+    from workers.inflight import sampling_params
+
+    filled = queued("a")
+    assert sampling_params(filled).max_tokens == filled.params.max_tokens  # a gateway's request runs as given
+    bare = filled.model_copy(update={"params": GenerateParams(max_tokens=4)})
+    with pytest.raises(RequestRejected) as refused:
+        sampling_params(bare)
+    assert refused.value.code == "invalid_request" and "temperature" in refused.value.message

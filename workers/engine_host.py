@@ -26,7 +26,6 @@ from engine import Engine
 from ops.core import fleet, keys, redis_clients
 from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
-from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
 from workers.cancels import CancelListener
 from workers.claims import ClaimStore
@@ -71,7 +70,7 @@ class EngineHost:
         self.heartbeat = Heartbeat(self.redis, settings, self.instance, engine, self.engine_loop.alive, self.status,
                                    self.held, self._stop, on_beat=self.replies.retry)
         self.graceful_drain = Drain(self.held, engine, self.handover)
-        self.serving = Serving(self.instance, worker_name, engine, load_sampling_defaults(settings), self.redis,
+        self.serving = Serving(self.instance, worker_name, engine, self.redis,
                                self.claims, self.held, self.replies, self.handover, self.heartbeat, self.metrics,
                                self._stop)
 

@@ -9,8 +9,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine import EngineRequest, SamplingParams, SequenceUpdate
-from ops.core.messages import QueuedRequest, ReplyEvent, SamplingDefaults
+from engine import EngineRequest, RequestRejected, SamplingParams, SequenceUpdate
+from ops.core.messages import QueuedRequest, ReplyEvent
 
 
 @dataclass
@@ -37,20 +37,24 @@ def guide_spec(queued: QueuedRequest):
     return GuideSpec(queued.params.guide.kind, queued.params.guide.value)
 
 
-def sampling_params(queued: QueuedRequest, defaults: SamplingDefaults) -> SamplingParams:
-    # A gateway sends every field filled; a request enqueued some other way gets the same defaults.
-    # Each field as its declaration makes it (ops/core/messages.GenerateParams, Role.engine).
-    return SamplingParams(**queued.params.with_defaults(defaults).engine_fields(), guide=guide_spec(queued))
+def sampling_params(queued: QueuedRequest) -> SamplingParams:
+    """Each field as its declaration makes it (ops/core/messages.GenerateParams, Role.engine). The
+    gateway filled every sampling field for the version it routed to; a request queued without
+    them (by a client of the queue, not a gateway) is refused, never run with guessed values."""
+    if queued.params.unset:
+        raise RequestRejected("invalid_request", f"the sampling fields {', '.join(queued.params.unset)} are unset: "
+                              "a gateway fills them from the model's defaults before it queues a request")
+    return SamplingParams(**queued.params.engine_fields(), guide=guide_spec(queued))
 
 
-def engine_request(entry: InFlight, defaults: SamplingDefaults, logged: list[dict]) -> EngineRequest:
+def engine_request(entry: InFlight, logged: list[dict]) -> EngineRequest:
     """What the engine runs; `logged`: the token events an earlier worker already sent (its replay
     log, in order). One answer continues from its tokens; of several, each unfinished choice
     continues from its own, and the log's length is where this run's events go on."""
     queued = entry.queued
     request = EngineRequest(
         queued.request_id,
-        sampling_params(queued, defaults),
+        sampling_params(queued),
         prompt=queued.prompt,
         prompt_ids=queued.prompt_ids,
         messages=[m.model_dump(exclude_none=True) for m in queued.messages] if queued.messages is not None else None,

@@ -15,7 +15,7 @@ import redis
 
 from engine import Engine, RequestRejected, SequenceUpdate
 from ops.core import keys, redis_clients
-from ops.core.messages import QueuedRequest, ReplyEvent, SamplingDefaults
+from ops.core.messages import QueuedRequest, ReplyEvent
 from workers.claims import Claim, ClaimStore
 from workers.handover import Handover
 from workers.heartbeat import Heartbeat
@@ -31,13 +31,12 @@ LET_GO_POLL_S = 0.01
 
 
 class Serving:
-    def __init__(self, instance: str, worker_name: str, engine: Engine, sampling_defaults: SamplingDefaults,
+    def __init__(self, instance: str, worker_name: str, engine: Engine,
                  client: redis.Redis, claims: ClaimStore, held: HeldRequests, replies: ReplyPublisher,
                  handover: Handover, heartbeat: Heartbeat, metrics: WorkerMetrics, stop: threading.Event):
         self.instance = instance
         self.worker_name = worker_name
         self.engine = engine
-        self.sampling_defaults = sampling_defaults
         self.redis = client  # the cancel flags and the unclaimed list
         self.claims = claims
         self.held = held
@@ -87,7 +86,7 @@ class Serving:
             self.handover.hand_back(entry)
             return "handed_back"
         try:
-            request = engine_request(entry, self.sampling_defaults, logged)
+            request = engine_request(entry, logged)
             if request.choices == []:  # every choice ended before the hand-over: only the end is missing
                 self._end_without_engine(entry, len(self.engine.encode(request)))
                 return entry.finish_reason or "stop"

@@ -1,8 +1,9 @@
 """Admission, the one path in for every door: version, limits, guards, cache, load, enqueue.
 
-A door (WebSocket, OpenAI HTTP, the page, a batch line) turns its input into a `Generate` and
-calls `admit`. In order: the version it runs on is chosen once (gateway/admission/catalog.py) and its
-sampling defaults filled for that version (`Generate.with_defaults`); then the caller's key
+A door (WebSocket, OpenAI HTTP, the page, a batch line) reads its input into a `Generate` and
+calls `admit`. In order: the version it runs on is chosen once (gateway/admission/catalog.py) and
+the sampling fields its client left unset are filled, once, with that version's defaults
+(gateway/protocol.py's `runnable`); then the caller's key
 limits (rate_limited), the prompt guards (content_blocked), the answer cache (a hit is answered
 at once, after the output guards), the service's load (overloaded, no_workers); then the request
 is recorded and queued with a route registered first, so a fast worker's first token finds its
@@ -18,7 +19,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import redis.asyncio as aioredis
 
@@ -33,14 +34,11 @@ from gateway.admission.load import LoadMonitor
 from gateway.admission.request_store import RequestStore
 from gateway.admission.shadows import Shadows
 from gateway.delivery.router import ReplyRouter, Route, Sink
-from gateway.protocol import Generate, ProtocolError
+from gateway.protocol import Generate, ProtocolError, runnable
 from ops.core import fleet, keys, outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
-
-if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
-    pass
 
 log = logging.getLogger("brigade.gateway")
 
@@ -65,7 +63,7 @@ class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
                  limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str, spawn: Callable,
                  deliver: Callable, *, store: RequestStore, shadows: Shadows, audits: Audits,
-                 lifecycle: RequestLifecycle, catalog: Catalog | None = None):
+                 lifecycle: RequestLifecycle, catalog: Catalog):
         self.settings = settings
         self.catalog = catalog
         self.redis = redis
@@ -89,10 +87,8 @@ class Admission:
         queue's depth: the job's window bounds it). `store_answer` False: looked up in the answer
         cache, but its answer is not stored there."""
         choice = self._choose(cmd, caller)
-        if self.catalog is not None and choice.version != cmd.version:
-            # The protocol filled the unset fields for the model's stable (or pinned) version.
-            cmd = cmd.with_defaults(self.catalog.defaults_for(choice.model, choice.version))
         try:
+            cmd = runnable(cmd, self.catalog.defaults_for(choice.model, choice.version), self.settings)
             admitted = await self._admit(cmd, caller, sink, lane, store_answer, choice)
         except ProtocolError:
             metrics.REQUESTS.labels(cmd.model, choice.version, caller.door, "refused").inc()
@@ -103,8 +99,6 @@ class Admission:
 
     def _choose(self, cmd: Generate, caller: Caller) -> Choice:
         """The version this request runs on (gateway/admission/catalog.py): pinned, routed, or stable."""
-        if self.catalog is None:
-            return Choice(cmd.model, cmd.version, "settings")
         choice = self.catalog.route(cmd.model, cmd.version, caller.key.id if caller.key else None, cmd.user,
                                     cmd.prompt, cmd.messages)
         if choice.instead_of:
@@ -207,8 +201,6 @@ class Admission:
 
     async def _served_now(self, choice: Choice) -> bool:
         """A live worker serves this version: the once-a-second view, asked again before refusing."""
-        if self.catalog is None:
-            return self.load.workers > 0 or await self.load.any_worker_alive()
         # Seen serving a moment ago: after a Sentinel failover the new primary may lack the
         # heartbeats for a beat or two, and the version is not workerless for that.
         if self.catalog.serving(choice.model, choice.version) or self.catalog.served_within(
@@ -229,7 +221,7 @@ class Admission:
         # Route first: a fast worker's first event must find its way back. It is held until the
         # request is really on the queue, so that `queued` is the first thing its client hears.
         # A shadow's answer is compared as one text: several choices interleave, so they are not shadowed.
-        if self.catalog is not None and not cmd.version and cmd.params.n == 1:
+        if not cmd.version and cmd.params.n == 1:
             context.shadows = [v for v in self.catalog.shadows(choice.model) if v != choice.version]
         # The answer is kept for the cache, the output guards, and to compare shadows' with.
         keep_text = context.cache_query is not None or bool(self.guards) or bool(context.shadows)

@@ -42,7 +42,7 @@ class CachedAnswer:
 
 
 class CacheStep:
-    def __init__(self, settings: Settings, catalog: Catalog | None, guards: list[NamedGuard], store: RequestStore,
+    def __init__(self, settings: Settings, catalog: Catalog, guards: list[NamedGuard], store: RequestStore,
                  audits: Audits, lifecycle: RequestLifecycle, reply_channel: str, spawn: Callable):
         self.settings = settings
         self.catalog = catalog
@@ -122,8 +122,6 @@ class CacheStep:
     async def _renderer_for(self, choice: Choice) -> PromptRenderer:
         """The chat template of the chosen version (its folder's tokenizer files, when this machine
         has them; else canonical JSON of the messages, which costs a miss, never a wrong hit)."""
-        if self.catalog is None:
-            return self.renderer
         folder = self.catalog.folder(choice.model, choice.version)
         if folder is not None and folder.resolve() == self.settings.model_dir.resolve() and self.renderer is not None:
             return self.renderer

@@ -63,13 +63,6 @@ class LoadMonitor:
         if self.on_statuses is not None:
             self.on_statuses(statuses)
 
-    async def any_worker_alive(self) -> bool:
-        """Asked before refusing for want of workers: the once-a-second view may be a second old."""
-        try:
-            return await fleet.any_alive_async(self.redis)
-        except aioredis.RedisError:
-            return True  # unknown: let the enqueue decide
-
     async def run(self) -> None:
         while True:
             try:

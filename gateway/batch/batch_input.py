@@ -5,15 +5,23 @@ Each line is `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions"
 so a line is valid exactly when the same request sent over HTTP would be admitted as far as its
 shape goes. Lines stream through: a 100,000-line file is never held whole, only the set of
 custom_ids seen (each must be unique, as OpenAI requires). No sockets, no Redis.
+
+A job's input is parsed once: validation writes each line's verdict (the request as the door made
+it, or why the line is bad) to the job's checked file, one JSON object a line, and running the
+job reads that file instead of the input.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import TypeAdapter
 
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ClientProtocol, Generate, ProtocolError
+from gateway.protocol import Generate, ProtocolError, RequestRules
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}  # url -> chat?
 MAX_CUSTOM_ID_CHARS = 512
@@ -47,8 +55,8 @@ class BadLine:
 class Checker:
     """Checks lines one at a time, remembering the custom_ids seen."""
 
-    def __init__(self, protocol: ClientProtocol):
-        self.protocol = protocol
+    def __init__(self, rules: RequestRules):
+        self.rules = rules
         self.seen: set[str] = set()
 
     def check(self, number: int, raw: str | bytes) -> BatchLine | BadLine | None:
@@ -85,7 +93,7 @@ class Checker:
         if body.get("stream"):
             return BadLine(number, "`body.stream` must be false or absent in a batch", custom_id)
         try:
-            command, options = oa.parse(body, URLS[url], self.protocol, f"b{number}")
+            command, options = oa.parse(body, URLS[url], self.rules, f"b{number}")
         except ProtocolError as err:
             where = f"body.{err.field}: " if err.field else ""
             return BadLine(number, f"{where}{err.message} ({err.code})", custom_id)
@@ -95,23 +103,47 @@ class Checker:
         return BatchLine(number, custom_id, url, body, command, options)
 
 
-def check_all(lines: Iterable[str | bytes], checker: Checker) -> Iterator[BatchLine | BadLine]:
-    for number, raw in enumerate(lines, start=1):
-        result = checker.check(number, raw)
-        if result is not None:
-            yield result
-
-
-def check_file(path: str, checker: Checker) -> tuple[int, list[dict], int]:
-    """Valid lines, the first bad ones (as job errors), and how many were bad."""
+def write_checked(path: str, checker: Checker, checked: Path) -> tuple[int, list[dict], int]:
+    """Checks every line of the input at `path` once, writing each verdict to `checked` (replaced
+    whole, so a validation cut short leaves no half file): valid lines, the first bad ones (as job
+    errors), and how many were bad."""
     valid, bad, count_bad = 0, [], 0
-    with open(path, "rb") as source:
-        for result in check_all(source, checker):
+    partial = checked.with_name(checked.name + ".part")
+    with open(path, "rb") as source, open(partial, "w", encoding="utf-8") as out:
+        for number, raw in enumerate(source, start=1):
+            result = checker.check(number, raw)
+            out.write(_verdict_json(number, result) + "\n")
             if isinstance(result, BadLine):
                 count_bad += 1
                 if len(bad) < MAX_REASONS_SHOWN:
                     bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
                                 "param": result.custom_id})
-            else:
+            elif result is not None:
                 valid += 1
+    os.replace(partial, checked)
     return valid, bad, count_bad
+
+
+def read_checked(checked: Path) -> Iterator[tuple[int, BatchLine | BadLine | None]]:
+    """The verdicts `write_checked` wrote, in input order: (line number, verdict; None: blank)."""
+    with open(checked, encoding="utf-8") as source:
+        for text in source:
+            data = json.loads(text)
+            if "line" in data:
+                yield data["line"]["number"], _LINE.validate_python(data["line"])
+            elif "bad" in data:
+                yield data["bad"]["number"], _BAD.validate_python(data["bad"])
+            else:
+                yield data["blank"], None
+
+
+_LINE = TypeAdapter(BatchLine)
+_BAD = TypeAdapter(BadLine)
+
+
+def _verdict_json(number: int, result: BatchLine | BadLine | None) -> str:
+    if result is None:
+        return json.dumps({"blank": number})
+    if isinstance(result, BadLine):
+        return json.dumps({"bad": _BAD.dump_python(result, mode="json")})
+    return json.dumps({"line": _LINE.dump_python(result, mode="json")})

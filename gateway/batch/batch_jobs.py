@@ -59,6 +59,12 @@ class JobStore:
         self.settings.batch_dir.mkdir(parents=True, exist_ok=True)
         return self.settings.batch_dir / f"{file_id}.jsonl"
 
+    def checked_path(self, job_id: str) -> Path:
+        """A running job's input as validation checked it (gateway/batch/batch_input.py), removed
+        when the job ends."""
+        self.settings.batch_dir.mkdir(parents=True, exist_ok=True)
+        return self.settings.batch_dir / f"{job_id}.checked.jsonl"
+
     async def add_file(self, file_id: str, filename: str, purpose: str, ttl_s: float, owner: str = "") -> dict:
         path = self.path_for(file_id)
         record = {"id": file_id, "object": "file", "bytes": path.stat().st_size, "created_at": int(time.time()),

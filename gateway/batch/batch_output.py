@@ -63,9 +63,10 @@ def copy_result(job_id: str, line: BatchLine, first: LineResult) -> LineResult:
 
 def dedup_key(job_id: str, line: BatchLine) -> str | None:
     """Lines of one job whose answer is determined by their request (greedy or seeded) share one
-    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. Greedy or not is the
-    resolved temperature's (a line without one takes the model's default), not the body's."""
+    answer. Across jobs, only the answer cache (--warm-cache) reuses answers. A line that leaves its
+    temperature to the model is shared only when seeded: its default comes with the version that
+    admission routes it to, after this choice."""
     params = line.command.params
-    if params.temperature > 0 and params.seed is None:
+    if (params.temperature is None or params.temperature > 0) and params.seed is None:
         return None
     return hashlib.sha256(json.dumps([job_id, line.url, line.body], sort_keys=True).encode()).hexdigest()

@@ -5,7 +5,8 @@ holds (gateway/batch/batch_lease.py), so a job outlives the gateway that started
 stops or dies, the lease lapses and another gateway (or the same one, restarted) continues.
 
 Running a job moves it through its states (gateway/batch/batch_jobs.py): validating checks every line
-first (all bad lines reported at once); in_progress streams the input, keeping a window of lines in flight (`LinesInFlight`), each
+first (all bad lines reported at once) and keeps each verdict in the job's checked file, so that no
+line is parsed twice; in_progress streams the checked file, keeping a window of lines in flight (`LinesInFlight`), each
 run through admission on the batch lane (gateway/batch/batch_lines.py), and writes the results in input
 order (gateway/batch/batch_writer.py); finalizing records the output file. The window is the live
 workers' batch width (`max_batch` each) shared among the jobs this gateway runs, unless
@@ -31,13 +32,13 @@ import redis.asyncio as aioredis
 from gateway.admission.api_keys import ApiKey, KeyStore
 from gateway.admission.lifecycle import Caller
 from gateway.admission.load import LoadMonitor
-from gateway.batch.batch_input import MAX_REASONS_SHOWN, BadLine, Checker, check_file
+from gateway.batch.batch_input import MAX_REASONS_SHOWN, BadLine, Checker, read_checked, write_checked
 from gateway.batch.batch_jobs import JobStore, new_id
 from gateway.batch.batch_lease import JobLease
 from gateway.batch.batch_lines import LineRunner, RunningJob
 from gateway.batch.batch_output import BLANK, LineResult, invalid_result
 from gateway.batch.batch_writer import OrderedWriter
-from gateway.protocol import ClientProtocol
+from gateway.protocol import RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.batch")
@@ -106,11 +107,11 @@ class JobRun:
 
 
 class BatchRunner:
-    def __init__(self, settings: Settings, store: JobStore, protocol: ClientProtocol, lines: LineRunner,
+    def __init__(self, settings: Settings, store: JobStore, rules: RequestRules, lines: LineRunner,
                  load: LoadMonitor, key_store: KeyStore, holder: str):
         self.settings = settings
         self.store = store
-        self.protocol = protocol  # what checks a line's body, as the HTTP door does
+        self.rules = rules  # what checks a line's body, as the HTTP door does
         self.lines = lines
         self.load = load
         self.key_store = key_store
@@ -180,7 +181,7 @@ class BatchRunner:
         return None if key is None or key.revoked else key
 
     def checker(self) -> Checker:
-        return Checker(self.protocol)
+        return Checker(self.rules)
 
     # ---- validating --------------------------------------------------------------------------------
 
@@ -190,7 +191,8 @@ class BatchRunner:
             await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
                                     "line": None}])
             return
-        valid, bad, count_bad = await asyncio.to_thread(check_file, record["path"], self.checker())
+        valid, bad, count_bad = await asyncio.to_thread(write_checked, record["path"], self.checker(),
+                                                        self.store.checked_path(job["id"]))
         if bad and not job["skip_invalid"]:
             await self.store.update(job["id"], invalid=count_bad)
             await self._fail(job, bad)
@@ -207,46 +209,45 @@ class BatchRunner:
     async def _fail(self, job: dict, errors: list[dict]) -> None:
         await self.store.update(job["id"], errors=errors[:MAX_REASONS_SHOWN])
         await self.store.move(job["id"], "failed")
+        self.store.checked_path(job["id"]).unlink(missing_ok=True)
         log.info("event=batch_failed job=%s errors=%d", job["id"], len(errors))
 
     # ---- running -------------------------------------------------------------------------------------
 
     async def _execute(self, job: dict, lease: JobLease) -> None:
-        record = await self.store.get_file(job["input_file_id"])
-        if record is None:
-            await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
-                                    "line": None}])
-            return
+        checked = self.store.checked_path(job["id"])
+        if not checked.exists():  # begun before checked files were kept, or its folder was replaced
+            record = await self.store.get_file(job["input_file_id"])
+            if record is None:
+                await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
+                                        "line": None}])
+                return
+            await asyncio.to_thread(write_checked, record["path"], self.checker(), checked)
         output = OrderedWriter.open(self.store, job, self.settings.model_name)
         running = RunningJob(job["id"], Caller(await self._owner_key(job), "batch"), bool(job["warm_cache"]),
                              self.store.ttl_s(job["completion_window_s"]))
         run = JobRun(running, LinesInFlight(job["id"]), output)
         known = await self.store.in_flight(job["id"])
-        checker = self.checker()
         stopping: str | None = None
         try:
-            with open(record["path"], "rb") as source:
-                for number, raw in enumerate(source, start=1):
-                    # Every line is checked, those written before too: a custom_id repeated later
-                    # must still read as a repeat when a continued pass starts past the first one.
-                    verdict = checker.check(number, raw)
-                    if number <= output.written:
-                        continue
-                    stopping = stopping or await self._should_stop(run, lease)
+            for number, verdict in read_checked(checked):
+                if number <= output.written:
+                    continue
+                stopping = stopping or await self._should_stop(run, lease)
+                if stopping:
+                    break
+                if verdict is None:
+                    output.put(number, BLANK)
+                elif isinstance(verdict, BadLine):
+                    output.put(number, invalid_result(run.id, verdict))
+                else:
+                    while len(run.window) >= self.window() and not stopping:
+                        await self._wait_some(run)
+                        stopping = await self._should_stop(run, lease)
                     if stopping:
                         break
-                    if verdict is None:
-                        output.put(number, BLANK)
-                    elif isinstance(verdict, BadLine):
-                        output.put(number, invalid_result(run.id, verdict))
-                    else:
-                        while len(run.window) >= self.window() and not stopping:
-                            await self._wait_some(run)
-                            stopping = await self._should_stop(run, lease)
-                        if stopping:
-                            break
-                        run.window.start(number, self.lines.run(running, verdict, known.get(number)))
-                    await self._harvest(run)
+                    run.window.start(number, self.lines.run(running, verdict, known.get(number)))
+                await self._harvest(run)
             while run.window and not stopping:
                 await self._wait_some(run)
                 stopping = await self._should_stop(run, lease)
@@ -264,6 +265,7 @@ class BatchRunner:
             raise LeaseLost()
         if stopping in ("cancelled", "expired"):
             await self.store.move(run.id, stopping)
+            checked.unlink(missing_ok=True)
             await self._record_output(job, "batch_output")
             log.info("event=batch_%s job=%s written=%d", stopping, run.id, output.written)
             return
@@ -298,6 +300,7 @@ class BatchRunner:
     async def _finalize(self, job: dict) -> None:
         await self._record_output(job, "batch_output")
         await self.store.move(job["id"], "completed")
+        self.store.checked_path(job["id"]).unlink(missing_ok=True)
         done = await self.store.get(job["id"])
         log.info("event=batch_completed job=%s completed=%d failed=%d output_tokens=%d", job["id"],
                  done["completed"], done["failed"], done["output_tokens"])

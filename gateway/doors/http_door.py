@@ -27,7 +27,7 @@ from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.protocol import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -60,10 +60,10 @@ async def _disconnected(request: Request) -> None:
 
 
 class HttpDoor:
-    def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, admission: Admission,
+    def __init__(self, settings: Settings, rules: RequestRules, auth: Authenticator, admission: Admission,
                  lifecycle: RequestLifecycle, catalog: Catalog):
         self.settings = settings
-        self.protocol = protocol
+        self.rules = rules
         self.auth = auth
         self.admission = admission
         self.lifecycle = lifecycle
@@ -95,7 +95,7 @@ class HttpDoor:
         try:
             caller = await self.caller(request)
             body = await read_json(request, self.settings.max_message_bytes)
-            cmd, opts = oa.parse(body, chat, self.protocol, client_id)
+            cmd, opts = oa.parse(body, chat, self.rules, client_id)
             answer = AnswerQueue()
             admitted = await self.admission.admit(cmd, caller, answer)
         except ProtocolError as err:

@@ -1,7 +1,7 @@
 """The OpenAI API's request bodies, apart from any socket: a body in, a `Generate` and its `Options` out.
 
-Bodies are translated into the WebSocket protocol's `generate` fields and validated by the same
-`ClientProtocol`, so a limit or a check lands once for every door. OpenAI's fields and vLLM's extra
+A body is read straight into the rules every door shares (gateway/protocol.py's RequestRules), so a
+limit or a check lands once for every door, and no other door's format stands between. OpenAI's fields and vLLM's extra
 ones are each supported, accepted and ignored (with a reason), or refused with `unsupported_field`
 and a message that says what to do (docs/doors.md has the table); unknown fields are refused as
 OpenAI does. Brigade's own fields (`cache`, `cache_threshold`, `deadline_ms`) ride as extra body fields.
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol import ClientProtocol, Generate, ProtocolError
+from gateway.protocol import Generate, ProtocolError, RequestRules
 from ops.core.messages import GenerateParams
 
 BRIGADE_FIELDS = {"cache", "cache_threshold", "deadline_ms"}
@@ -114,9 +114,9 @@ def _invalid(field: str, why: str) -> ProtocolError:
     return ProtocolError("invalid_field", f"`{field}` {why}", None, field)
 
 
-def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tuple[Generate, Options]:
-    """A body -> a `Generate`. Sampling fields the body leaves out (or sends as null) stay unset
-    here, and the protocol fills them from the model's defaults, as for the WebSocket."""
+def parse(body: Any, chat: bool, rules: RequestRules, client_id: str) -> tuple[Generate, Options]:
+    """A body -> a `Generate`, read straight into the rules every door shares. Sampling fields the
+    body leaves out (or sends as null) stay unset: admission fills them for the version that runs."""
     if not isinstance(body, dict):
         raise ProtocolError("invalid_message", "the request body must be a JSON object")
     known = CHAT_FIELDS if chat else COMPLETION_FIELDS
@@ -130,33 +130,36 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
     special, why = SPECIAL_TOKENS[chat]
     if body.get("add_special_tokens") is not None and not _same(body["add_special_tokens"], special):
         raise _unsupported("add_special_tokens", why)
-    fields: dict[str, Any] = {"type": "generate", "id": client_id}
-    for name in ("model", "user", "tools", "tool_choice", "parallel_tool_calls", *sorted(BRIGADE_FIELDS | PASSED)):
-        if body.get(name) is not None:
-            fields[name] = body[name]
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise ProtocolError("invalid_field", "`stream` must be a boolean", None, "stream")
+    options = _stream_options(body)
+    # GenerateParams' fields, as this body spells them (the rules check each).
+    sampling: dict[str, Any] = {name: body[name] for name in PASSED if body.get(name) is not None}
     if _same(body.get("top_k"), -1):  # vLLM's spelling of "no top-k cut"
-        fields["top_k"] = 0
+        sampling["top_k"] = 0
     limit_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    if body.get(limit_field) is not None:
-        fields["max_tokens"] = body[limit_field]
+    sampling["max_tokens"] = body.get(limit_field)
     stop = body.get("stop")
-    if stop is not None:
-        fields["stop"] = [stop] if isinstance(stop, str) else stop
-    logprobs = _logprobs(body, chat, fields)
+    sampling["stop"] = [stop] if isinstance(stop, str) else stop
+    logprobs = _logprobs(body, chat, sampling)
+    sampling["guide"] = _guide(body)
+    # usage on every chunk, as vLLM gives it: streamed, with both asked
+    sampling["continuous_usage_stats"] = stream and options["continuous_usage_stats"] and options["include_usage"]
+    prompt = {}
     echo = None
     if chat:
-        fields["messages"] = chat_messages(body.get("messages"))
+        prompt["messages"] = chat_messages(body.get("messages"))
     else:
         name, value = _prompt(body.get("prompt"))
-        fields[name] = value
-        echo = _echo(body, fields)
-    guide = _guide(body)
-    if guide is not None:
-        fields["guide"] = guide
-    if _stream_options(body).get("continuous_usage_stats") and _stream_options(body).get("include_usage"):
-        fields["continuous_usage_stats"] = True  # usage on every chunk, as vLLM gives it: both asked
+        prompt[name] = value
+        echo = _echo(body, sampling, prompt)
     try:
-        cmd = protocol.generate_from(fields)
+        cmd = rules.generate(client_id, sampling=sampling, **prompt,
+                             **{name: body.get(name) for name in ("model", "user", "tools", "tool_choice",
+                                                                   "parallel_tool_calls", "cache_threshold",
+                                                                   "deadline_ms")},
+                             cache=body.get("cache") if body.get("cache") is not None else "auto")
     except ProtocolError as err:
         if err.field == "max_tokens":
             err.field = limit_field
@@ -164,25 +167,23 @@ def parse(body: Any, chat: bool, protocol: ClientProtocol, client_id: str) -> tu
         elif err.field == "guide":
             err.field = _guide_field(body)
         raise
-    options = _stream_options(body)
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise ProtocolError("invalid_field", "`stream` must be a boolean", None, "stream")
-    include_usage = bool(options.get("include_usage"))
-    return cmd, Options(chat, stream, include_usage, cmd.model, limit_field, cmd.params.n, logprobs, echo,
+    return cmd, Options(chat, stream, options["include_usage"], cmd.model, limit_field, cmd.params.n, logprobs, echo,
                         body.get("prompt_logprobs") is not None, cmd.tools, cmd.tool_choice)
 
 
-def _stream_options(body: dict) -> dict:
+def _stream_options(body: dict) -> dict[str, bool]:
+    """`stream_options`, read once: each of its two flags, false when not given."""
     options = body.get("stream_options")
     if options is None:
-        return {}
+        options = {}
     if not isinstance(options, dict):
         raise ProtocolError("invalid_field", "`stream_options` must be an object", None, "stream_options")
+    flags = {}
     for name in ("include_usage", "continuous_usage_stats"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ProtocolError("invalid_field", f"`stream_options.{name}` must be a boolean", None, "stream_options")
-    return options
+        flags[name] = bool(options.get(name))
+    return flags
 
 
 def _logprobs(body: dict, chat: bool, fields: dict) -> bool:
@@ -207,7 +208,7 @@ def _logprobs(body: dict, chat: bool, fields: dict) -> bool:
     return True
 
 
-def _echo(body: dict, fields: dict) -> str | None:
+def _echo(body: dict, sampling: dict, prompt: dict) -> str | None:
     """`echo`: the prompt comes back before the answer, and with `logprobs` its tokens' scores too
     (how evaluation harnesses score multiple choice)."""
     echo = body.get("echo")
@@ -216,13 +217,13 @@ def _echo(body: dict, fields: dict) -> str | None:
     if echo is not True:
         raise _invalid("echo", "must be a boolean")
     if body.get("prompt_logprobs") is None:
-        if "logprobs" in fields:
-            fields["prompt_logprobs"] = fields["logprobs"]
-        elif "prompt_ids" in fields:  # the echoed text is read from the prompt tokens' own entries
-            fields["prompt_logprobs"] = 0
-    if "prompt_ids" in fields:
+        if "logprobs" in sampling:
+            sampling["prompt_logprobs"] = sampling["logprobs"]
+        elif "prompt_ids" in prompt:  # the echoed text is read from the prompt tokens' own entries
+            sampling["prompt_logprobs"] = 0
+    if "prompt_ids" in prompt:
         return ECHO_TOKENS
-    return fields["prompt"] if isinstance(fields["prompt"], str) else ""
+    return prompt["prompt"] if isinstance(prompt["prompt"], str) else ""
 
 
 def _guide(body: dict) -> dict | None:

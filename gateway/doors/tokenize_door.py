@@ -2,7 +2,7 @@
 
 A prompt or chat messages in, the token ids the engine would run out; ids in, text out. Messages
 go through the same translation and checks as a chat completion (openai_schema.chat_messages,
-then the protocol), and are rendered by the cache's `PromptRenderer`, the same chat-template call
+then the rules every door shares: gateway/protocol.py), and are rendered by the cache's `PromptRenderer`, the same chat-template call
 the engine's `encode` makes, so that `count` equals a chat answer's `usage.prompt_tokens` for the
 same messages. Each model version's tokenizer files are read from its folder on this machine
 (catalog.folder), once, off the event loop; a fast tokenizer is not safe to share between threads,
@@ -29,7 +29,7 @@ from gateway.admission.catalog import Catalog
 from gateway.doors import openai_schema as oa
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ClientProtocol, ProtocolError
+from gateway.protocol import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -69,20 +69,14 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def parse_tokenize(body: Any, protocol: ClientProtocol) -> TokenizeAsk:
+def parse_tokenize(body: Any, rules: RequestRules) -> TokenizeAsk:
     """A /tokenize body -> what to tokenize, checked as a completion's prompt or messages are."""
     body = _refuse_unknown(body, TOKENIZE_FIELDS)
     chat = body.get("messages") is not None
-    fields: dict[str, Any] = {"type": "generate", "id": "tokenize"}
-    for name in ("model", "tools"):
-        if body.get(name) is not None:
-            fields[name] = body[name]
-    if chat:
-        fields["messages"] = oa.chat_messages(body["messages"])
-    if body.get("prompt") is not None:
-        fields["prompt"] = body["prompt"]
     # exactly one of prompt and messages, the model known, lengths, tools (only beside messages)
-    cmd = protocol.generate_from(fields)
+    cmd = rules.generate("tokenize", sampling={}, model=body.get("model"), tools=body.get("tools"),
+                         prompt=body.get("prompt"),
+                         messages=oa.chat_messages(body["messages"]) if chat else None)
     # as the worker hands them to the engine (workers/inflight.py)
     messages = [m.model_dump(exclude_none=True) for m in cmd.messages] if cmd.messages is not None else None
     return TokenizeAsk(cmd.model, cmd.version, cmd.prompt, messages, cmd.tools,
@@ -133,9 +127,9 @@ class ModelTokenizer:
 
 
 class TokenizeDoor:
-    def __init__(self, settings: Settings, protocol: ClientProtocol, auth: Authenticator, catalog: Catalog):
+    def __init__(self, settings: Settings, rules: RequestRules, auth: Authenticator, catalog: Catalog):
         self.settings = settings
-        self.protocol = protocol
+        self.rules = rules
         self.auth = auth
         self.catalog = catalog
         self._tokenizers: dict[str, ModelTokenizer] = {}
@@ -143,7 +137,7 @@ class TokenizeDoor:
     async def tokenize(self, request: Request) -> Response:
         try:
             body = await self._checked_body(request)
-            ask = parse_tokenize(body, self.protocol)
+            ask = parse_tokenize(body, self.rules)
             tokenizer = await self._tokenizer(ask.model, ask.version)
             ids, strs = await asyncio.to_thread(tokenizer.tokenize, ask)
             return JSONResponse({"count": len(ids), "max_model_len": self.catalog.max_model_len(ask.model),

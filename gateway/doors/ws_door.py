@@ -22,7 +22,8 @@ from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
 from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.delivery.events import cancelled_event, error_event, feedback_recorded, queued_event
-from gateway.protocol import Cancel, ClientProtocol, Feedback, Generate, ProtocolError, Resume
+from gateway.doors.ws_protocol import Cancel, ClientProtocol, Feedback, Resume
+from gateway.protocol import Generate, ProtocolError
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

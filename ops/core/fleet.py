@@ -65,11 +65,6 @@ async def live_workers_async(client: aioredis.Redis) -> list[dict]:
     return _statuses(await client.mget([keys.worker(n) for n in names])) if names else []
 
 
-async def any_alive_async(client: aioredis.Redis) -> bool:
-    names = await client.zrange(keys.WORKERS, 0, -1)
-    return bool(names) and await client.exists(*[keys.worker(n) for n in names]) > 0
-
-
 @dataclass(frozen=True)
 class ScaleSignal:
     """The autoscaling signal: the workers that what is in the system right now calls for.

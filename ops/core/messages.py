@@ -92,9 +92,9 @@ def _pairs(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
 
 class GenerateParams(BaseModel):
     """The sampling and output fields of one request, each declared once with its bounds and its
-    Role. None in a sampling field means "not given": the model's default fills it
-    (`with_defaults`), at the gateway, before the exact-cache key is made and a seed is drawn,
-    so every door and the queue carry the values that really run."""
+    Role. None in a sampling field means "not given": the routed version's default fills it
+    (`with_defaults`, called once, at admission), before the exact-cache key is made and a seed
+    is drawn, so the queue carries the values that really run."""
 
     # strict: "0.5" is not a temperature; a client learns that at once instead of by surprise.
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -5,9 +5,10 @@ temperature, top_p, top_k, repetition_penalty and max_new_tokens (as max_tokens)
 BRIGADE_DEFAULT_* settings override it (vLLM's `--override-generation-config`); a field neither
 names takes Brigade's neutral value. A request's own field wins over all of them.
 
-The gateway applies them, before the exact-cache key is made and before a sampled request gets
-its seed, so the key, the seed and the queued request all carry the values that really run. A
-worker fills only what a request queued without them lacks (a client that enqueues directly).
+The gateway applies them once, at admission, for the version the request is routed to
+(gateway/protocol.py's `runnable`): before the exact-cache key is made and before a sampled request
+gets its seed, so the key, the seed and the queued request all carry the values that really run.
+A worker runs what it is given, and refuses a request queued without them.
 
 Where Brigade departs from vLLM: vLLM's neutral max_tokens is the rest of the context; Brigade's
 is 256, because admission reserves KV memory for prompt + max_tokens, and one request must not
