@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from cache.query import CACHE_MODES
 from gateway import tool_calls
-from gateway.delivery.events import error_event
+from gateway.delivery.events import Refused
 from ops.core.messages import ChatMessage, GenerateParams, QueuedRequest, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
@@ -40,8 +40,8 @@ class ProtocolError(Exception):
         self.field = field
         self.retry_after_s = retry_after_s  # overloaded, rate_limited: when a retry may succeed
 
-    def event(self) -> dict[str, Any]:
-        return error_event(self.code, self.message, self.request_id, self.field, self.retry_after_s)
+    def event(self) -> Refused:
+        return Refused(self.code, self.message, self.request_id, self.field, self.retry_after_s)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from gateway.admission.limits import KeyLimiter
 from gateway.admission.request_store import RequestStore
 from gateway.admission.shadows import Shadows
 from gateway.background import BackgroundTasks
+from gateway.delivery.events import ClientEvent, StreamError
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
 from gateway.protocol import ProtocolError
@@ -33,10 +34,10 @@ from tests.services import queued_params
 
 class Sink:
     def __init__(self) -> None:
-        self.events: list[dict] = []
+        self.events: list[ClientEvent] = []
         self.ended_ids: list[str] = []
 
-    def send(self, event: dict) -> None:
+    def send(self, event: ClientEvent) -> None:
         self.events.append(event)
 
     def queued(self, client_id: str, request_id: str) -> None: ...
@@ -114,8 +115,7 @@ def test_a_refusal_mid_answer_tells_its_client_once_and_stops_the_request(redis_
             admission.refuse_midway(route, "content_blocked", "refused by guard g: no")
             admission.refuse_midway(route, "internal_error", "a second refusal finds nothing to end")
             await background.drain(timeout_s=5)
-            assert sink.events == [{"type": "error", "id": "c1", "code": "content_blocked",
-                                    "message": "refused by guard g: no"}]
+            assert sink.events == [StreamError("c1", "content_blocked", "refused by guard g: no")]
             assert sink.ended_ids == ["c1"]
             assert stopped(redis_server, route.request_id) and route.context.settled
     run(main())

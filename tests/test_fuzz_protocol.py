@@ -136,7 +136,7 @@ def test_any_frame_parses_or_gets_a_named_error(frame):
         cmd = PROTOCOL.parse(frame)
     except ProtocolError as err:
         assert err.code in PARSER_CODES and isinstance(err.message, str) and err.message
-        event = json.loads(json.dumps(err.event()))
+        event = json.loads(json.dumps(err.event().wire()))
         assert event["type"] == "error" and event["code"] == err.code and event["message"] == err.message
     else:  # an accepted command carries valid Unicode only: Redis (keys) and the tokenizer need it
         texts = [cmd.id]

@@ -10,6 +10,7 @@ import pytest
 
 from engine import chat_prompt
 from gateway import tool_calls
+from gateway.delivery.events import Done, Token
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors.http_door import _Stream
@@ -56,10 +57,10 @@ def test_a_prompt_of_token_ids_as_harnesses_send_it_is_taken_and_echoed_from_its
     assert cmd.prompt_ids == [5, 6, 7] and cmd.prompt is None and opts.echo == oa.ECHO_TOKENS
     assert cmd.params.prompt_logprobs == 0  # the echoed text comes from the prompt tokens' entries
     answer = render.Answer()
-    answer.add({"type": "token", "index": 0, "text": "!", "prompt_logprobs": [
+    answer.add(Token("r", 0, "!", prompt_logprobs=[
         {"token": "A", "id": 5, "logprob": None, "top": []}, {"token": " b", "id": 6, "logprob": -1.0, "top": []},
-        {"token": "c", "id": 7, "logprob": -2.0, "top": []}]})
-    body = render.completion_body(opts, "r", answer, {"usage": {}}, 0, "r")
+        {"token": "c", "id": 7, "logprob": -2.0, "top": []}]))
+    body = render.completion_body(opts, "r", answer, Done("r", "length", {}, {}), 0, "r")
     assert body["choices"][0]["text"] == "A bc!" and body["choices"][0]["logprobs"] is None
 
 
@@ -180,14 +181,12 @@ def _lp(token, logprob, *alternatives):
 
 
 EVENTS = [
-    {"type": "token", "index": 0, "choice": 0, "text": "Hi", "logprobs": _lp("Hi", -0.1, ("Hi", -0.1, 5))},
-    {"type": "token", "index": 1, "choice": 1, "text": "Yo", "logprobs": _lp("Yo", -2.0, ("Hi", -0.1, 5))},
-    {"type": "token", "index": 2, "choice": 1, "text": "!", "logprobs": _lp("!", -0.5, ("!", -0.5, 9)),
-     "finish_reason": "stop"},
-    {"type": "token", "index": 3, "choice": 0, "text": " there", "logprobs": _lp(" there", -float("inf"))},
+    Token("r", 0, "Hi", choice=0, logprobs=_lp("Hi", -0.1, ("Hi", -0.1, 5))),
+    Token("r", 1, "Yo", choice=1, logprobs=_lp("Yo", -2.0, ("Hi", -0.1, 5))),
+    Token("r", 2, "!", choice=1, logprobs=_lp("!", -0.5, ("!", -0.5, 9)), finish_reason="stop"),
+    Token("r", 3, " there", choice=0, logprobs=_lp(" there", -float("inf"))),
 ]
-DONE = {"type": "done", "finish_reason": "length", "finish_reasons": ["length", "stop"],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 4}, "timing": {}}
+DONE = Done("r", "length", {"prompt_tokens": 4, "completion_tokens": 4}, {}, finish_reasons=["length", "stop"])
 
 
 def _whole(opts):
@@ -223,22 +222,22 @@ def test_vllms_prompt_logprobs_ride_in_the_first_chunk_and_the_whole_body():
     opts = oa.Options(False, True, False, "m", "max_tokens", prompt_logprobs=True)
     prompt = [{"token": "A", "id": 4, "logprob": None, "top": []},
               {"token": " B", "id": 9, "logprob": -3.0, "top": [[" X", -1.0, 8]]}]
-    event = {"type": "token", "index": 0, "text": " C", "prompt_logprobs": prompt}
+    event = Token("r", 0, " C", prompt_logprobs=prompt)
     chunks = list(_Stream(opts, "r").token(event))
     expected = [None, {"8": {"logprob": -1.0, "rank": 1, "decoded_token": " X"},
                        "9": {"logprob": -3.0, "rank": None, "decoded_token": " B"}}]
     assert chunks[0]["prompt_logprobs"] == expected
     answer = render.Answer()
     answer.add(event)
-    assert render.completion_body(opts, "r", answer, {"usage": {}}, 0, "r")["prompt_logprobs"] == expected
+    assert render.completion_body(opts, "r", answer, Done("r", "length", {}, {}), 0, "r")["prompt_logprobs"] == expected
 
 
 def test_completions_echo_puts_the_prompt_and_its_scores_first():
     opts = oa.Options(False, False, False, "m", "max_tokens", logprobs=True, echo="A B")
     answer = render.Answer()
-    answer.add({"type": "token", "index": 0, "text": " C", "logprobs": _lp(" C", -1.5, (" C", -1.5, 3)),
-                "prompt_logprobs": [{"token": "A", "logprob": None, "top": []}, _lp(" B", -3.0, (" X", -1.0, 8))]})
-    body = render.completion_body(opts, "r", answer, {"finish_reason": "length", "usage": {}}, 0, "r")
+    answer.add(Token("r", 0, " C", logprobs=_lp(" C", -1.5, (" C", -1.5, 3)),
+                     prompt_logprobs=[{"token": "A", "logprob": None, "top": []}, _lp(" B", -3.0, (" X", -1.0, 8))]))
+    body = render.completion_body(opts, "r", answer, Done("r", "length", {}, {}), 0, "r")
     lp = body["choices"][0]["logprobs"]
     assert body["choices"][0]["text"] == "A B C"
     assert lp["tokens"] == ["A", " B", " C"] and lp["token_logprobs"] == [None, -3.0, -1.5]
@@ -249,9 +248,9 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta():
     opts = oa.Options(True, True, False, "m", "max_tokens", tools=[WEATHER], tool_choice="required")
     stream = _Stream(opts, "r")
     pieces = ['[{"name": "get_weather", ', '"parameters": {"city": "Oslo"}}]']
-    chunks = [c for i, p in enumerate(pieces) for c in stream.token({"type": "token", "index": i, "text": p})]
+    chunks = [c for i, p in enumerate(pieces) for c in stream.token(Token("r", i, p))]
     assert chunks == []  # held: calls are read from the whole text
-    chunks = list(stream.done({"type": "done", "finish_reason": "stop", "usage": {}}, "r"))
+    chunks = list(stream.done(Done("r", "stop", {}, {}), "r"))
     delta = chunks[0]["choices"][0]["delta"]
     assert delta["content"] is None and delta["tool_calls"][0]["function"]["name"] == "get_weather"
     assert delta["tool_calls"][0]["index"] == 0 and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
@@ -318,9 +317,8 @@ def test_a_stream_with_continuous_usage_carries_the_usage_so_far_on_every_chunk(
                      "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     stream = _Stream(opts, "r")
     chunks = [c for i in range(3) for c in stream.token(
-        {"type": "token", "index": i, "text": "ab"[i % 2], "usage": {"prompt_tokens": 7, "completion_tokens": i + 1}})]
-    chunks += list(stream.done({"type": "done", "finish_reason": "stop",
-                                "usage": {"prompt_tokens": 7, "completion_tokens": 3}}, "r"))
+        Token("r", i, "ab"[i % 2], usage={"prompt_tokens": 7, "completion_tokens": i + 1}))]
+    chunks += list(stream.done(Done("r", "stop", {"prompt_tokens": 7, "completion_tokens": 3}, {}), "r"))
     assert [c["usage"]["completion_tokens"] for c in chunks[:3]] == [1, 2, 3]
     assert all(c["usage"]["prompt_tokens"] == 7 and c["usage"]["total_tokens"] == 7 + c["usage"]["completion_tokens"]
                for c in chunks)

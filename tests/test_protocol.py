@@ -64,14 +64,14 @@ def test_bad_frame_gets_a_named_error(protocol, frame, code, field):
         protocol.parse(frame)
     assert err.value.code == code
     assert err.value.field == field
-    event = err.value.event()
+    event = err.value.event().wire()
     assert event["type"] == "error" and event["code"] == code and event["message"]
 
 
 def test_error_names_the_request_when_its_id_is_known(protocol):
     with pytest.raises(ProtocolError) as err:
         protocol.parse(good(temperature=-1))
-    assert err.value.event()["id"] == "r1"
+    assert err.value.event().wire()["id"] == "r1"
 
 
 def test_good_generate_leaves_unset_what_it_leaves_out_and_runnable_fills_it_once(protocol):
@@ -120,13 +120,13 @@ def test_cancel_is_parsed(protocol):
 
 
 def test_cached_answer_uses_the_generated_event_shapes_marked_with_its_layer():
-    from gateway.delivery.events import cached_events
+    from gateway.delivery.events import CacheMark, Done, Token, cached_events
 
-    events = cached_events("r1", ["Par", "is."], "stop", {"completion_tokens": 2}, "semantic", 0.91234, 0.004)
-    assert [e["type"] for e in events] == ["token", "done"]
-    assert events[0]["index"] == 0 and events[0]["text"] == "Paris."
-    assert all(e["cached"] == "semantic" and e["similarity"] == 0.9123 and e["id"] == "r1" for e in events)
-    assert events[-1]["finish_reason"] == "stop" and events[-1]["usage"] == {"completion_tokens": 2}
+    token, done = cached_events("r1", ["Par", "is."], "stop", {"completion_tokens": 2}, "semantic", 0.91234, 0.004)
+    assert isinstance(token, Token) and isinstance(done, Done)
+    assert token.index == 0 and token.text == "Paris."
+    assert all(e.cached == CacheMark("semantic", 0.9123, None) and e.client_id == "r1" for e in (token, done))
+    assert done.finish_reason == "stop" and done.usage == {"completion_tokens": 2}
 
 
 def test_estimated_wait_is_the_work_ahead_over_the_fleets_completion_rate():

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 
+from gateway.delivery.events import ClientEvent, StreamError, Token
 from gateway.delivery.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
 from ops.core import keys
@@ -18,7 +19,7 @@ from tests.services import queued_params, wait_until_async
 
 
 class Collect:
-    def send(self, event: dict) -> None: ...
+    def send(self, event: ClientEvent) -> None: ...
 
     def queued(self, client_id: str, request_id: str) -> None: ...
 
@@ -67,7 +68,7 @@ def test_a_gap_reads_back_from_the_newest_entry_only_to_what_the_client_has(redi
             client.config_resetstat()
             await intake.catch_up([rid])
             second = commands(client)
-        return [d.event["index"] for d in delivered], first, second
+        return [d.event.index for d in delivered], first, second
 
     indexes, first, second = asyncio.run(main())
     assert indexes == list(range(1990, 2010))
@@ -86,7 +87,7 @@ def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_serve
             route = Route(rid, "c", Collect(), next_index=100, keep_text=True, chunks=[f"t{i} " for i in range(100)])
             intake.router.add(route)
             await intake.catch_up([rid])
-        return [d.event["index"] for d in delivered], route.text
+        return [d.event.index for d in delivered], route.text
 
     indexes, text = asyncio.run(main())
     assert indexes == list(range(100, 300))
@@ -126,7 +127,7 @@ def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_ser
             intake.router.add(Route(lost, "c2", Collect()))
             await intake.catch_up([pending, lost])
             await asyncio.sleep(0.2)  # any task the catch-up spawned has run by now
-            after_catch_up = [(d.route.request_id, d.event["type"]) for d in delivered]
+            after_catch_up = [(d.route.request_id, type(d.event)) for d in delivered]
             still_live = pending in intake.router.live
             # The put goes through: record, then the worker's first token is logged (pub/sub lost it).
             client.set(keys.request(pending), "{}", ex=60)
@@ -134,12 +135,12 @@ def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_ser
             route.held = None
             storing.set()
             await wait_until_async(lambda: len(delivered) > len(after_catch_up), 5, what="the stored route's catch-up")
-            return after_catch_up, still_live, [(d.route.request_id, d.event["type"]) for d in delivered]
+            return after_catch_up, still_live, [(d.route.request_id, type(d.event)) for d in delivered]
 
     after_catch_up, still_live, after_stored = asyncio.run(main())
-    assert after_catch_up == [(lost, "error")], after_catch_up  # the pending one was not judged
+    assert after_catch_up == [(lost, StreamError)], after_catch_up  # the pending one was not judged
     assert still_live
-    assert after_stored == [(lost, "error"), (pending, "token")], after_stored
+    assert after_stored == [(lost, StreamError), (pending, Token)], after_stored
 
 
 def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_is_told(redis_server):
@@ -171,13 +172,13 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
             intake.router.add(unstarted)
             intake.router.add(begun)
             await intake.catch_up(["unstarted", "begun"])
-            return [(d.route.request_id, d.event["type"]) for d in delivered], list(intake.router.live)
+            return [(d.route.request_id, type(d.event)) for d in delivered], list(intake.router.live)
         finally:
             await intake.close()
             await aio.aclose()
 
     delivered, live = asyncio.run(main())
-    assert delivered == [("begun", "error")]
+    assert delivered == [("begun", StreamError)]
     assert live == ["unstarted"]  # still waiting for its answer
     assert QueuedRequest.model_validate_json(client.get(keys.request("unstarted"))).prompt == "hi"  # stored again
     assert client.zscore(keys.UNCLAIMED, "unstarted") is not None  # and on its way to the queue

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission.content_guards import GuardInput, load_guards, patterns, sanitize
+from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import GAP, ReplyRouter, Route
 from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError, RequestRules
@@ -30,11 +31,10 @@ def test_tokens_are_delivered_once_in_order_and_done_ends_the_route():
     router, inbox = ReplyRouter(), Inbox()
     router.add(Route("r1", "c1", inbox, keep_text=True))
     out = [router.accept(e) for e in (token(0, "a"), token(0, "a"), token(1, "b"))]
-    assert [d.event for d in out if d is not None] == [
-        {"type": "token", "id": "c1", "index": 0, "text": "a"}, {"type": "token", "id": "c1", "index": 1, "text": "b"}]
+    assert [d.event for d in out if d is not None] == [Token("c1", 0, "a"), Token("c1", 1, "b")]
     assert out[1] is None  # the duplicate
     done = router.accept(ReplyEvent(type="done", request_id="r1", epoch=1, finish_reason="stop", usage={"x": 1}))
-    assert done.ended and done.event["type"] == "done" and done.event["finish_reason"] == "stop"
+    assert done.ended and isinstance(done.event, Done) and done.event.finish_reason == "stop"
     assert router.get("r1") is None and done.route.text == "ab"
     assert router.accept(ReplyEvent(type="done", request_id="r1", epoch=1)) is None  # nobody waits now
 
@@ -54,7 +54,7 @@ def test_while_a_gap_is_filled_even_a_done_waits_for_the_replay_log():
     assert router.accept(ReplyEvent(type="done", request_id="r1", epoch=1, finish_reason="stop")) is GAP
     assert router.get("r1") is route  # not ended before the missing token was sent
     route.catching_up = False  # the catch-up read the log: it forwards in order
-    assert router.forward(route, token(0, "a")).event["text"] == "a"
+    assert router.forward(route, token(0, "a")).event.text == "a"
 
 
 def test_a_resumed_route_keeps_the_text_it_does_not_resend():
@@ -71,7 +71,7 @@ def test_events_of_an_older_claim_epoch_are_stale():
     router.add(Route("r1", "c1", Inbox()))
     assert router.accept(token(0, "a", epoch=2)) is not None
     assert router.accept(token(1, "late", epoch=1)) is None
-    assert router.accept(token(1, "b", epoch=2)).event["text"] == "b"
+    assert router.accept(token(1, "b", epoch=2)).event.text == "b"
 
 
 def test_removing_a_route_for_one_sink_leaves_another_sinks_route():
@@ -85,7 +85,7 @@ def test_an_error_event_ends_the_route_with_the_workers_code():
     router = ReplyRouter()
     router.add(Route("r1", "c1", Inbox()))
     d = router.accept(ReplyEvent(type="error", request_id="r1", code="context_overflow", message="too long"))
-    assert d.ended and d.event == {"type": "error", "id": "c1", "code": "context_overflow", "message": "too long"}
+    assert d.ended and d.event == StreamError("c1", "context_overflow", "too long")
 
 
 # ---- the OpenAI translation -----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from gateway.admission.limits import KeyLimiter
 from gateway.admission.load import LoadMonitor
 from gateway.admission.request_store import RequestStore
 from gateway.admission.shadows import Shadows
+from gateway.delivery.events import Done, Token
 from gateway.delivery.router import ReplyRouter, Route, Sink
 from gateway.protocol import Generate, ProtocolError, runnable
 from ops.core import fleet, keys, outcomes
@@ -46,7 +47,7 @@ log = logging.getLogger("brigade.gateway")
 @dataclass(frozen=True)
 class Admitted:
     request_id: str | None = None  # the server id, when queued
-    cached: list[dict] = field(default_factory=list)  # the whole answer, when the cache had it
+    cached: list[Token | Done] = field(default_factory=list)  # the whole answer, when the cache had it
     hit: object | None = None  # the cache hit (entry, layer, similarity), for feedback
     asked: str | None = None  # the question as the cache saw it, for feedback
     hit_request_id: str | None = None  # the server id a cache hit is answered under (never queued)

@@ -18,6 +18,7 @@ from cache.evidence import answers_agree, observed
 from gateway import metrics
 from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
+from gateway.delivery.events import ClientEvent
 from gateway.delivery.router import ReplyRouter, Route, Sink
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
@@ -42,7 +43,7 @@ class AuditContext:
 class AuditSink(Sink):
     """Where an audit's events go: nowhere. Its answer is only compared."""
 
-    def send(self, event: dict) -> None:
+    def send(self, event: ClientEvent) -> None:
         pass
 
 

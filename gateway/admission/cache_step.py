@@ -22,7 +22,7 @@ from gateway.admission.catalog import Catalog, Choice
 from gateway.admission.content_guards import NamedGuard
 from gateway.admission.lifecycle import RequestContext, RequestLifecycle, output_refusal
 from gateway.admission.request_store import RequestStore
-from gateway.delivery.events import cached_events
+from gateway.delivery.events import Done, Token, cached_events
 from gateway.protocol import Generate, ProtocolError
 from ops.core import outcomes
 from ops.core.settings import Settings
@@ -35,7 +35,7 @@ log = logging.getLogger("brigade.gateway")
 
 @dataclass(frozen=True)
 class CachedAnswer:
-    events: list[dict]  # the whole answer, in the event shapes a generated one has
+    events: list[Token | Done]  # the whole answer, in the events a generated one has
     hit: object  # the cache hit (entry, layer, similarity), for feedback
     asked: str  # the question as the cache saw it, for feedback
     request_id: str  # the server id the hit is answered under (never queued)

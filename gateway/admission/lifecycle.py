@@ -34,7 +34,7 @@ from gateway.admission.content_guards import GuardInput, NamedGuard, first_refus
 from gateway.admission.limits import KeyLimiter
 from gateway.admission.request_store import RequestStore
 from gateway.admission.shadows import ShadowContext, Shadows
-from gateway.delivery.events import stream_error
+from gateway.delivery.events import StreamError, Token
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
 from gateway.protocol import ProtocolError
@@ -112,7 +112,7 @@ class RequestLifecycle:
             route.held.append(delivery)  # not yet confirmed queued: admission sends it after `queued`
             return
         try:
-            if delivery.event["type"] == "token":
+            if isinstance(delivery.event, Token):
                 refusal = self.output_refusal(route, delivery.reply.text or "")
                 if refusal is not None:
                     self.refuse_midway(route, "content_blocked", refusal)
@@ -157,7 +157,7 @@ class RequestLifecycle:
         if self.router.remove(route.request_id, route.sink) is None:
             return
         self._end(route)
-        route.sink.send(stream_error(route.client_id, code, message))
+        route.sink.send(StreamError(route.client_id, code, message))
         route.sink.ended(route.client_id)
 
     def hold_for_resume(self, rid: str, sink: Sink) -> None:

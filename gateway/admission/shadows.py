@@ -18,6 +18,7 @@ from typing import Callable
 from gateway import metrics
 from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
+from gateway.delivery.events import ClientEvent
 from gateway.delivery.router import ReplyRouter, Route, Sink
 from ops.core import keys, outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
@@ -37,7 +38,7 @@ class ShadowContext:
 class ShadowSink(Sink):
     """Where a shadow's events go: nowhere. Its answer is only measured."""
 
-    def send(self, event: dict) -> None:
+    def send(self, event: ClientEvent) -> None:
         pass
 
 

@@ -26,6 +26,7 @@ from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.batch.batch_input import BatchLine
 from gateway.batch.batch_jobs import JobStore
 from gateway.batch.batch_output import LineResult, completed, copy_result, dedup_key, request_failed
+from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue, ReplyRouter
 from gateway.doors import openai_render as render
 from gateway.protocol import ProtocolError
@@ -141,13 +142,12 @@ class LineRunner:
         try:
             while True:
                 event = await sink.events.get()
-                if event["type"] == "token":
+                if isinstance(event, Token):
                     answer.add(event)
-                elif event["type"] == "done":
+                elif isinstance(event, Done):
                     return completed(job.id, line, rid, answer, event)
-                elif event["type"] == "error":
-                    return request_failed(job.id, line, rid, event.get("code") or "internal_error",
-                                          event.get("message") or "", event.get("field"))
+                elif isinstance(event, StreamError):
+                    return request_failed(job.id, line, rid, event.code, event.message)
         except asyncio.CancelledError:
             if rid is not None and job.stopping in ("cancelled", "expired"):
                 self.lifecycle.abandon(rid, sink)  # the job stopped: so does its request

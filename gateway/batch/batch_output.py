@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from gateway.batch.batch_input import BadLine, BatchLine
+from gateway.delivery.events import Done
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 
@@ -32,15 +33,15 @@ def output_line(job_id: str, line: BatchLine | BadLine, response: dict | None, e
             "response": response, "error": error}
 
 
-def completed(job_id: str, line: BatchLine, rid: str | None, answer: render.Answer, done: dict) -> LineResult:
+def completed(job_id: str, line: BatchLine, rid: str | None, answer: render.Answer, done: Done) -> LineResult:
     """The request's answer (its tokens gathered in `answer`, then its done event), in the body the
     HTTP API would have returned. A cached answer has no request of the line's own: its id is the
     cached one's."""
-    served = rid or done.get("request_id")
+    served = rid or (done.cached.request_id if done.cached is not None else None)
     body = render.completion_body(line.options, served or f"cached-{line.number}", answer, done, render.now(), served)
     return LineResult(line.number, output_line(job_id, line, {"status_code": 200, "request_id": served, "body": body},
                                                None),
-                      "completed", int((done.get("usage") or {}).get("completion_tokens") or 0))
+                      "completed", int((done.usage or {}).get("completion_tokens") or 0))
 
 
 def request_failed(job_id: str, line: BatchLine, rid: str | None, code: str, message: str,

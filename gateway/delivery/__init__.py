@@ -2,7 +2,7 @@
 
 `replies.py` (ReplyIntake) reads the events off Redis (pub/sub live, the replay log on a gap),
 `router.py` finds each event's route (server id -> connection, client id) and drops what is
-stale or already sent, and `events.py` holds the event shapes the routes carry. What a delivery
-does at its client (output guards, send, settle) is the request lifecycle's
-(`gateway/admission/lifecycle.py`, `RequestLifecycle.deliver`).
+stale or already sent, and `events.py` holds the typed client events the routes carry (each door
+renders them at its edge). What a delivery does at its client (output guards, send, settle) is
+the request lifecycle's (`gateway/admission/lifecycle.py`, `RequestLifecycle.deliver`).
 """

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from gateway.delivery.events import stream_error
+from gateway.delivery.events import StreamError
 from gateway.delivery.router import GAP, Delivery, ReplyRouter, Route
 from ops.core import keys
 from ops.core.messages import QueuedRequest, ReplyEvent
@@ -204,8 +204,8 @@ class ReplyIntake:
         if displaced is not None and displaced.sink is not route.sink:
             # One follower per request on a gateway: the newest resume wins, the older one is told.
             self.router.remove(route.request_id, displaced.sink)
-            displaced.sink.send(stream_error(displaced.client_id, "resumed_elsewhere",
-                                             "this request was resumed on another connection"))
+            displaced.sink.send(StreamError(displaced.client_id, "resumed_elsewhere",
+                                            "this request was resumed on another connection"))
             displaced.sink.ended(displaced.client_id)
         self.router.add(route, followed=True)
         self.follow_changed.set()

@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.delivery.events import done_event, stream_error, token_event
+from gateway.delivery.events import ClientEvent, Done, StreamError, Token
 from ops.core.messages import ReplyEvent
 
 
 class Sink(Protocol):
-    """Where a route's client events go (in the WebSocket protocol's shapes). A sink that needs
-    neither notice below subclasses this and keeps them as the no-ops they are here."""
+    """Where a route's client events go (typed: each door renders them its own way). A sink that
+    needs neither notice below subclasses this and keeps them as the no-ops they are here."""
 
-    def send(self, event: dict) -> None: ...
+    def send(self, event: ClientEvent) -> None: ...
 
     def queued(self, client_id: str, request_id: str) -> None:
         """The request is on the queue: called before any of its events reaches this sink."""
@@ -36,9 +36,9 @@ class AnswerQueue(Sink):
     events wait in a queue for that reader."""
 
     def __init__(self) -> None:
-        self.events: asyncio.Queue[dict] = asyncio.Queue()
+        self.events: asyncio.Queue[ClientEvent] = asyncio.Queue()
 
-    def send(self, event: dict) -> None:
+    def send(self, event: ClientEvent) -> None:
         self.events.put_nowait(event)
 
 
@@ -77,7 +77,7 @@ class Route:
 @dataclass(frozen=True)
 class Delivery:
     route: Route
-    event: dict  # the client event
+    event: ClientEvent
     reply: ReplyEvent  # the worker's event it came from
     ended: bool = False
 
@@ -136,16 +136,16 @@ class ReplyRouter:
             if event.index < route.next_index:
                 return None  # already forwarded
             route.next_index = event.index + 1
-            return Delivery(route, token_event(route.client_id, event.index, event.text or "", event.choice,
-                                               event.logprobs, event.prompt_logprobs, event.finish_reason,
-                                               event.usage), event)
+            return Delivery(route, Token(route.client_id, event.index, event.text or "", event.choice,
+                                         event.logprobs, event.prompt_logprobs, event.finish_reason, event.usage),
+                            event)
         if not self._end(route):
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":
-            client_event = done_event(route.client_id, event.finish_reason or "stop", event.usage, event.timing,
-                                      route.model, route.version, event.finish_reasons)
+            client_event: ClientEvent = Done(route.client_id, event.finish_reason or "stop", event.usage,
+                                             event.timing, route.model, route.version, event.finish_reasons)
         else:
-            client_event = stream_error(route.client_id, event.code or "error", event.message or "")
+            client_event = StreamError(route.client_id, event.code or "error", event.message or "")
         return Delivery(route, client_event, event, ended=True)
 
     def _end(self, route: Route) -> bool:

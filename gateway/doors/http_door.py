@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP door: /v1/chat/completions, /v1/completions (JSON or SSE), /v1/models.
 
 A thin adapter: the body becomes a `Generate` (gateway/doors/openai_schema.py), the gateway admits it
-like any WebSocket request, and the request's events (in the WebSocket protocol's shapes) are
+like any WebSocket request, and the request's typed events (gateway/delivery/events.py) are
 rendered as an OpenAI response. A streamed response starts only with the first token, so an
 error a worker reports before any token (a prompt past the context, a deadline) still gets its
 proper status; a failure after streaming began is sent as a last `data: {"error": ...}` event.
@@ -22,6 +22,7 @@ from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
 from gateway.admission.lifecycle import Caller, RequestLifecycle
+from gateway.delivery.events import ClientEvent, Done, Queued, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
@@ -37,12 +38,11 @@ class ClientGone(Exception):
     pass
 
 
-def _event_error(event: dict) -> ProtocolError:
-    return ProtocolError(event.get("code") or "internal_error", event.get("message") or "", None, event.get("field"),
-                         event.get("retry_after_s"))
+def _event_error(event: StreamError) -> ProtocolError:
+    return ProtocolError(event.code, event.message)
 
 
-async def _next_event(answer: AnswerQueue, gone: asyncio.Future) -> dict:
+async def _next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
     """The next event of this request, unless the client leaves first (`gone` completes)."""
     if not answer.events.empty():
         return answer.events.get_nowait()
@@ -112,8 +112,8 @@ class HttpDoor:
         gathered = render.Answer(opts.n)
         try:
             event = await _next_event(answer, gone)
-            while event["type"] == "queued" or (event["type"] == "token" and not opts.stream):
-                if event["type"] == "token":
+            while isinstance(event, Queued) or (isinstance(event, Token) and not opts.stream):
+                if isinstance(event, Token):
                     gathered.add(event)
                 event = await _next_event(answer, gone)
         except ClientGone:
@@ -121,7 +121,7 @@ class HttpDoor:
             return Response(status_code=499)
         finally:
             gone.cancel()
-        if event["type"] == "error":
+        if isinstance(event, StreamError):
             return error_response(_event_error(event), self.settings.retry_after_s)
         headers = {"x-request-id": rid}
         if admitted.version:
@@ -134,21 +134,22 @@ class HttpDoor:
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
 
-    async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: dict, request_id: str | None):
+    async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: ClientEvent,
+                      request_id: str | None):
         stream = _Stream(opts, rid)
         event, ended = first, False
         try:
             while True:
-                if event["type"] == "token":
+                if isinstance(event, Token):
                     for body in stream.token(event):
                         yield _sse(body)
-                elif event["type"] == "done":
+                elif isinstance(event, Done):
                     ended = True
                     for body in stream.done(event, request_id):
                         yield _sse(body)
                     yield "data: [DONE]\n\n"
                     return
-                elif event["type"] == "error":
+                elif isinstance(event, StreamError):
                     ended = True
                     err = _event_error(event)
                     yield _sse(oa.error_body(err.code, err.message, err.field))
@@ -172,7 +173,7 @@ class _Stream:
         # A chat that may call tools holds each choice's text: calls are read from the whole of it.
         self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
         self.prompt_scores: list | None = None  # vLLM's `prompt_logprobs`, for the next chunk out
-        self.usage: dict | None = None  # the latest token event's usage (continuous_usage_stats)
+        self.usage: dict | None = None  # the latest token's usage (continuous_usage_stats)
 
     def _chunk(self, choices: list[dict], **kw) -> dict:
         if "usage" not in kw and self.usage is not None:  # continuous_usage_stats: the usage so far
@@ -182,15 +183,15 @@ class _Stream:
             body["prompt_logprobs"], self.prompt_scores = render.vllm_prompt_logprobs(self.prompt_scores), None
         return body
 
-    def token(self, event: dict):
-        index = event.get("choice") or 0
+    def token(self, event: Token):
+        index = event.choice or 0
         self.answer.add(event)
-        if event.get("usage"):
-            self.usage = render.usage_of(event)
-        if self.opts.prompt_logprobs and event.get("prompt_logprobs") is not None:
-            self.prompt_scores = event["prompt_logprobs"]
+        if event.usage:
+            self.usage = render.usage_of(event.usage)
+        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
+            self.prompt_scores = event.prompt_logprobs
         if not self.held:
-            text, scored = event["text"], [event["logprobs"]] if self.opts.logprobs and event.get("logprobs") else None
+            text, scored = event.text, [event.logprobs] if self.opts.logprobs and event.logprobs else None
             first = not self.started[index]
             if first and self.opts.echo is not None:  # the prompt, and its scores, come first
                 text = render.echo_text(self.opts, self.answer) + text
@@ -201,8 +202,8 @@ class _Stream:
                                                        offset=self.offset[index])])
                 self.offset[index] += sum(len((e or {}).get("token", "")) for e in scored or [])
                 self.started[index] = True
-        if event.get("finish_reason") and self.opts.n > 1:  # this choice ended; others go on
-            yield from self._end_choice(index, render.finish_reason(event["finish_reason"]))
+        if event.finish_reason and self.opts.n > 1:  # this choice ended; others go on
+            yield from self._end_choice(index, render.finish_reason(event.finish_reason))
 
     def _end_choice(self, index: int, finish: str | None, extra: dict | None = None):
         self.ended[index] = True
@@ -216,7 +217,7 @@ class _Stream:
             yield self._chunk([render.chunk_choice(self.opts, index, "", True)])
         yield self._chunk([render.chunk_choice(self.opts, index, finish=finish)], extra=extra)
 
-    def done(self, event: dict, request_id: str | None):
+    def done(self, event: Done, request_id: str | None):
         extra = render.brigade_extra(event, request_id)
         open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
         for i in open_choices:
@@ -224,7 +225,7 @@ class _Stream:
         if not open_choices:  # every choice ended with its last token: Brigade's account still goes out
             yield self._chunk([], extra=extra)
         if self.opts.include_usage:
-            yield self._chunk([], usage=render.usage_of(event))
+            yield self._chunk([], usage=render.usage_of(event.usage))
 
 
 def _sse(body: dict) -> str:

@@ -1,5 +1,6 @@
-"""The OpenAI API's responses, apart from any socket: a request's events (the WebSocket protocol's
-shapes) gathered into an `Answer`, then rendered as a completion body or as stream chunks.
+"""The OpenAI API's responses, apart from any socket: a request's typed events
+(gateway/delivery/events.py) gathered into an `Answer`, then rendered as a completion body or as
+stream chunks.
 
 Both renderings read the same events, so a streamed answer and a whole one agree: the same text
 per choice, the same logprobs, the same tool calls. Tool calls are read from a choice's whole text
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import tool_calls
+from gateway.delivery.events import Done, Token
 from gateway.doors.openai_schema import ECHO_TOKENS, Options
 
 LOWEST_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps to the same value
@@ -30,21 +32,21 @@ class Choice:
 
 
 class Answer:
-    """A request's token events, gathered per choice."""
+    """A request's tokens, gathered per choice."""
 
     def __init__(self, n: int = 1):
         self.choices = [Choice() for _ in range(n)]
         self.prompt_logprobs: list | None = None
 
-    def add(self, event: dict) -> Choice:
-        choice = self.choices[event.get("choice") or 0]
-        choice.pieces.append(event.get("text") or "")
-        if event.get("logprobs") is not None:
-            choice.logprobs.append(event["logprobs"])
-        if event.get("prompt_logprobs") is not None:
-            self.prompt_logprobs = event["prompt_logprobs"]
-        if event.get("finish_reason"):
-            choice.finish_reason = event["finish_reason"]
+    def add(self, token: Token) -> Choice:
+        choice = self.choices[token.choice or 0]
+        choice.pieces.append(token.text)
+        if token.logprobs is not None:
+            choice.logprobs.append(token.logprobs)
+        if token.prompt_logprobs is not None:
+            self.prompt_logprobs = token.prompt_logprobs
+        if token.finish_reason:
+            choice.finish_reason = token.finish_reason
         return choice
 
 
@@ -57,27 +59,28 @@ def finish_reason(reason: str | None) -> str | None:
     return reason if reason in ("stop", "length") else ("stop" if reason else None)
 
 
-def usage_of(done: dict) -> dict:
-    usage = done.get("usage") or {}
+def usage_of(usage: dict | None) -> dict:
+    """A token's or a done's usage (prompt and completion tokens) as OpenAI counts it."""
+    usage = usage or {}
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def brigade_extra(done: dict, request_id: str | None) -> dict:
+def brigade_extra(done: Done, request_id: str | None) -> dict:
     """Brigade's own account of the answer: timing (as the WebSocket `done` event), cache layer, ids."""
-    # A cached answer's events carry the id it was answered under (it has no queued request).
-    out = {"request_id": done.get("request_id") or request_id, "timing": done.get("timing") or {},
-           "cached": done.get("cached"), "model_version": done.get("version"),
-           "finish_reason": done.get("finish_reason")}
-    if done.get("cached"):
-        out["similarity"] = done.get("similarity")
-        out["entry"] = done.get("entry")
+    out = {"request_id": request_id, "timing": done.timing or {}, "cached": None,
+           "model_version": done.version if done.model else None, "finish_reason": done.finish_reason}
+    mark = done.cached
+    if mark is not None:
+        # A cached answer's events carry the id it was answered under (it has no queued request).
+        out.update(request_id=mark.request_id or request_id, cached=mark.layer, similarity=mark.similarity,
+                   entry=done.entry)
     return out
 
 
-def choice_finish(done: dict, index: int) -> str | None:
-    reasons = done.get("finish_reasons")
-    return finish_reason(reasons[index] if reasons else done.get("finish_reason"))
+def choice_finish(done: Done, index: int) -> str | None:
+    reasons = done.finish_reasons
+    return finish_reason(reasons[index] if reasons else done.finish_reason)
 
 
 # ---- logprobs in OpenAI's two shapes ------------------------------------------------------------
@@ -148,7 +151,7 @@ def message_of(opts: Options, text: str, finish: str | None) -> tuple[dict, str 
     return message, finish
 
 
-def completion_body(opts: Options, rid: str, answer: Answer, done: dict, created: int, request_id: str | None) -> dict:
+def completion_body(opts: Options, rid: str, answer: Answer, done: Done, created: int, request_id: str | None) -> dict:
     choices = []
     for index, choice in enumerate(answer.choices):
         finish = choice_finish(done, index)
@@ -165,7 +168,7 @@ def completion_body(opts: Options, rid: str, answer: Answer, done: dict, created
         choices.append(out)
     body = {
         "id": response_id(opts.chat, rid), "object": "chat.completion" if opts.chat else "text_completion",
-        "created": created, "model": opts.model, "choices": choices, "usage": usage_of(done),
+        "created": created, "model": opts.model, "choices": choices, "usage": usage_of(done.usage),
     }
     if opts.prompt_logprobs:
         body["prompt_logprobs"] = vllm_prompt_logprobs(answer.prompt_logprobs or [])

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
 from gateway.admission.lifecycle import Caller, RequestLifecycle
-from gateway.delivery.events import cancelled_event, error_event, feedback_recorded, queued_event
+from gateway.delivery.events import ClientEvent, Done, FeedbackRecorded, Queued, Refused
 from gateway.doors.ws_protocol import Cancel, ClientProtocol, Feedback, Resume
 from gateway.protocol import Generate, ProtocolError
 from ops.core.settings import Settings
@@ -35,12 +35,13 @@ BEARER_SUBPROTOCOL = "brigade.bearer."
 
 
 class WebSocketSession:
-    """One client connection: the sink of all its requests' events."""
+    """One client connection: the sink of all its requests' events, each rendered as the protocol's
+    JSON frame only as it goes out."""
 
     def __init__(self, ws: WebSocket, caller: Caller):
         self.ws = ws
         self.caller = caller
-        self.outbox: asyncio.Queue = asyncio.Queue(OUTBOX_LIMIT)
+        self.outbox: asyncio.Queue[ClientEvent] = asyncio.Queue(OUTBOX_LIMIT)
         self.active: dict[str, str] = {}  # client id -> server request id
         # Recent cached answers: client id -> (entry id, the question asked), for `feedback`.
         self.served_from_cache: OrderedDict = OrderedDict()
@@ -53,7 +54,7 @@ class WebSocketSession:
         while len(self.served_from_cache) > SERVED_FROM_CACHE_KEPT:
             self.served_from_cache.popitem(last=False)
 
-    def send(self, event: dict) -> None:
+    def send(self, event: ClientEvent) -> None:
         try:
             self.outbox.put_nowait(event)
         except asyncio.QueueFull:
@@ -64,7 +65,7 @@ class WebSocketSession:
 
     def queued(self, client_id: str, request_id: str) -> None:
         self.active[client_id] = request_id
-        self.send(queued_event(client_id, request_id))
+        self.send(Queued(client_id, request_id))
 
     def ended(self, client_id: str) -> None:
         self.active.pop(client_id, None)
@@ -72,7 +73,7 @@ class WebSocketSession:
     async def write_forever(self) -> None:
         while True:
             event = await self.outbox.get()
-            await self.ws.send_text(json.dumps(event))
+            await self.ws.send_text(json.dumps(event.wire()))
 
 
 def offered_key(ws: WebSocket) -> str | None:
@@ -103,7 +104,7 @@ class WebSocketDoor:
             caller = Caller(await self.auth.authenticate(offered_key(ws)), "ws")
         except ProtocolError as err:
             # Accepted first so that a browser, which never sees a refused handshake's status, reads why.
-            await ws.send_text(json.dumps(err.event()))
+            await ws.send_text(json.dumps(err.event().wire()))
             await ws.close(1008, "unauthorized")
             return
         session = WebSocketSession(ws, caller)
@@ -148,7 +149,7 @@ class WebSocketDoor:
             session.send(err.event())
         except Exception:  # a bug must cost this one message, not the connection and its other requests
             log.exception("event=frame_failed")
-            session.send(error_event("internal_error", "the gateway failed on this message"))
+            session.send(Refused("internal_error", "the gateway failed on this message"))
 
     async def _generate(self, session: WebSocketSession, cmd: Generate) -> None:
         if cmd.id in session.active:
@@ -177,7 +178,7 @@ class WebSocketDoor:
             return
         self.lifecycle.cancel(rid, session)
         log.info("event=cancelled request_id=%s client_id=%s", rid, client_id)
-        session.send(cancelled_event(client_id))
+        session.send(Done.cancelled(client_id))
 
     async def _resume(self, session: WebSocketSession, cmd: Resume) -> None:
         rid = cmd.id
@@ -185,7 +186,7 @@ class WebSocketDoor:
             raise ProtocolError("duplicate_id", f"request {rid!r} is already followed on this connection", None, "id")
         if not await self.lifecycle.resume(rid, session.caller, session, cmd.after_index):
             # Its client did not come back within the grace time (or cancelled it): it will not finish.
-            session.send(cancelled_event(rid))
+            session.send(Done.cancelled(rid))
             return
         # Its replayed events come on a later turn of the loop, and find it active by then.
         session.active[rid] = rid
@@ -205,4 +206,4 @@ class WebSocketDoor:
             raise ProtocolError("unavailable", "the feedback could not be recorded; try again shortly", cmd.id) from None
         log.info("event=cache_feedback client_id=%s entry=%s verdict=%s evicted=%s", cmd.id, entry_id, cmd.verdict,
                  evicted)
-        session.send(feedback_recorded(cmd.id, entry_id, evicted))
+        session.send(FeedbackRecorded(cmd.id, entry_id, evicted))
