@@ -22,7 +22,7 @@ from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
 from gateway.admission.lifecycle import Caller, RequestLifecycle
-from gateway.delivery.events import ClientEvent, Done, Queued, StreamError, Token
+from gateway.delivery.events import ClientEvent, Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
@@ -112,9 +112,8 @@ class HttpDoor:
         gathered = render.Answer(opts.n)
         try:
             event = await _next_event(answer, gone)
-            while isinstance(event, Queued) or (isinstance(event, Token) and not opts.stream):
-                if isinstance(event, Token):
-                    gathered.add(event)
+            while isinstance(event, Token) and not opts.stream:  # an answer in one body: gathered first
+                gathered.add(event)
                 event = await _next_event(answer, gone)
         except ClientGone:
             self.lifecycle.abandon(admitted.request_id, answer)
