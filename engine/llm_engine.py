@@ -66,6 +66,10 @@ class EngineConfig:
     batch_invariant: bool = True
     # float32 weights that lie exactly on a GGUF grid are read from it (engine/grid_linear.py).
     grid_weights: bool = True
+    # The build caches: the kernels' (engine/kernels.py) and the packed grids' (engine/grid_store.py).
+    # Empty: each one's default folder under ~/.cache/brigade.
+    kernel_dir: str = ""
+    grid_dir: str = ""
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
@@ -102,8 +106,9 @@ class Engine:
                             config.prefill_chunk_tokens, config.admission_patience_s),
             KVAllocator(self.kv_shape, self.kv, self.prefix), clock,
         )
+        kernel_dir, grid_dir = (Path(folder) if folder else None for folder in (config.kernel_dir, config.grid_dir))
         self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant,
-                                  config.grid_weights)
+                                  config.grid_weights, kernel_dir, grid_dir)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width

@@ -160,6 +160,12 @@ class Settings(BaseSettings):
     # by a kernel compiled for this CPU (engine/grid_linear.py): the same numbers, a fifth of the
     # bytes. false: ordinary float32 products (for comparison).
     grid_weights: bool = True
+    # Where the kernels are built for this CPU (engine/kernels.py) and where the packed grids are
+    # kept (engine/grid_store.py); each a build cache, handed to the engine. Empty: the engine's
+    # own, ~/.cache/brigade/kernels and ~/.cache/brigade/grids (the grids under XDG_CACHE_HOME
+    # when set).
+    kernel_dir: str = ""
+    grid_dir: str = ""
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy answer may have
     # verified per step, taken from its own context; the text is the model's token for token. It
     # turns itself off when many answers decode or a sequence's drafts are refused. 0: off.
