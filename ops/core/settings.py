@@ -292,6 +292,9 @@ class Settings(BaseSettings):
     # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
     flower_show_prompts: bool = False
 
+    # The level of every command's and part's log lines (ops/core/logs.py).
+    log_level: str = "INFO"
+
     @model_validator(mode="after")
     def _tls_in_redis_urls(self) -> "Settings":
         # The TLS settings travel inside the URLs: every client is built from a URL alone
