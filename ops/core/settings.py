@@ -294,6 +294,9 @@ class Settings(BaseSettings):
 
     # The level of every command's and part's log lines (ops/core/logs.py).
     log_level: str = "INFO"
+    # llama.cpp built beside Brigade for the benchmarks (ops/bench/llama_cpp_build.py). Empty:
+    # ~/.cache/brigade/peers (under XDG_CACHE_HOME when set).
+    peer_dir: str = ""
 
     @model_validator(mode="after")
     def _tls_in_redis_urls(self) -> "Settings":
@@ -325,6 +328,12 @@ class Settings(BaseSettings):
     @property
     def store_dir(self) -> Path:
         return Path(self.model_store).expanduser() if self.model_store else self.home / "store"
+
+    @property
+    def peers_dir(self) -> Path:
+        if self.peer_dir:
+            return Path(self.peer_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
 
     @property
     def cache_redis(self) -> str:
