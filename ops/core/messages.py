@@ -6,10 +6,11 @@
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
-from types import UnionType
-from typing import Annotated, Any, Callable, Literal, get_args, get_origin
+from types import MappingProxyType, UnionType
+from typing import Annotated, Any, Callable, Literal, Mapping, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -137,10 +138,16 @@ class GenerateParams(BaseModel):
         return {name: next(m for m in info.metadata if isinstance(m, Role)) for name, info in cls.model_fields.items()}
 
     @classmethod
-    @functools.cache
-    def defaults(cls) -> dict[str, Any]:
-        """Each field's default (what a request that leaves it out gets)."""
-        return {name: info.get_default(call_default_factory=True) for name, info in cls.model_fields.items()}
+    @functools.cache  # read once per process; `defaults` hands out copies of it
+    def _defaults(cls) -> Mapping[str, Any]:
+        return MappingProxyType({name: info.get_default(call_default_factory=True)
+                                 for name, info in cls.model_fields.items()})
+
+    @classmethod
+    def defaults(cls) -> Mapping[str, Any]:
+        """Each field's default (what a request that leaves it out gets), read-only. A default list
+        or dict is this call's own copy: a caller that changes it changes no later request's."""
+        return MappingProxyType({name: copy.copy(value) for name, value in cls._defaults().items()})
 
     @classmethod
     def number_fields(cls) -> frozenset[str]:
@@ -173,11 +180,12 @@ class GenerateParams(BaseModel):
     def key_fields(self) -> dict[str, Any]:
         """The fields that shape the answer's text, as the exact-cache key holds them (Role.key)."""
         sampled = self.temperature is not None and self.temperature > 0
+        defaults = self.defaults()
         fields = {}
         for name, role in self.roles().items():
             value = getattr(self, name)
             if role.key == "changed":
-                wanted = value != self.defaults()[name]
+                wanted = value != defaults[name]
             else:
                 wanted = role.key == "always" or (role.key == "sampled" and sampled)
             if wanted:
