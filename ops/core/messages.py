@@ -71,17 +71,19 @@ class Role:
     """What one request field is to the rest of the house, declared beside the field
     (GenerateParams), so that adding a field touches its declaration and the code that acts on it.
 
-    key: how the exact-cache key holds it (cache/query.py): "always"; "sampled" (only when the
-    temperature is above 0: greedy text does not depend on it); "changed" (only when it departs
-    from its default, so an ordinary request keeps the key it always had); "never" (a request
-    that asks it is not cached, or it does not change the text).
+    key: how the exact cache treats it (cache/query.py): "always" in the key; "sampled" (in the key
+    only when the temperature is above 0: greedy text does not depend on it); "changed" (in the key
+    only when it departs from its default, so an ordinary request keeps the key it always had);
+    "uncached" (it asks what a stored answer does not have: a request that sets it away from its
+    default is neither answered from the cache nor stored); "never" (never in the key: it does not
+    change the text).
     door: "same" when the OpenAI door takes the body's field of the same name as it is; "own"
     when the door reads it its own way (gateway/doors/openai_schema.py: two spellings, a string or a list).
     engine: the engine's value (engine.SamplingParams' field of the same name) made from the
     request's; None when the engine has no such field or the worker makes it (the guide's spec).
     """
 
-    key: Literal["always", "sampled", "changed", "never"]
+    key: Literal["always", "sampled", "changed", "uncached", "never"]
     door: Literal["same", "own"] = "same"
     engine: Callable[[Any], Any] | None = _same
     keyed: Callable[[Any], Any] = _same  # the value as the cache key holds it
@@ -108,11 +110,11 @@ class GenerateParams(BaseModel):
                     Role("always", door="own", engine=tuple, keyed=lambda v: sorted(set(v)))]
     seed: Annotated[int | None, Field(None, ge=0, le=2**63 - 1), Role("sampled")]
     # The OpenAI API's and vLLM's further fields; each default leaves the answer as it was.
-    n: Annotated[int, Field(1, ge=1, le=16), Role("never")]  # answers to sample from one prefill
+    n: Annotated[int, Field(1, ge=1, le=16), Role("uncached")]  # answers to sample from one prefill
     # each token's logprob and this many alternatives
-    logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never", door="own")]
+    logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("uncached", door="own")]
     # the same for every prompt token (echo)
-    prompt_logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never")]
+    prompt_logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("uncached")]
     presence_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
     frequency_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
     # token id (JSON keys are text) -> -100..100
