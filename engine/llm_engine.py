@@ -114,9 +114,9 @@ class Engine:
         self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width
         self.reader = RequestReader(self.tokenizer, self.vocab_width, self.context_length, self.kv)
         self.inbox = RequestInbox()
-        self.finisher = Finisher(self.scheduler, self.inbox, self.eos_ids, self.context_length, clock)
+        self.finisher = Finisher(self.scheduler, self.inbox, clock)
         self.token_texts = TokenTexts(self.tokenizer)
-        self.outputs = OutputProcessor(self.finisher, self.token_texts, clock)
+        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock)
         self.starter = Starter(self.tokenizer, self.vocab_width)  # a new sequence's detokenizer and guide
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
