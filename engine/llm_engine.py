@@ -314,7 +314,7 @@ class Engine:
         for seq, row in list(zip(sampled, rows)):
             if seq.params.n == 1 or seq.output_ids:
                 continue  # forks happen at a request's first token only
-            for child in self.inbox.held[seq.request_id].fork(seq):
+            for child in self.inbox.get(seq.request_id).fork(seq):
                 self.starter.start(child)
                 self.scheduler.fork(seq, child)
                 if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
