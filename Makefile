@@ -66,10 +66,12 @@ browser:
 model: $(STAMP)
 	$(BIN)/brigade prepare
 
-# Built once here (about 40 s, then cached in ~/.cache/brigade/kernels) rather than by the first
-# worker that starts, so that a worker's start and the test suite's do not wait on the compiler.
+# Built once here (about 40 s, then cached in ~/.cache/brigade/kernels, or BRIGADE_KERNEL_DIR as the
+# workers read it from the settings) rather than by the first worker that starts, so that a worker's
+# start and the test suite's do not wait on the compiler.
 kernels: $(STAMP) compiler
-	$(BIN)/python -c "from engine.kernels import kernels; print('kernels built for', kernels().isa())"
+	$(BIN)/python -c "from pathlib import Path; from engine.kernels import kernels; from ops.core.settings import Settings; \
+	folder = Settings().kernel_dir; print('kernels built for', kernels(Path(folder) if folder else None).isa())"
 
 bench: install
 	$(BIN)/brigade bench engine --json bench-engine.json

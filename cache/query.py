@@ -71,9 +71,12 @@ def output_fields(params: GenerateParams) -> dict:
 
 
 def cacheable(params: GenerateParams) -> bool:
-    """Whether a stored answer can satisfy the request: it has one text and no scores, so requests
-    for logprobs, prompt logprobs or several choices are answered by the model (and not stored)."""
-    return params.logprobs is None and params.prompt_logprobs is None and params.n == 1
+    """Whether a stored answer can satisfy the request: it has one text and no scores, so a request
+    that sets an "uncached" field (Role.key: logprobs, prompt logprobs, several choices) away from
+    its default is answered by the model (and not stored)."""
+    defaults = params.defaults()
+    return all(getattr(params, name) == defaults[name] for name, role in params.roles().items()
+               if role.key == "uncached")
 
 
 def make_query(

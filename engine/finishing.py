@@ -57,20 +57,13 @@ class Queues(Protocol):
 
 
 class Finisher:
-    """Decides and performs the ends of one engine's sequences (on the engine thread)."""
+    """Performs the ends of one engine's sequences (on the engine thread): a choice's, after the token
+    `stop_reason` ended it on, and every choice of a cancelled or failed request."""
 
-    def __init__(self, queues: Queues, requests: RequestInbox, eos_ids: set[int], context_length: int,
-                 clock: Callable[[], float]):
+    def __init__(self, queues: Queues, requests: RequestInbox, clock: Callable[[], float]):
         self.queues = queues
         self.requests = requests
-        self.eos_ids = eos_ids
-        self.context_length = context_length
         self.clock = clock
-
-    def after_token(self, seq: Sequence, token: int) -> tuple[FinishReason | None, str]:
-        """seq just took `token`: the text it releases, and why it ends with it (None: it goes on).
-        An end is only decided here; `finish` performs it, with the token's update."""
-        return stop_reason(seq, token, self.eos_ids, self.context_length)
 
     def finish(self, seq: Sequence, reason: FinishReason, update: SequenceUpdate | None = None) -> SequenceUpdate:
         """End one choice, with the update of the token it ended on (None: an update without a

@@ -8,7 +8,8 @@ the 135M weights takes about half a second): a later start with the same weights
 back (about 96 MB, safetensors), and any other weights miss. A file is written whole or not at
 all (a temporary name, then a rename), and a cache that cannot be written only costs the packing.
 
-`BRIGADE_GRID_DIR` moves it (default `~/.cache/brigade/grids`, under `XDG_CACHE_HOME` when set).
+The folder is the caller's (a worker's: the settings' BRIGADE_GRID_DIR); without one,
+`~/.cache/brigade/grids`, under `XDG_CACHE_HOME` when set.
 """
 from __future__ import annotations
 
@@ -29,9 +30,7 @@ log = logging.getLogger("brigade.engine")
 FORMAT = 2  # the layout of GridMatrix (engine/grid_linear.py); a change of it must change this
 
 
-def grids_dir() -> Path:
-    if os.environ.get("BRIGADE_GRID_DIR"):
-        return Path(os.environ["BRIGADE_GRID_DIR"])
+def default_dir() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "brigade" / "grids"
 
@@ -44,10 +43,11 @@ def weights_key(matrices: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:32]
 
 
-def packed(matrices: dict[str, torch.Tensor]) -> tuple[dict[str, GridMatrix] | None, str | None]:
-    """Every matrix's grid, read from the store or packed (and then stored), or (None, the name of
-    the first matrix that is not on a grid)."""
-    path = grids_dir() / f"{weights_key(matrices)}.safetensors"
+def packed(matrices: dict[str, torch.Tensor],
+           folder: Path | None = None) -> tuple[dict[str, GridMatrix] | None, str | None]:
+    """Every matrix's grid, read from the store in `folder` (None: `default_dir()`) or packed (and
+    then stored there), or (None, the name of the first matrix that is not on a grid)."""
+    path = (folder or default_dir()) / f"{weights_key(matrices)}.safetensors"
     if path.is_file():
         try:
             return _read(path, list(matrices)), None

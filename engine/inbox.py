@@ -15,8 +15,9 @@ from engine.engine_request import RequestRejected
 
 class RequestInbox:
     def __init__(self):
-        # The requests the engine holds: written on the engine thread (under the lock), read by any.
-        self.held: dict[str, RequestChoices] = {}
+        # The requests the engine holds: written on the engine thread (under the lock); reached only
+        # through the methods below (`get` on the engine thread, the others under the lock).
+        self._held: dict[str, RequestChoices] = {}
         self._arrivals: list[RequestChoices] = []
         # The very groups to stop: a stale cancel must never stop a later run under the same id.
         self._cancels: list[RequestChoices] = []
@@ -30,7 +31,7 @@ class RequestInbox:
     def put(self, group: RequestChoices) -> None:
         """Queue a request for the next step; raises RequestRejected when its id is already here."""
         with self._requests_lock:
-            if group.request_id in self.held or any(g.request_id == group.request_id for g in self._arrivals):
+            if group.request_id in self._held or any(g.request_id == group.request_id for g in self._arrivals):
                 raise RequestRejected("duplicate_id", f"request {group.request_id!r} is already in the engine")
             self._arrivals.append(group)
         self._doorbell.set()
@@ -41,7 +42,7 @@ class RequestInbox:
             # The group held now, not the id: a cancel taken after that group ended on its own would
             # stop the next run under its id (a fenced worker that claims its own request again; its
             # new run ended "cancelled" 5 ms after its claim in the chaos bench).
-            group = self.held.get(request_id) or next((g for g in self._arrivals if g.request_id == request_id), None)
+            group = self._held.get(request_id) or next((g for g in self._arrivals if g.request_id == request_id), None)
             if group is not None:
                 self._cancels.append(group)
         self._doorbell.set()
@@ -49,7 +50,7 @@ class RequestInbox:
     def holds(self, request_id: str) -> bool:
         """Whether the engine still has this request, held or arriving."""
         with self._requests_lock:
-            return request_id in self.held or any(g.request_id == request_id for g in self._arrivals)
+            return request_id in self._held or any(g.request_id == request_id for g in self._arrivals)
 
     def pending(self) -> bool:
         """Whether arrivals or cancels wait for the next step."""
@@ -72,17 +73,17 @@ class RequestInbox:
         with self._requests_lock:
             arrivals, self._arrivals = self._arrivals, []
             cancels, self._cancels = self._cancels, []
-            self.held.update((group.request_id, group) for group in arrivals)
+            self._held.update((group.request_id, group) for group in arrivals)
         return arrivals, cancels
 
     def get(self, request_id: str) -> RequestChoices | None:
         """The request held under this id (the engine thread's read: it alone changes the table)."""
-        return self.held.get(request_id)
+        return self._held.get(request_id)
 
     def ended(self, request_id: str) -> None:
         """The request's last choice ended: the engine holds it no more."""
         with self._requests_lock:
-            self.held.pop(request_id, None)
+            self._held.pop(request_id, None)
 
     def wait(self, seconds: float) -> None:
         """Sleep up to `seconds`, or until the doorbell rings."""

@@ -57,7 +57,12 @@ class KernelUnavailable(RuntimeError):
     """The kernels could not be built here (no compiler, no ninja); the message says what to install."""
 
 
-def build_dir() -> Path:
+def default_root() -> Path:
+    return Path.home() / ".cache" / "brigade" / "kernels"
+
+
+def build_dir(root: Path | None = None) -> Path:
+    """This machine's and these sources' build folder, inside `root` (None: `default_root()`)."""
     from engine.placement import cpu_flags
 
     digest = hashlib.sha256()
@@ -68,8 +73,7 @@ def build_dir() -> Path:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     digest.update("\n".join([*include_paths(), *library_paths(), sysconfig.get_paths()["include"]]).encode())
-    root = Path(os.environ.get("BRIGADE_KERNEL_DIR") or Path.home() / ".cache" / "brigade" / "kernels")
-    return root / digest.hexdigest()[:16]
+    return (root or default_root()) / digest.hexdigest()[:16]
 
 
 def _sources_in(build: Path) -> list[str]:
@@ -102,13 +106,15 @@ def build_lock(build: Path):
         yield
 
 
-def kernels():
-    """The compiled module (about 30 s the first time on a 2-core machine, then a load from the cache)."""
+def kernels(root: Path | None = None):
+    """The compiled module (about 30 s the first time on a 2-core machine, then a load from the cache
+    in `root`, a worker's BRIGADE_KERNEL_DIR; None: `default_root()`). One module per process: once
+    it is loaded, later calls return it wherever they would have built it."""
     global _module
     if _module is None:
         from torch.utils.cpp_extension import load
 
-        build = build_dir()
+        build = build_dir(root)
         build.mkdir(parents=True, exist_ok=True)
         try:
             with build_lock(build):

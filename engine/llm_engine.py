@@ -66,6 +66,10 @@ class EngineConfig:
     batch_invariant: bool = True
     # float32 weights that lie exactly on a GGUF grid are read from it (engine/grid_linear.py).
     grid_weights: bool = True
+    # The build caches: the kernels' (engine/kernels.py) and the packed grids' (engine/grid_store.py).
+    # Empty: each one's default folder under ~/.cache/brigade.
+    kernel_dir: str = ""
+    grid_dir: str = ""
     admission_patience_s: float = 2.0  # how long a request that does not fit may be passed over
     torch_threads: int = 0  # 0: leave torch's default
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
@@ -102,16 +106,17 @@ class Engine:
                             config.prefill_chunk_tokens, config.admission_patience_s),
             KVAllocator(self.kv_shape, self.kv, self.prefix), clock,
         )
+        kernel_dir, grid_dir = (Path(folder) if folder else None for folder in (config.kernel_dir, config.grid_dir))
         self.runner = ModelRunner(model, self.placement, config.fast_max_tokens, config.batch_invariant,
-                                  config.grid_weights)
+                                  config.grid_weights, kernel_dir, grid_dir)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
         self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width
         self.reader = RequestReader(self.tokenizer, self.vocab_width, self.context_length, self.kv)
         self.inbox = RequestInbox()
-        self.finisher = Finisher(self.scheduler, self.inbox, self.eos_ids, self.context_length, clock)
+        self.finisher = Finisher(self.scheduler, self.inbox, clock)
         self.token_texts = TokenTexts(self.tokenizer)
-        self.outputs = OutputProcessor(self.finisher, self.token_texts, clock)
+        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock)
         self.starter = Starter(self.tokenizer, self.vocab_width)  # a new sequence's detokenizer and guide
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
@@ -309,7 +314,7 @@ class Engine:
         for seq, row in list(zip(sampled, rows)):
             if seq.params.n == 1 or seq.output_ids:
                 continue  # forks happen at a request's first token only
-            for child in self.inbox.held[seq.request_id].fork(seq):
+            for child in self.inbox.get(seq.request_id).fork(seq):
                 self.starter.start(child)
                 self.scheduler.fork(seq, child)
                 if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later

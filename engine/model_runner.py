@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ class Layer:
 class Weights:
     """One copy of the model's weights, in one precision, as the forward reads them."""
 
-    def __init__(self, model, dtype: torch.dtype, grid: bool = False):
+    def __init__(self, model, dtype: torch.dtype, grid: bool = False, grid_dir: Path | None = None):
         body = model.base_model
         config = model.config
         cast = lambda t: t.detach().to(dtype)  # noqa: E731 (a no-op when dtype is the model's)
@@ -96,16 +97,17 @@ class Weights:
         # The output projection as the forward multiplies it: the head tensor, or its grid.
         self.output: torch.Tensor | GridMatrix = self.head
         if grid and dtype == torch.float32 and self.head.device.type == "cpu":
-            self._read_from_grid()
+            self._read_from_grid(grid_dir)
 
-    def _read_from_grid(self) -> None:
+    def _read_from_grid(self, grid_dir: Path | None) -> None:
         """Every matrix from its grid, or none: one kernel family for every product keeps the
         passes batch-invariant by construction (a mix would need the float32 products' padding).
-        The grids come from the store when these weights were packed before (engine/grid_store.py)."""
+        The grids come from the store in `grid_dir` when these weights were packed before
+        (engine/grid_store.py; None: its default folder)."""
         matrices = {f"layer_{i}_{name}": getattr(layer, name)
                     for i, layer in enumerate(self.layers) for name in Layer.MATRICES}
         matrices["head"] = self.head
-        grids, off_grid = grid_store.packed(matrices)
+        grids, off_grid = grid_store.packed(matrices, grid_dir)
         if grids is None:
             log.info("event=grid_weights_off reason=%s_not_on_a_grid", off_grid)
             return
@@ -131,18 +133,20 @@ class Weights:
 
 class ModelRunner:
     def __init__(self, model, placement: Placement, fast_max_tokens: int = 64, batch_invariant: bool = False,
-                 grid_weights: bool = True):
+                 grid_weights: bool = True, kernel_dir: Path | None = None, grid_dir: Path | None = None):
         self.placement = placement
-        # Brigade's CPU kernels (engine/kernels.py), built here on first use; without a compiler the
-        # ordinary products and attention serve the same answers, slower.
+        # Brigade's CPU kernels (engine/kernels.py), built here on first use (in `kernel_dir`; None:
+        # the kernels' default folder); without a compiler the ordinary products and attention serve
+        # the same answers, slower.
         self.kernels = None
         if placement.device.type == "cpu" and (grid_weights or batch_invariant):
             try:
-                self.kernels = kernels()
+                self.kernels = kernels(kernel_dir)
             except KernelUnavailable as e:
                 log.warning("event=kernels_unavailable %s", e)
         # Every pass, unless the fast copy takes it; float32 read from its grid where it lies on one.
-        self.primary = Weights(model, placement.weights_dtype, grid=grid_weights and self.kernels is not None)
+        self.primary = Weights(model, placement.weights_dtype, grid=grid_weights and self.kernels is not None,
+                               grid_dir=grid_dir)
         self.fast = Weights(model, placement.fast_dtype) if placement.fast_dtype is not None else None
         self.fast_max_tokens = fast_max_tokens
         self.device = placement.device

@@ -3,24 +3,27 @@ then the draft tokens its row kept (engine/speculation.py), one update per token
 the step sampled them.
 
 An update carries the token, the text it releases, its logprobs when asked, and on a sequence's
-first update the prompt's logprobs when asked. Whether the sequence ends with the token, and the
-ending, are the finisher's (engine/finishing.py); a sequence that ends takes none of its further
-kept draft tokens.
+first update the prompt's logprobs when asked. Whether the sequence ends with the token
+(`stop_reason`) and the ending (the `Finisher`) are engine/finishing.py's; a sequence that ends
+takes none of its further kept draft tokens.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from engine.finishing import Finisher
+from engine.finishing import Finisher, stop_reason
 from engine.logprobs import TokenTexts
 from engine.outputs import SequenceUpdate
 from engine.sequence import FinishReason, Sequence
 
 
 class OutputProcessor:
-    def __init__(self, finisher: Finisher, token_texts: TokenTexts, clock: Callable[[], float]):
+    def __init__(self, finisher: Finisher, token_texts: TokenTexts, eos_ids: set[int], context_length: int,
+                 clock: Callable[[], float]):
         self.finisher = finisher
         self.token_texts = token_texts
+        self.eos_ids = eos_ids
+        self.context_length = context_length
         self.clock = clock
         self.tokens_generated = 0
 
@@ -46,7 +49,7 @@ class OutputProcessor:
             seq.timing.first_token = now
         seq.output_ids.append(token)
         self.tokens_generated += 1
-        reason, text = self.finisher.after_token(seq, token)
+        reason, text = stop_reason(seq, token, self.eos_ids, self.context_length)
         update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
                                 prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
         if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     model_dir = settings.model_dir if settings.model else prepare_default_model(settings.model_dir)
     engine = Engine.load(EngineConfig(model=str(model_dir), max_batch=32, max_wait_ms=0, dtype=args.dtype,
-                                      torch_threads=torch_threads(settings)))
+                                      torch_threads=torch_threads(settings), kernel_dir=settings.kernel_dir,
+                                      grid_dir=settings.grid_dir))
     questions = sorted({r["q1"] for r in rows})
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     done = engine.generate([EngineRequest(str(i), params, messages=[{"role": "user", "content": q}])

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # One settings object, from the environment and the connection flags, handed to the command.
     settings = resolve_connection(args, Settings())
-    setup_logging()
+    setup_logging(settings.log_level)
     if args.command in ("up", "worker", "gateway", "reaper"):
         _name_process(f"brigade-{args.command}")
     try:

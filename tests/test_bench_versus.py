@@ -177,9 +177,11 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
     """The smallest whole run: 2 requests at 2 in flight with short prompts, 8 tokens each, against a
     Brigade of its own and a llama-server; both answer every request with every token asked."""
     from ops.bench.llama_cpp_build import bin_dir, built
+    from ops.core.settings import Settings
 
-    if built() is None:
-        pytest.fail(f"llama.cpp's llama-server is not built in {bin_dir()}: run `make bench-peers`")
+    folder = bin_dir(Settings().peers_dir)
+    if built(folder) is None:
+        pytest.fail(f"llama.cpp's llama-server is not built in {folder}: run `make bench-peers`")
     out, plot = tmp_path / "versus.json", tmp_path / "versus.png"
     env = {k: v for k, v in os.environ.items() if k != "BRIGADE_MODEL"}
     done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--versus", "llama-server",

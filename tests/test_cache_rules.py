@@ -61,6 +61,22 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     assert missing.returncode == 2 and "--duplicates" in missing.stderr
 
 
+def test_a_request_that_asks_what_a_stored_answer_lacks_is_not_cached():
+    """Scores and several choices (the "uncached" fields) away from their defaults keep a request
+    from the cache; a field that changes the text, or only what is reported, does not."""
+    from cache.query import cacheable
+    from ops.core.messages import GenerateParams
+
+    assert {name for name, role in GenerateParams.roles().items() if role.key == "uncached"} == {
+        "n", "logprobs", "prompt_logprobs"}
+    base = GenerateParams(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+    assert cacheable(base)
+    for change in ({"logprobs": 0}, {"logprobs": 5}, {"prompt_logprobs": 0}, {"n": 2}):
+        assert not cacheable(base.model_copy(update=change)), change
+    for change in ({"continuous_usage_stats": True}, {"min_tokens": 3}, {"stop": ["x"]}, {"temperature": 0.7}):
+        assert cacheable(base.model_copy(update=change)), change
+
+
 def test_the_embedding_proposes_and_the_checks_only_veto():
     from cache.hit_rule import Candidate, OperatingPoint, choose
 

@@ -113,8 +113,8 @@ class Ends:
         kv = KVAllocator(KVShape(layers=1, kv_heads=1, head_dim=2, dtype=torch.float32), self.memory, self.prefix)
         self.scheduler = Scheduler(SchedulerConfig(max_batch=8, max_wait_ms=0), kv, self.clock)
         self.requests = RequestInbox()
-        self.finisher = Finisher(self.scheduler, self.requests, {EOS}, CONTEXT, self.clock)
-        self.outputs = OutputProcessor(self.finisher, TokenTexts(tokenizer), self.clock)
+        self.finisher = Finisher(self.scheduler, self.requests, self.clock)
+        self.outputs = OutputProcessor(self.finisher, TokenTexts(tokenizer), {EOS}, CONTEXT, self.clock)
 
     def arrive(self, request_id: str, prompt_ids: list[int], **params) -> RequestChoices:
         group = RequestChoices(request_id, SamplingParams(**params), 0, prompt_ids, None, False, self.clock())

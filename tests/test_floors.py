@@ -15,7 +15,8 @@ The floors, bottom up:
   training code;
 - the rest of ops (commands and benchmarks) may import anything.
 And no module reaches itself through its imports: no two files import each other, and no longer
-circle either.
+circle either. Nor does any module but ops/core/settings.py read a BRIGADE_ variable: settings reach
+every part through its constructor.
 """
 from __future__ import annotations
 
@@ -190,3 +191,64 @@ def test_the_gateways_rooms_import_only_the_rooms_beneath_them():
     broken = sorted(f"{importer} -> {imported}" for importer, targets in gateway.items() for imported in targets
                     if imported.startswith("gateway.") and room(imported) not in GATEWAY_ROOMS[room(importer)])
     assert not broken, "gateway imports that break its rooms:\n" + "\n".join(broken)
+
+
+
+# Settings reach every part through its constructor; only the settings module reads BRIGADE_*
+# (STYLE.md: one settings object). Handing the whole environment on to a child process
+# (`{**os.environ, ...}`, `os.environ.items()`) reads no one variable and is left alone.
+SETTINGS_MODULE = ROOT / "ops" / "core" / "settings.py"
+
+
+def _is_environ(node: ast.AST) -> bool:
+    """`os.environ`, or `environ` imported from os."""
+    return ((isinstance(node, ast.Attribute) and node.attr == "environ")
+            or (isinstance(node, ast.Name) and node.id == "environ"))
+
+
+def _is_getenv(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "getenv") or (isinstance(node, ast.Name)
+                                                                           and node.id == "getenv")
+
+
+def environment_reads(source: str) -> list[tuple[int, ast.AST]]:
+    """Each read of one named variable, with its line and the expression that names it:
+    os.getenv(NAME), os.environ.get(NAME) (or setdefault, pop), os.environ[NAME], NAME in os.environ."""
+    reads = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and (
+                _is_getenv(node.func) or (isinstance(node.func, ast.Attribute) and _is_environ(node.func.value)
+                                          and node.func.attr in ("get", "setdefault", "pop"))):
+            reads.append((node.lineno, node.args[0]))
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            reads.append((node.lineno, node.slice))
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            reads.append((node.lineno, node.left))
+    return sorted(reads, key=lambda read: read[0])
+
+
+def brigade_reads(source: str) -> list[str]:
+    """`line: name` of each read that may name a BRIGADE_ variable: a literal BRIGADE_ name, or a name
+    that is not a literal (it could be one)."""
+    return [f"{line}: {ast.unparse(name)}" for line, name in environment_reads(source)
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str))
+            or name.value.startswith("BRIGADE_")]
+
+
+def test_the_environment_reader_sees_every_way_to_read_a_variable():
+    """The reader must see each spelling, or a BRIGADE_ read could slip past the test below."""
+    source = ("import os\nfrom os import environ, getenv\n"
+              "a = os.environ.get('BRIGADE_A')\nb = os.getenv('BRIGADE_B', '')\nc = environ['BRIGADE_C']\n"
+              "d = 'BRIGADE_D' in os.environ\ne = getenv(f'BRIGADE_{a}')\nkey = 'X'\nf = os.environ[key]\n"
+              "g = os.environ.get('XDG_CACHE_HOME')\nh = {**os.environ, 'BRIGADE_H': '1'}\n"
+              "i = {k: v for k, v in os.environ.items() if not k.startswith('BRIGADE_')}\n"
+              "os.environ.setdefault('HF_HUB_OFFLINE', '1')\n")
+    assert brigade_reads(source) == ["3: 'BRIGADE_A'", "4: 'BRIGADE_B'", "5: 'BRIGADE_C'", "6: 'BRIGADE_D'",
+                                     "7: f'BRIGADE_{a}'", "9: key"]
+
+
+def test_only_the_settings_module_reads_brigade_variables():
+    found = [f"{path.relative_to(ROOT)}:{read}" for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py"))
+             if path != SETTINGS_MODULE for read in brigade_reads(path.read_text())]
+    assert not found, ("BRIGADE_ variables read outside ops/core/settings.py (make each a Settings field and "
+                       "hand its value to the part that needs it):\n" + "\n".join(found))

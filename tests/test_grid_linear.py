@@ -78,24 +78,23 @@ def test_a_matrix_off_every_grid_keeps_its_float32_product():
     assert pack(q4_matrix(200, 128)) is None  # outputs not a whole number of lane groups (16)
 
 
-def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_path, monkeypatch):
-    monkeypatch.setenv("BRIGADE_GRID_DIR", str(tmp_path))
+def test_packed_grids_are_stored_under_their_weights_and_read_back_the_same(tmp_path):
     matrices = {"a": q4_matrix(32, 64), "b": q8_matrix(16, 64, seed=1), "h": bf16_matrix(16, 64, seed=2)}
-    first, off = grid_store.packed(matrices)
+    first, off = grid_store.packed(matrices, tmp_path)
     [stored] = tmp_path.glob("*.safetensors")
     written = stored.stat().st_mtime_ns
-    again, _ = grid_store.packed(matrices)
+    again, _ = grid_store.packed(matrices, tmp_path)
     assert off is None and stored.stat().st_mtime_ns == written  # read back, not packed and written again
     for name, matrix in matrices.items():
         assert again[name].kind == first[name].kind and again[name].shape == first[name].shape
         assert torch.equal(again[name].decoded(), matrix)
     # Other weights are another entry; weights off every grid store nothing.
     other = dict(matrices, a=q4_matrix(32, 64, seed=2))
-    assert grid_store.packed(other)[0] is not None and len(list(tmp_path.glob("*.safetensors"))) == 2
-    grids, off = grid_store.packed({"a": matrices["a"], "c": torch.randn(16, 64)})
+    assert grid_store.packed(other, tmp_path)[0] is not None and len(list(tmp_path.glob("*.safetensors"))) == 2
+    grids, off = grid_store.packed({"a": matrices["a"], "c": torch.randn(16, 64)}, tmp_path)
     assert grids is None and off == "c" and len(list(tmp_path.glob("*.safetensors"))) == 2
     # Halves alone pack in a moment: found, and not kept on disk.
-    halves, off = grid_store.packed({"h": matrices["h"]})
+    halves, off = grid_store.packed({"h": matrices["h"]}, tmp_path)
     assert off is None and halves["h"].kind == "bf16" and len(list(tmp_path.glob("*.safetensors"))) == 2
 
 
@@ -143,6 +142,19 @@ def test_the_thread_count_does_not_change_a_bit(make):
     assert torch.equal(one, two)
 
 
+def test_a_workers_settings_say_where_its_engine_keeps_the_packed_grids(grid_tiny, tmp_path):
+    """BRIGADE_GRID_DIR reaches the engine through the settings and the engine's config, not the
+    environment (only the settings module reads it)."""
+    from engine import Engine
+    from ops.core.settings import Settings
+    from workers.engine_loading import engine_config
+
+    folder = tmp_path / "grids"
+    config = engine_config(Settings(model=str(grid_tiny), grid_dir=str(folder), torch_threads=1))
+    assert Engine.load(config).runner.primary.storage == "grid"
+    assert len(list(folder.glob("*.safetensors"))) == 1
+
+
 def test_grid_weights_have_row_quantum_one():
     """engine/batch_invariance.py measures the kernel rather than assuming it: no padding needed."""
 
@@ -187,12 +199,13 @@ def test_without_a_compiler_the_engine_says_so_and_serves_the_same_answers_from_
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         "from engine import Engine, EngineConfig, EngineRequest, SamplingParams\n"
-        f"e = Engine.load(EngineConfig(model={str(grid_tiny)!r}, torch_threads=1, max_wait_ms=0))\n"
+        f"e = Engine.load(EngineConfig(model={str(grid_tiny)!r}, torch_threads=1, max_wait_ms=0,\n"
+        f"                             kernel_dir={str(tmp_path / 'kernels')!r}))\n"
         "print('storage', e.runner.primary.storage)\n"
         "r = EngineRequest('a', SamplingParams(max_tokens=4, ignore_eos=True), prompt='Hello there')\n"
         "print('tokens', e.generate([r])['a'].token_ids)\n"
     )
-    env = dict(os.environ, CXX="/bin/false", BRIGADE_KERNEL_DIR=str(tmp_path / "kernels"))
+    env = dict(os.environ, CXX="/bin/false")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-2000:]

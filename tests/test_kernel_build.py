@@ -21,9 +21,11 @@ from tests.services import RedisServer, Stack, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 LOAD = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from pathlib import Path\n"
         "from engine.kernels import kernels, build_dir\n"
-        "print('build', build_dir(), flush=True)\n"
-        "print('isa', kernels().isa(), flush=True)\n")
+        "root = Path(sys.argv[1])\n"
+        "print('build', build_dir(root), flush=True)\n"
+        "print('isa', kernels(root).isa(), flush=True)\n")
 BUILD_TIMEOUT_S = 300  # a whole build is about 30 s on 2 idle cores; the suite may share them
 
 
@@ -31,9 +33,11 @@ BUILD_TIMEOUT_S = 300  # a whole build is about 30 s on 2 idle cores; the suite 
 def kernel_root() -> Path:
     """The kernels' real cache, where this environment's build already is (`make install`): the
     other environment builds beside it, once, and its folder is removed at the end."""
-    from engine.kernels import build_dir
+    from engine.kernels import default_root
+    from ops.core.settings import Settings
 
-    return build_dir().parent
+    folder = Settings().kernel_dir  # where `make install` built, as a worker's settings say
+    return Path(folder) if folder else default_root()
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,8 @@ OTHER_BUILD: dict[str, Path] = {}  # the other environment's build folder, once 
 
 
 def loader(kernel_root: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", LOAD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "BRIGADE_KERNEL_DIR": str(kernel_root), **env})
+    return subprocess.Popen([sys.executable, "-c", LOAD, str(kernel_root)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
 
 
 def load(kernel_root: Path, **env: str) -> tuple[Path, str]:

@@ -295,6 +295,21 @@ def test_each_field_is_declared_once_and_the_door_the_engine_and_the_cache_key_f
     assert "truncate_prompt_tokens" in GenerateParams.number_fields()
 
 
+def test_a_caller_that_changes_the_defaults_changes_no_later_request():
+    """The defaults are read once per process and shared: the mapping is read-only, and a default
+    list or dict handed out is the caller's own."""
+    from ops.core.messages import GenerateParams
+
+    defaults = GenerateParams.defaults()
+    with pytest.raises(TypeError):
+        defaults["n"] = 4
+    defaults["stop_token_ids"].append(2)
+    defaults["logit_bias"]["7"] = 5.0
+    assert GenerateParams.defaults()["stop_token_ids"] == [] and GenerateParams.defaults()["logit_bias"] == {}
+    base = GenerateParams(max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
+    assert not {"stop_token_ids", "logit_bias"} & set(base.key_fields())  # still at their defaults
+
+
 def test_truncate_prompt_tokens_and_continuous_usage_stats_reach_the_generate():
     cmd, _ = parse({"messages": USER, "truncate_prompt_tokens": 5, "stream": True,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}})

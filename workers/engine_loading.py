@@ -30,6 +30,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         prefix_cache=settings.prefix_cache,
         batch_invariant=settings.batch_invariant,
         grid_weights=settings.grid_weights,
+        kernel_dir=settings.kernel_dir,
+        grid_dir=settings.grid_dir,
         speculative_tokens=settings.speculative_tokens,
         device=settings.device,
         dtype=settings.dtype,

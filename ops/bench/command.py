@@ -205,17 +205,18 @@ def _engine(args, settings: Settings) -> dict | int:
     from ops.bench.engine import DEFAULT_COMPARE, run
     from workers.engine_loading import engine_config
 
+    llama_bench = None
     if args.peer == "llama-cpp":  # built (minutes) before anything is timed, or the command stops here
         from ops.bench.llama_cpp_build import PeerUnavailable, ensure_built
 
         try:
-            ensure_built()
+            llama_bench = ensure_built(settings.peers_dir)["llama-bench"]
         except PeerUnavailable as exc:
             print(f"brigade bench engine --peer llama-cpp: {exc}", file=sys.stderr)
             return 2
     engine = Engine.load(engine_config(settings))
     compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
-    return run(engine, [int(n) for n in args.n.split(",")], args.max_tokens, args.peer, compare,
+    return run(engine, [int(n) for n in args.n.split(",")], args.max_tokens, llama_bench, compare,
                full_baseline=args.full, long_rows=args.full)
 
 
@@ -292,7 +293,7 @@ def _scale(args, settings: Settings) -> dict | int:
     except ValueError as exc:
         print(f"brigade bench scale: {exc}", file=sys.stderr)
         return 2
-    return run(sizes, load, args.threads_per_worker)
+    return run(sizes, load, settings, args.threads_per_worker)
 
 
 def _vetoes(args, settings: Settings) -> dict:

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -216,8 +217,10 @@ def same_mode(engine: Engine, config: EngineConfig) -> bool:
             == (engine.placement.dtype, engine.config.batch_invariant, engine.config.grid_weights))
 
 
-def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
+def run(engine: Engine, ns: list[int], max_tokens: int, llama_bench: Path | None = None,
         compare: tuple[str, ...] = DEFAULT_COMPARE, full_baseline: bool = False, long_rows: bool = True) -> dict:
+    """The report; `llama_bench`: the peer's binary (ops/bench/llama_cpp_build.py), run beside the
+    rows at the same thread count (None: no peer)."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -266,11 +269,11 @@ def run(engine: Engine, ns: list[int], max_tokens: int, peer: str | None = None,
             finally:
                 engine.scheduler.config = chunked
             _say(report["long_prefill_unchunked"])
-        if peer == "llama-cpp":
+        if llama_bench is not None:
             from ops.bench import peer_llama_cpp
 
             with _task(progress, f"llama-bench: pp512 and tg128 at {report['torch_threads']} threads"):
-                report["peer"] = peer_llama_cpp.run(report["torch_threads"])
+                report["peer"] = peer_llama_cpp.run(llama_bench, report["torch_threads"])
             report["peer"]["brigade"] = peer_llama_cpp.beside(report["peer"], report["results"], report["prefix_reuse"])
             _say(report["peer"])
     report["wall_s"] = round(time.perf_counter() - started, 1)

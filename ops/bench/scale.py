@@ -20,6 +20,7 @@ from pathlib import Path
 from ops.bench.serve import run as run_load
 from ops.bench.serve_config import LoadConfig
 from ops.core.ports import free_port
+from ops.core.settings import Settings
 from ops.supervision import PartExited, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.cli` runs
@@ -37,9 +38,11 @@ def parse_sizes(text: str) -> list[int]:
 
 
 class Fleet:
-    """`brigade up --workers N` in its own process session, on free ports, with its own Redis."""
+    """`brigade up --workers N` in its own process session, on free ports, with its own Redis; the
+    model, the home it is prepared in and the engine's width are the benchmark's own settings'."""
 
-    def __init__(self, workers: int, torch_threads: int, log_dir: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, workers: int, torch_threads: int, log_dir: Path, settings: Settings,
+                 extra_env: dict[str, str] | None = None):
         self.workers = workers
         self.port = free_port()
         self.redis_port = free_port()
@@ -52,9 +55,10 @@ class Fleet:
             "BRIGADE_WORKER_METRICS_PORT": "0", "BRIGADE_LOG_LEVEL": "INFO",
             "BRIGADE_MAX_QUEUE_DEPTH": "100000",  # the load, not admission, is what is measured
         })
-        for key in ("BRIGADE_HOME", "BRIGADE_MODEL", "BRIGADE_MAX_BATCH", "BRIGADE_WORKER_CONCURRENCY"):
-            if key in os.environ:
-                env[key] = os.environ[key]
+        env.update({
+            "BRIGADE_HOME": str(settings.home), "BRIGADE_MODEL": settings.model,
+            "BRIGADE_MAX_BATCH": str(settings.max_batch), "BRIGADE_WORKER_CONCURRENCY": str(settings.worker_concurrency),
+        })
         env.update(extra_env or {})
         self.env = env
         # One part, `up` itself, which supervises the fleet's own parts; it stops them in order
@@ -100,12 +104,13 @@ def row(workers: int, report: dict) -> dict:
     }
 
 
-def run(sizes: list[int], load: LoadConfig, torch_threads: int = 1, log_dir: Path | None = None) -> dict:
+def run(sizes: list[int], load: LoadConfig, settings: Settings, torch_threads: int = 1,
+        log_dir: Path | None = None) -> dict:
     """The same load against each fleet size in turn; the report as a dict."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="brigade-bench-scale-"))
     results = []
     for n in sizes:
-        with Fleet(n, torch_threads, log_dir) as fleet:
+        with Fleet(n, torch_threads, log_dir, settings) as fleet:
             url = f"ws://127.0.0.1:{fleet.port}/v1/ws" if load.backend == "ws" else f"http://127.0.0.1:{fleet.port}/v1"
             config = dataclasses.replace(load, url=url, http_base=f"http://127.0.0.1:{fleet.port}", api_key=None)
             results.append(row(n, run_load(config)))

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from ops.bench.serve_config import LoadConfig
+from ops.core.settings import Settings
 
 CONCURRENCIES = (1, 4, 16, 32)
 PROMPT_TOKENS = {"short": 64, "long": 1000}  # the target length of each kind, chat template included
@@ -170,15 +171,16 @@ def _cpu_jiffies() -> tuple[int, int]:
     return total - idle, total
 
 
-def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable[[str], int],
+def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable[[str], int], settings: Settings,
         log_dir: Path | None = None) -> dict:
-    """Each row against Brigade, then against llama-server; the report as a dict."""
+    """Each row against Brigade, then against llama-server (built in the settings' peers' folder);
+    the report as a dict."""
     from engine.model_files import default_gguf_path
     from ops.bench.llama_cpp_build import bin_dir, ensure_built
     from ops.bench.llama_server import LlamaServer, slot_tokens
     from ops.bench.scale import Fleet
 
-    binary = ensure_built(_say)["llama-server"]
+    binary = ensure_built(settings.peers_dir, _say)["llama-server"]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="brigade-bench-versus-"))
     questions = shipped_questions()
     prompts = {row.tag: build_prompts(questions, row.requests, PROMPT_TOKENS[row.prompt], prompt_tokens, row.tag)
@@ -192,7 +194,7 @@ def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable
     results: dict[str, dict[str, dict]] = {name: {} for name in PROGRAMS}
     argvs = {}
     _say(f"versus: Brigade (1 worker, {threads} threads, answer cache off), {len(rows)} rows")
-    with Fleet(1, threads, log_dir) as fleet:
+    with Fleet(1, threads, log_dir, settings) as fleet:
         brigade = f"http://127.0.0.1:{fleet.port}"
         _warm(brigade, base, warm_up)
         for c in dict.fromkeys(row.concurrency for row in rows):
@@ -218,7 +220,7 @@ def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable
         "ignore_eos": True, "temperature": base.temperature, "seed": base.seed, "cpu": cpu_kind(),
         "brigade": {"how": f"brigade up --ephemeral --workers 1, BRIGADE_TORCH_THREADS={threads}, "
                            "BRIGADE_CACHE_ENABLED=0", "door": "/v1/chat/completions, streamed"},
-        "llama_server": {"argv": argvs, "build": bin_dir().parent.name, "context_per_slot": per_slot,
+        "llama_server": {"argv": argvs, "build": bin_dir(settings.peers_dir).parent.name, "context_per_slot": per_slot,
                          "door": "/v1/chat/completions, streamed"},
         "prompt_target_tokens": {p: PROMPT_TOKENS[p] for p in dict.fromkeys(row.prompt for row in rows)},
         "logs": str(log_dir), "rows": table,
@@ -273,7 +275,7 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(args, settings) -> int:
+def main(args, settings: Settings) -> int:
     """`brigade bench serve --versus llama-server`: 0 when it ran, 2 when it could not start."""
     from ops.bench.llama_cpp_build import PeerUnavailable
     from ops.bench.serve_config import config_from_args
@@ -287,7 +289,7 @@ def main(args, settings) -> int:
         rows = plan_rows(parse_list(args.concurrency, "--concurrency", int), parse_list(args.prompt_lengths,
                          "--prompt-lengths"), args.num_requests)
         base = dataclasses.replace(config_from_args(args, settings), max_tokens=args.max_tokens or MAX_TOKENS)
-        report = run(rows, base, args.threads or os.cpu_count() or 1, _prompt_counter(settings.model_dir))
+        report = run(rows, base, args.threads or os.cpu_count() or 1, _prompt_counter(settings.model_dir), settings)
     except (ValueError, PeerUnavailable, RuntimeError) as exc:
         print(f"brigade bench serve --versus: {exc}", file=sys.stderr)
         return 2

@@ -186,7 +186,7 @@ def _run(args, settings: Settings) -> int:
           file=sys.stderr)
     runs = _students(args, teacher, config, train, work)
     registered = _register(args, settings, runs["trained"][0])
-    report = _report(args, teacher, config, device, held_out, runs, registered)
+    report = _report(args, settings, teacher, config, device, held_out, runs, registered)
     report["corpus"] = {"folder": str(corpus.folder), "spec": asdict(spec), "train_answers": len(train),
                         "held_out_answers": len(held_out), "train_tokens": sum(len(e.answer_ids) for e in train),
                         "seconds_this_run": round(corpus_s, 1)}
@@ -245,7 +245,7 @@ def _teacher_answers(args, settings: Settings, teacher: Teacher, device: str):
                       top_p=float(generation.get("top_p", 1.0)), seed=args.seed, held_out_share=HELD_OUT_SHARE)
     engine = Engine(teacher.model, teacher.tokenizer, EngineConfig(
         model=str(teacher.folder), max_batch=64, max_wait_ms=0, device=device, dtype="float32",
-        kv_budget_tokens=16_384))
+        kv_budget_tokens=16_384, kernel_dir=settings.kernel_dir, grid_dir=settings.grid_dir))
     started = time.monotonic()
     corpus = build_corpus(engine, prompts, spec, settings.home / "distill",
                           on_done=lambda done, total: print(f"distill corpus {done}/{total} prompts answered",
@@ -295,7 +295,8 @@ def _register(args, settings: Settings, student_folder: Path) -> str | None:
     return entry.ref if entry else None
 
 
-def _report(args, teacher: Teacher, config, device: str, held_out, runs: dict, registered: str | None) -> dict:
+def _report(args, settings: Settings, teacher: Teacher, config, device: str, held_out, runs: dict,
+            registered: str | None) -> dict:
     """Teacher, untrained student and trained student(s), measured side by side."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -304,11 +305,11 @@ def _report(args, teacher: Teacher, config, device: str, held_out, runs: dict, r
     from ops.training.distill.student import build_student
 
     untrained, plan = build_student(teacher.model, config)
-    candidates = [candidate("teacher", teacher.model, teacher.tokenizer, str(teacher.folder), device),
-                  candidate("untrained", untrained, teacher.tokenizer, str(teacher.folder), device)]
+    candidates = [candidate("teacher", teacher.model, teacher.tokenizer, str(teacher.folder), device, settings),
+                  candidate("untrained", untrained, teacher.tokenizer, str(teacher.folder), device, settings)]
     for label, (folder, _, _) in runs.items():
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
-        candidates.append(candidate(label, model, teacher.tokenizer, str(folder), device))
+        candidates.append(candidate(label, model, teacher.tokenizer, str(folder), device, settings))
     report = evaluate(candidates, held_out, teacher.pad_id, args.quality_questions, args.speed_repeats)
     report.update({
         "teacher": args.teacher, "student": args.out, "registered": registered, "command": sys.argv[1:],

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from ops.core.redaction import redact
 
@@ -17,8 +16,9 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
-def setup_logging(level: str | None = None) -> None:
-    level = (level or os.environ.get("BRIGADE_LOG_LEVEL", "INFO")).upper()
+def setup_logging(level: str = "INFO") -> None:
+    """Brigade's log lines at `level` (the settings' log_level), libraries' per-request lines off."""
+    level = (level or "INFO").upper()  # BRIGADE_LOG_LEVEL set empty: the default
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig: logging configured before stays as it was
         handler = logging.StreamHandler()

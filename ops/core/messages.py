@@ -6,10 +6,11 @@
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
-from types import UnionType
-from typing import Annotated, Any, Callable, Literal, get_args, get_origin
+from types import MappingProxyType, UnionType
+from typing import Annotated, Any, Callable, Literal, Mapping, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,17 +71,19 @@ class Role:
     """What one request field is to the rest of the house, declared beside the field
     (GenerateParams), so that adding a field touches its declaration and the code that acts on it.
 
-    key: how the exact-cache key holds it (cache/query.py): "always"; "sampled" (only when the
-    temperature is above 0: greedy text does not depend on it); "changed" (only when it departs
-    from its default, so an ordinary request keeps the key it always had); "never" (a request
-    that asks it is not cached, or it does not change the text).
+    key: how the exact cache treats it (cache/query.py): "always" in the key; "sampled" (in the key
+    only when the temperature is above 0: greedy text does not depend on it); "changed" (in the key
+    only when it departs from its default, so an ordinary request keeps the key it always had);
+    "uncached" (it asks what a stored answer does not have: a request that sets it away from its
+    default is neither answered from the cache nor stored); "never" (never in the key: it does not
+    change the text).
     door: "same" when the OpenAI door takes the body's field of the same name as it is; "own"
     when the door reads it its own way (gateway/doors/openai_schema.py: two spellings, a string or a list).
     engine: the engine's value (engine.SamplingParams' field of the same name) made from the
     request's; None when the engine has no such field or the worker makes it (the guide's spec).
     """
 
-    key: Literal["always", "sampled", "changed", "never"]
+    key: Literal["always", "sampled", "changed", "uncached", "never"]
     door: Literal["same", "own"] = "same"
     engine: Callable[[Any], Any] | None = _same
     keyed: Callable[[Any], Any] = _same  # the value as the cache key holds it
@@ -107,11 +110,11 @@ class GenerateParams(BaseModel):
                     Role("always", door="own", engine=tuple, keyed=lambda v: sorted(set(v)))]
     seed: Annotated[int | None, Field(None, ge=0, le=2**63 - 1), Role("sampled")]
     # The OpenAI API's and vLLM's further fields; each default leaves the answer as it was.
-    n: Annotated[int, Field(1, ge=1, le=16), Role("never")]  # answers to sample from one prefill
+    n: Annotated[int, Field(1, ge=1, le=16), Role("uncached")]  # answers to sample from one prefill
     # each token's logprob and this many alternatives
-    logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never", door="own")]
+    logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("uncached", door="own")]
     # the same for every prompt token (echo)
-    prompt_logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("never")]
+    prompt_logprobs: Annotated[int | None, Field(None, ge=0, le=20), Role("uncached")]
     presence_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
     frequency_penalty: Annotated[float, Field(0.0, ge=-2.0, le=2.0), Role("changed")]
     # token id (JSON keys are text) -> -100..100
@@ -137,10 +140,16 @@ class GenerateParams(BaseModel):
         return {name: next(m for m in info.metadata if isinstance(m, Role)) for name, info in cls.model_fields.items()}
 
     @classmethod
-    @functools.cache
-    def defaults(cls) -> dict[str, Any]:
-        """Each field's default (what a request that leaves it out gets)."""
-        return {name: info.get_default(call_default_factory=True) for name, info in cls.model_fields.items()}
+    @functools.cache  # read once per process; `defaults` hands out copies of it
+    def _defaults(cls) -> Mapping[str, Any]:
+        return MappingProxyType({name: info.get_default(call_default_factory=True)
+                                 for name, info in cls.model_fields.items()})
+
+    @classmethod
+    def defaults(cls) -> Mapping[str, Any]:
+        """Each field's default (what a request that leaves it out gets), read-only. A default list
+        or dict is this call's own copy: a caller that changes it changes no later request's."""
+        return MappingProxyType({name: copy.copy(value) for name, value in cls._defaults().items()})
 
     @classmethod
     def number_fields(cls) -> frozenset[str]:
@@ -173,11 +182,12 @@ class GenerateParams(BaseModel):
     def key_fields(self) -> dict[str, Any]:
         """The fields that shape the answer's text, as the exact-cache key holds them (Role.key)."""
         sampled = self.temperature is not None and self.temperature > 0
+        defaults = self.defaults()
         fields = {}
         for name, role in self.roles().items():
             value = getattr(self, name)
             if role.key == "changed":
-                wanted = value != self.defaults()[name]
+                wanted = value != defaults[name]
             else:
                 wanted = role.key == "always" or (role.key == "sampled" and sampled)
             if wanted:

@@ -160,6 +160,12 @@ class Settings(BaseSettings):
     # by a kernel compiled for this CPU (engine/grid_linear.py): the same numbers, a fifth of the
     # bytes. false: ordinary float32 products (for comparison).
     grid_weights: bool = True
+    # Where the kernels are built for this CPU (engine/kernels.py) and where the packed grids are
+    # kept (engine/grid_store.py); each a build cache, handed to the engine. Empty: the engine's
+    # own, ~/.cache/brigade/kernels and ~/.cache/brigade/grids (the grids under XDG_CACHE_HOME
+    # when set).
+    kernel_dir: str = ""
+    grid_dir: str = ""
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy answer may have
     # verified per step, taken from its own context; the text is the model's token for token. It
     # turns itself off when many answers decode or a sequence's drafts are refused. 0: off.
@@ -286,6 +292,12 @@ class Settings(BaseSettings):
     # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
     flower_show_prompts: bool = False
 
+    # The level of every command's and part's log lines (ops/core/logs.py).
+    log_level: str = "INFO"
+    # llama.cpp built beside Brigade for the benchmarks (ops/bench/llama_cpp_build.py). Empty:
+    # ~/.cache/brigade/peers (under XDG_CACHE_HOME when set).
+    peer_dir: str = ""
+
     @model_validator(mode="after")
     def _tls_in_redis_urls(self) -> "Settings":
         # The TLS settings travel inside the URLs: every client is built from a URL alone
@@ -316,6 +328,12 @@ class Settings(BaseSettings):
     @property
     def store_dir(self) -> Path:
         return Path(self.model_store).expanduser() if self.model_store else self.home / "store"
+
+    @property
+    def peers_dir(self) -> Path:
+        if self.peer_dir:
+            return Path(self.peer_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
 
     @property
     def cache_redis(self) -> str:
