@@ -167,7 +167,8 @@ class RequestRules:
         if cache_threshold is not None and (isinstance(cache_threshold, bool)
                                             or not isinstance(cache_threshold, (int, float))
                                             or not 0.0 <= cache_threshold <= 1.0):
-            raise ProtocolError("invalid_field", "`cache_threshold` must be a number from 0 to 1", rid, "cache_threshold")
+            raise ProtocolError("invalid_field", "`cache_threshold` must be a number from 0 to 1", rid,
+                                "cache_threshold")
         if deadline_ms is not None and (isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int)
                                         or not 1 <= deadline_ms <= MAX_DEADLINE_MS):
             raise ProtocolError("invalid_field", f"`deadline_ms` must be an integer from 1 to {MAX_DEADLINE_MS}",

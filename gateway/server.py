@@ -9,6 +9,7 @@ Rooms (each a sub-package; tests/test_floors.py keeps their order):
   life after that (`lifecycle.py`), the caller's API key (`auth.py`), the models (`catalog.py`);
 - `doors/`, thin adapters, each reading its own wire format: `ws_door.py` with `ws_protocol.py`
   (/v1/ws), `http_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
+  `responses_door.py` with `responses_schema.py`, `responses_render.py` and `response_store.py` (/v1/responses),
   `embeddings.py` (/v1/embeddings), `tokenize_door.py` (/tokenize, /detokenize),
   `utility_routes.py` (/health, /ping, /version), and the chat page (`static/`, served at /);
 - `batch/`: batch jobs (/v1/files, /v1/batches) run line by line through admission;
@@ -61,6 +62,8 @@ from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
 from gateway.doors.http_door import HttpDoor
+from gateway.doors.response_store import ResponseStore
+from gateway.doors.responses_door import ResponsesDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
@@ -81,7 +84,8 @@ log = logging.getLogger("brigade.gateway")
 
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
-PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/files",
+PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/embeddings",
+         "/v1/files",
          "/v1/batches", "/tokenize", "/detokenize", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics"]
 
 
@@ -125,6 +129,8 @@ class Gateway:
         self.ws_door = WebSocketDoor(settings, frames, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
         self.http_door = HttpDoor(settings, self.rules, self.auth, self.admission, self.lifecycle, self.catalog)
+        self.responses_door = ResponsesDoor(settings, self.rules, self.auth, self.admission, self.lifecycle,
+                                            ResponseStore(self.redis, settings), spawn)
         # Batch jobs: their records, shared by the door that starts and shows them and the runner
         # that runs whichever this gateway holds the lease of.
         jobs = JobStore(self.redis, settings)
@@ -254,6 +260,10 @@ class Gateway:
             WebSocketRoute(WS_PATH, self.ws_door.serve),
             Route("/v1/chat/completions", http.chat_completions, methods=["POST"]),
             Route("/v1/completions", http.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses_door.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.responses_door.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.responses_door.delete, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/cancel", self.responses_door.cancel, methods=["POST"]),
             Route("/v1/models", http.models),
             Route("/v1/embeddings", self.embeddings_door.embeddings, methods=["POST"]),
             Route("/tokenize", self.tokenize_door.tokenize, methods=["POST"]),

@@ -4,7 +4,8 @@ LangChain's `ChatOpenAI`. Logprobs are checked against the engine's own scores o
 (the session's real engine in this process); answers against what each field promises. On the
 same stack, the WebSocket protocol's own frames with the same fields (n, logprobs, a guide, a
 resume), and a worker taking over an n > 1 request whose choices had all ended in its log.
-The translations alone (no processes): tests/test_openai_fields.py."""
+The translations alone (no processes): tests/test_openai_fields.py. The Responses API's tests
+(tests/openai_responses_cases.py) run on this module's stack too."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ from engine import EngineRequest, SamplingParams
 from engine.kv_cache import SequenceKV
 from engine.sequence import Chunk, Sequence
 from ops.core import keys
+from tests.openai_responses_cases import *  # noqa: F401,F403  (its tests run on this module's stack)
 from tests.services import Stack, queued_params, wait_until, worker_statuses
 
 MODEL = "smollm2-135m-instruct"

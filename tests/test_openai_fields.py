@@ -338,3 +338,20 @@ def test_a_stream_with_continuous_usage_carries_the_usage_so_far_on_every_chunk(
     assert all(c["usage"]["prompt_tokens"] == 7 and c["usage"]["total_tokens"] == 7 + c["usage"]["completion_tokens"]
                for c in chunks)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_responses_input_items_become_the_chats_turns_calls_of_one_turn_together():
+    from gateway.doors.responses_schema import input_messages
+
+    turns = input_messages([
+        {"role": "developer", "content": [{"type": "input_text", "text": "Be "},
+                                          {"type": "input_text", "text": "brief."}]},
+        {"type": "message", "role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+        {"type": "function_call_output", "call_id": "c2", "output": "Rain"}])
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "tool", "tool"]
+    assert turns[0]["content"] == "Be brief." and [c["id"] for c in turns[2]["tool_calls"]] == ["c1", "c2"]
+    assert (turns[3]["tool_call_id"], turns[4]["content"]) == ("c1", "Rain")
+    assert input_messages("Hi") == [{"role": "user", "content": "Hi"}]

@@ -135,8 +135,9 @@ class RequestLifecycle:
     # One sequence for every door: the route goes, the request stops everywhere (queued, it never
     # runs; running, it frees its slot), and its key is settled with what it generated so far.
 
-    def cancel(self, rid: str, sink: Sink) -> None:
-        """A client's `cancel`: the request stops even when this gateway no longer routes it there."""
+    def cancel(self, rid: str, sink: Sink | None) -> None:
+        """A client's `cancel`: the request stops even when this gateway no longer routes it there
+        (None: whichever sink it has here, if any)."""
         route = self.router.remove(rid, sink)
         if route is None:
             self._spawn(self.store.stop(rid))

@@ -26,6 +26,7 @@ from gateway.delivery.events import ClientEvent, Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
+from gateway.doors.answer_wait import ClientGone, disconnected, next_event
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import ProtocolError, RequestRules
@@ -34,29 +35,8 @@ from ops.core.settings import Settings
 log = logging.getLogger("brigade.gateway")
 
 
-class ClientGone(Exception):
-    pass
-
-
 def _event_error(event: StreamError) -> ProtocolError:
     return ProtocolError(event.code, event.message)
-
-
-async def _next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
-    """The next event of this request, unless the client leaves first (`gone` completes)."""
-    if not answer.events.empty():
-        return answer.events.get_nowait()
-    get = asyncio.ensure_future(answer.events.get())
-    await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if get.done():
-        return get.result()
-    get.cancel()
-    raise ClientGone()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class HttpDoor:
@@ -108,13 +88,13 @@ class HttpDoor:
         rid = admitted.server_id or client_id
         # Until the response starts (streaming) or ends (not), the request's only sign of a client
         # that left is the disconnect message; StreamingResponse watches for it after that.
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         gathered = render.Answer(opts.n)
         try:
-            event = await _next_event(answer, gone)
+            event = await next_event(answer, gone)
             while isinstance(event, Token) and not opts.stream:  # an answer in one body: gathered first
                 gathered.add(event)
-                event = await _next_event(answer, gone)
+                event = await next_event(answer, gone)
         except ClientGone:
             self.lifecycle.abandon(admitted.request_id, answer)
             return Response(status_code=499)

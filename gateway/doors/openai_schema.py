@@ -73,7 +73,8 @@ ECHO_TOKENS = "\x00tokens"
 STATUS = {
     "invalid_json": 400, "invalid_message": 400, "missing_field": 400, "invalid_field": 400, "unknown_field": 400,
     "unsupported_field": 400, "content_blocked": 400, "prompt_too_long": 413, "context_overflow": 413,
-    "unauthorized": 401, "model_not_found": 404, "not_found": 404, "rate_limited": 429, "overloaded": 503, "no_workers": 503,
+    "unauthorized": 401, "model_not_found": 404, "not_found": 404, "not_cancellable": 400, "rate_limited": 429,
+    "overloaded": 503, "no_workers": 503,
     "unavailable": 503, "deadline_exceeded": 504,
 }
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",

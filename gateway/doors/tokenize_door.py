@@ -2,11 +2,11 @@
 
 A prompt or chat messages in, the token ids the engine would run out; ids in, text out. Messages
 go through the same translation and checks as a chat completion (openai_schema.chat_messages,
-then the rules every door shares: gateway/protocol.py), and are rendered by the cache's `PromptRenderer`, the same chat-template call
-the engine's `encode` makes, so that `count` equals a chat answer's `usage.prompt_tokens` for the
-same messages. Each model version's tokenizer files are read from its folder on this machine
-(catalog.folder), once, off the event loop; a fast tokenizer is not safe to share between threads,
-so each has a lock.
+then the rules every door shares: gateway/protocol.py), and are rendered by the cache's
+`PromptRenderer`, the same chat-template call the engine's `encode` makes, so that `count` equals
+a chat answer's `usage.prompt_tokens` for the same messages. Each model version's tokenizer files
+are read from its folder on this machine (catalog.folder), once, off the event loop; a fast
+tokenizer is not safe to share between threads, so each has a lock.
 
 Bodies are checked here without a socket (`parse_tokenize`, `parse_detokenize`); unknown fields are
 refused as the rest of the OpenAI door refuses them. Keys are checked as for /v1/models.

@@ -330,6 +330,28 @@ def batch_file(file_id: str) -> str:
     return f"{PREFIX}:file:{file_id}"
 
 
+# ---- stored responses (gateway/doors/response_store.py) ---------------------------------------------
+# A stored response of /v1/responses lives responses_ttl_s; the index holds at most responses_max
+# members, the oldest dropped (and their keys deleted) when a new one would pass it.
+
+
+def response(response_id: str) -> str:
+    """One stored response (JSON: the response object, its conversation, its request id)."""
+    return f"{PREFIX}:response:{response_id}"
+
+
+def response_ttl_s(settings: Settings) -> int:
+    return int(settings.responses_ttl_s)
+
+
+def responses_max(settings: Settings) -> int:
+    """Responses kept in RESPONSES (and so stored): past it, the oldest go."""
+    return settings.responses_max
+
+
+RESPONSES = f"{PREFIX}:responses"  # sorted set: response id -> created at (unix seconds), capped
+
+
 # ---- models, routes, canaries (ops/core/registry.py, ops/core/canary.py) --------------------------
 # The registry's hashes hold one field per registered version, route or model: bounded by operator
 # action, as API keys are. Outcome streams are capped and expire; a canary's record is one value

@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     canary_tick_s: float = 1.0
     # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
     max_batch: int = 32
+    # Stored responses of POST /v1/responses (`store`, `previous_response_id`, GET by id): how long
+    # each is kept, and how many at most (the oldest go first).
+    responses_ttl_s: float = Field(default=86_400.0, gt=0)
+    responses_max: int = Field(default=10_000, ge=1)
     # Batch jobs (gateway/batch/batch_runner.py): where their files live (every gateway must see the same
     # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
