@@ -33,6 +33,10 @@ def _default_data_dir() -> Path:
 # One class on purpose (STYLE.md: one settings object from BRIGADE_* variables): every setting of every
 # part is declared here, once, grouped by part below; each part is handed this object or the fields it uses.
 class Settings(BaseSettings):
+    """Every BRIGADE_* variable, one field each with the comment that says what it is for. The class
+    is long because it is the one place the environment is read (tests/test_floors.py holds every
+    other module to that), not because it does more than one job."""
+
     model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
 
     # Where prepared model folders and other build products live (not in git: too large).
