@@ -186,3 +186,22 @@ def test_embedding_requests_are_counted_in_the_gateways_metrics(doors):
     assert delta("brigade_embedding_requests_total", outcome="refused") == 1
     assert delta("brigade_embedding_request_seconds_count") == 1
     assert delta("brigade_embedding_request_seconds_sum") > 0
+
+
+def test_responses_need_a_good_key_count_against_its_limits_and_belong_to_it(doors):
+    owner, other, limited = (create_key(doors.store_url), create_key(doors.store_url),
+                             create_key(doors.store_url, rpm=1))
+    body = {"model": MODEL, "input": "Name a colour.", "max_output_tokens": 4, "temperature": 0}
+    for key in (None, owner + "x"):
+        r = _post(doors.strict, "/v1/responses", body, key)
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+    made = doors.client(doors.strict, owner).responses.create(**body)
+    assert doors.client(doors.strict, owner).responses.retrieve(made.id).output_text == made.output_text
+    with pytest.raises(openai.NotFoundError):  # another key's response does not exist for this one
+        doors.client(doors.strict, other).responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        doors.client(doors.strict, other).responses.create(**body, previous_response_id=made.id)
+    doors.client(doors.strict, limited).responses.create(**body)
+    with pytest.raises(openai.RateLimitError) as limit:  # the key's requests per minute, as for chat
+        doors.client(doors.strict, limited).responses.create(**body)
+    assert limit.value.body["code"] == "rate_limited"
