@@ -81,7 +81,13 @@ class ResponsesDoor:
         headers = {"x-request-id": admitted.server_id or client_id}
         if opts.background:
             begun = render.response_object(response_id, opts, created, "in_progress")
-            await self.store.put(StoredResponse(begun, opts.conversation, admitted.request_id, owner))
+            try:
+                await self.store.put(StoredResponse(begun, opts.conversation, admitted.request_id, owner))
+            except Exception as exc:  # nowhere to keep it: the client could never read it, so it must not run
+                log.warning("event=response_store_failed response=%s error=%r", response_id, exc)
+                self.lifecycle.abandon(admitted.request_id, answer)
+                return error_response(ProtocolError("unavailable", "the response could not be stored; try again "
+                                                    "shortly"), self.settings.retry_after_s)
             stored_end = asyncio.Event()
             self.gathering[response_id] = (client_id, answer, stored_end)
             self._spawn(self._gather(response_id, opts, created, answer, admitted, owner, stored_end))
