@@ -71,6 +71,37 @@ def test_several_prompts_or_mixed_ones_are_refused(prompt):
     assert err.value.field in ("prompt", "prompt_ids") and oa.status_of(err.value.code) == 400
 
 
+def test_max_tokens_0_with_echo_scores_the_prompt_and_is_refused_without_it():
+    for body in ({"prompt": "Hi there", "echo": True, "max_tokens": 0},
+                 {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0},
+                 {"prompt": "Hi there", "prompt_logprobs": 0, "max_tokens": 0}):
+        cmd, _ = parse(body, chat=False)
+        assert cmd.params.max_tokens == 0 and cmd.params.prompt_logprobs is not None
+    for body, field in (({"prompt": "Hi there", "max_tokens": 0}, "max_tokens"),
+                        ({"prompt": "Hi there", "echo": True, "max_tokens": 0, "n": 2}, "max_tokens"),
+                        ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens")):
+        with pytest.raises(ProtocolError) as err:
+            parse(body, chat="messages" in body)
+        assert (err.value.code, err.value.field) == ("invalid_field", field)
+
+
+def test_a_prompt_only_scored_is_echoed_with_its_scores_from_its_done_event():
+    entries = [{"token": "Hi", "id": 5, "logprob": None, "top": []},
+               {"token": " there", "id": 6, "logprob": -1.5, "top": [[" you", -0.5, 9]]}]
+    _, opts = parse({"prompt": "Hi there", "echo": True, "logprobs": 1, "max_tokens": 0}, chat=False)
+    done = Done("r", "length", {"prompt_tokens": 2, "completion_tokens": 0}, {}, prompt_logprobs=entries)
+    body = render.completion_body(opts, "r", render.Answer(), done, 0, "r")
+    choice = body["choices"][0]
+    assert choice["text"] == "Hi there" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5] and choice["logprobs"]["tokens"] == ["Hi", " there"]
+    assert choice["logprobs"]["top_logprobs"] == [None, {" you": -0.5}]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}
+    stream = _Stream(opts, "r")
+    chunks = list(stream.done(done, "r"))
+    assert chunks[0]["choices"][0]["text"] == "Hi there"
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.5]
+
+
 @pytest.mark.parametrize("body, kind, value", [
     ({"response_format": {"type": "json_object"}}, "json_object", ""),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}},

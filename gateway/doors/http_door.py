@@ -213,10 +213,17 @@ class _Stream:
             yield self._chunk([render.chunk_choice(self.opts, index, message["content"], True, scored,
                                                    calls=message.get("tool_calls"))])
         elif not self.started[index]:  # an empty answer still opens the assistant's message
-            yield self._chunk([render.chunk_choice(self.opts, index, "", True)])
+            text, scored = "", None
+            if self.opts.echo is not None:  # a prompt only scored (max_tokens 0): its echo, and its scores
+                text = render.echo_text(self.opts, self.answer)
+                scored = (self.answer.prompt_logprobs or []) if self.opts.logprobs else None
+            yield self._chunk([render.chunk_choice(self.opts, index, text, True, scored)])
         yield self._chunk([render.chunk_choice(self.opts, index, finish=finish)], extra=extra)
 
     def done(self, event: Done, request_id: str | None):
+        self.answer.end(event)
+        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
+            self.prompt_scores = event.prompt_logprobs
         extra = render.brigade_extra(event, request_id)
         open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
         for i in open_choices:

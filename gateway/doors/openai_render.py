@@ -49,6 +49,11 @@ class Answer:
             choice.finish_reason = token.finish_reason
         return choice
 
+    def end(self, done: Done) -> None:
+        """The answer's end: a prompt only scored (max_tokens 0) brings its prompt's scores with it."""
+        if done.prompt_logprobs is not None:
+            self.prompt_logprobs = done.prompt_logprobs
+
 
 def response_id(chat: bool, rid: str) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
@@ -152,6 +157,7 @@ def message_of(opts: Options, text: str, finish: str | None) -> tuple[dict, str 
 
 
 def completion_body(opts: Options, rid: str, answer: Answer, done: Done, created: int, request_id: str | None) -> dict:
+    answer.end(done)
     choices = []
     for index, choice in enumerate(answer.choices):
         finish = choice_finish(done, index)

@@ -219,7 +219,9 @@ def _echo(body: dict, sampling: dict, prompt: dict) -> str | None:
     if body.get("prompt_logprobs") is None:
         if "logprobs" in sampling:
             sampling["prompt_logprobs"] = sampling["logprobs"]
-        elif "prompt_ids" in prompt:  # the echoed text is read from the prompt tokens' own entries
+        elif "prompt_ids" in prompt or _same(sampling.get("max_tokens"), 0):
+            # the echoed text is read from the prompt tokens' own entries; `max_tokens: 0` (pure
+            # scoring, as vLLM allows it with echo) is a request for the prompt's scores
             sampling["prompt_logprobs"] = 0
     if "prompt_ids" in prompt:
         return ECHO_TOKENS
