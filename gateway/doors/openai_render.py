@@ -182,6 +182,26 @@ def completion_body(opts: Options, rid: str, answer: Answer, done: Done, created
     return body
 
 
+def prompts_body(parts: list[tuple[Options, Answer, Done, str | None]], rid: str, created: int) -> dict:
+    """Several prompts' answers (options, answer, end, server id: in prompt order) in one completions
+    body, numbered as OpenAI and vLLM number them: prompt p's choice c is choice p * n + c; the
+    usage is their sum; vLLM's `prompt_logprobs` go in each choice (as vLLM's completions put them),
+    and Brigade's account of each prompt under `brigade.prompts`."""
+    bodies = [completion_body(opts, rid, answer, done, created, request_id)
+              for opts, answer, done, request_id in parts]
+    choices = []
+    for p, ((opts, *_), body) in enumerate(zip(parts, bodies)):
+        for choice in body["choices"]:
+            choice["index"] += p * opts.n
+            if "prompt_logprobs" in body:
+                choice["prompt_logprobs"] = body["prompt_logprobs"]
+            choices.append(choice)
+    usage = {name: sum(b["usage"][name] for b in bodies) for name in ("prompt_tokens", "completion_tokens",
+                                                                       "total_tokens")}
+    return {"id": bodies[0]["id"], "object": "text_completion", "created": created, "model": bodies[0]["model"],
+            "choices": choices, "usage": usage, "brigade": {"prompts": [b["brigade"] for b in bodies]}}
+
+
 # ---- stream chunks -----------------------------------------------------------------------------------
 
 
