@@ -6,6 +6,7 @@ checked is mechanics: the same scores by two paths, order, numbering, refusals).
   answered in prompt order, each as it is answered alone, choices numbered prompt * n + choice,
   usage summed; one refusal refuses the whole request and frees what was admitted; not streamed.
 - `max_tokens: 0` with `echo`: the prompt and its scores, no token, in a body and in a stream.
+- /tokenizer_info in vLLM's shape, which lm-evaluation-harness's remote tokenizer detects and reads.
 The whole harness against the real model: tests/test_eval_harness.py."""
 from __future__ import annotations
 
@@ -130,3 +131,23 @@ def test_max_tokens_0_with_echo_gives_the_prompt_and_its_scores_and_no_token(sta
     refused = complete(stack.port, prompt=PROMPTS[0], max_tokens=0)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
 
+
+def test_tokenizer_info_is_vllms_shape_and_lm_eval_reads_its_tokenizer_from_it(stack, tiny_model_dir):
+    from lm_eval.utils import RemoteTokenizer, check_remote_tokenizer_support
+    from transformers import AutoTokenizer
+
+    info = httpx.get(f"{stack.http}/tokenizer_info", timeout=30)
+    assert info.status_code == 200, info.text
+    info = info.json()
+    local = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert (info["eos_token"], info["bos_token"], info["pad_token"]) == (local.eos_token, local.bos_token,
+                                                                          local.pad_token)
+    assert info["chat_template"] == local.chat_template and info["tokenizer_class"] == type(local).__name__
+    assert info["name_or_path"] == MODEL and "vocab_file" not in info
+    base = f"{stack.http}/v1/completions"
+    assert check_remote_tokenizer_support(base)
+    remote = RemoteTokenizer(base)
+    assert remote.eos_token_id == local.eos_token_id and remote.bos_token_id == local.bos_token_id
+    text = "Question: What is the capital of France?\nAnswer: Paris"
+    assert remote.encode(text) == local(text, add_special_tokens=False)["input_ids"]
+    assert httpx.get(f"{stack.http}/tokenizer_info", params={"model": "nope"}, timeout=30).status_code == 404
