@@ -219,7 +219,9 @@ class Engine:
         except Exception:
             log.exception("event=step_failed chunks=%d decodes=%d", len(chunks), sum(c.decodes for c in chunks))
             return updates + self.finisher.fail([c.seq.request_id for c in chunks])
-        return updates + self.outputs.process(sampled, tokens, logprobs, kept)
+        # A prompt only scored ends where a token would have been sampled: its scores are complete.
+        scored = [self.outputs.prompt_scored(c.seq) for c in chunks if c.samples and c.seq.scores_only]
+        return updates + scored + self.outputs.process(sampled, tokens, logprobs, kept)
 
     def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
         """Step until `stop` is set, handing every step's updates to `on_updates`."""
@@ -306,7 +308,7 @@ class Engine:
                 continue
             elif c.samples:
                 at += 1
-            if c.samples:
+            if c.samples and not c.seq.scores_only:
                 sampled.append(c.seq)
                 rows.append(at - 1)
         if scored:

@@ -3,9 +3,10 @@ then the draft tokens its row kept (engine/speculation.py), one update per token
 the step sampled them.
 
 An update carries the token, the text it releases, its logprobs when asked, and on a sequence's
-first update the prompt's logprobs when asked. Whether the sequence ends with the token
-(`stop_reason`) and the ending (the `Finisher`) are engine/finishing.py's; a sequence that ends
-takes none of its further kept draft tokens.
+first update the prompt's logprobs when asked. A sequence that takes no token (max_tokens 0: a
+prompt only scored) gets one update, without a token, that carries them and ends it. Whether the
+sequence ends with the token (`stop_reason`) and the ending (the `Finisher`) are engine/finishing.py's;
+a sequence that ends takes none of its further kept draft tokens.
 """
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ class OutputProcessor:
                 updates.append(update)
         return updates
 
+    def prompt_scored(self, seq: Sequence) -> SequenceUpdate:
+        """seq takes no token (max_tokens 0): its prompt's logprobs are complete, and it ends
+        "length" with an update that carries them and no token."""
+        update = SequenceUpdate(seq.request_id, None, None, "", prompt_tokens=len(seq.prompt_ids), choice=seq.choice)
+        self._attach_prompt_logprobs(seq, update)
+        return self.finisher.finish(seq, FinishReason.LENGTH, update)
+
     def _take(self, seq: Sequence, token: int, entry: dict | None, now: float) -> tuple[SequenceUpdate, FinishReason | None]:
         """seq takes `token`: its update, and why seq ends with it (None: it goes on)."""
         if seq.timing.first_token is None:
@@ -52,13 +60,17 @@ class OutputProcessor:
         reason, text = stop_reason(seq, token, self.eos_ids, self.context_length)
         update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
                                 prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)
-        if seq.prompt_logprobs is not None:  # its first update: the prompt's logprobs go with it
-            # The first prompt token has no score (nothing precedes it), but its text is part of the
-            # prompt an `echo` shows: it gets an entry without a logprob.
-            first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None,
-                     "top": []}
-            update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
-            seq.prompt_logprobs = None
+        self._attach_prompt_logprobs(seq, update)
         if reason is not None:
             self.finisher.finish(seq, reason, update)
         return update, reason
+
+    def _attach_prompt_logprobs(self, seq: Sequence, update: SequenceUpdate) -> None:
+        """On seq's first update, when asked: the prompt's logprobs go with it (once)."""
+        if seq.prompt_logprobs is None:
+            return
+        # The first prompt token has no score (nothing precedes it), but its text is part of the
+        # prompt an `echo` shows: it gets an entry without a logprob.
+        first = {"token": self.token_texts[seq.prompt_ids[0]], "id": seq.prompt_ids[0], "logprob": None, "top": []}
+        update.prompt_logprobs = [first] + [seq.prompt_logprobs[i] for i in range(1, len(seq.prompt_ids))]
+        seq.prompt_logprobs = None

@@ -23,6 +23,8 @@ class FinishReason(str, Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
+    # 0: the prompt is only scored (prompt_logprobs); the sequence ends once its prompt is
+    # computed, with no token sampled (evaluation harnesses' `echo` with `max_tokens: 0`).
     max_tokens: int = 128
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
@@ -140,6 +142,11 @@ class Sequence:
         """Whether every prompt position's logits are wanted (prompt_logprobs not yet sent): its
         prompt is computed whole, never taken from the prefix cache."""
         return self.prompt_logprobs is not None
+
+    @property
+    def scores_only(self) -> bool:
+        """Whether it takes no token at all (max_tokens 0): its prompt is scored, then it ends."""
+        return self.params.max_tokens == 0
 
     @property
     def num_tokens(self) -> int:

@@ -276,6 +276,11 @@ def _check_further_fields(params: GenerateParams, rid: str) -> None:
     if any(t < 0 for t in params.stop_token_ids):
         raise ProtocolError("invalid_field", "`stop_token_ids` must be token ids (integers >= 0)", rid,
                             "stop_token_ids")
+    if params.max_tokens == 0 and (params.prompt_logprobs is None or params.n != 1):
+        # vLLM's rule: no answer at all is only asked to score the prompt (an evaluation harness's
+        # `echo` with `max_tokens: 0`), once.
+        raise ProtocolError("invalid_field", "`max_tokens` must be at least 1; 0 only scores the prompt (with "
+                            "`echo` and `logprobs`, or `prompt_logprobs`) and needs `n` 1", rid, "max_tokens")
     if params.max_tokens is not None and params.min_tokens > params.max_tokens:
         raise ProtocolError("invalid_field", f"`min_tokens` ({params.min_tokens}) must be at most `max_tokens` "
                             f"({params.max_tokens})", rid, "min_tokens")

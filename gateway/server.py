@@ -10,7 +10,7 @@ Rooms (each a sub-package; tests/test_floors.py keeps their order):
 - `doors/`, thin adapters, each reading its own wire format: `ws_door.py` with `ws_protocol.py`
   (/v1/ws), `http_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
   `responses_door.py` with `responses_schema.py`, `responses_render.py` and `response_store.py` (/v1/responses),
-  `embeddings.py` (/v1/embeddings), `tokenize_door.py` (/tokenize, /detokenize),
+  `embeddings.py` (/v1/embeddings), `tokenize_door.py` (/tokenize, /detokenize, /tokenizer_info),
   `utility_routes.py` (/health, /ping, /version), and the chat page (`static/`, served at /);
 - `batch/`: batch jobs (/v1/files, /v1/batches) run line by line through admission;
 - this module: the parts built and wired together (each door is handed what it uses; nothing
@@ -85,8 +85,8 @@ log = logging.getLogger("brigade.gateway")
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
 PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/embeddings",
-         "/v1/files",
-         "/v1/batches", "/tokenize", "/detokenize", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics"]
+         "/v1/files", "/v1/batches", "/tokenize", "/detokenize", "/tokenizer_info", "/health", "/ping", "/version",
+         "/healthz", "/readyz", "/metrics"]
 
 
 class Gateway:
@@ -268,6 +268,7 @@ class Gateway:
             Route("/v1/embeddings", self.embeddings_door.embeddings, methods=["POST"]),
             Route("/tokenize", self.tokenize_door.tokenize, methods=["POST"]),
             Route("/detokenize", self.tokenize_door.detokenize, methods=["POST"]),
+            Route("/tokenizer_info", self.tokenize_door.tokenizer_info),
             Route("/v1/files", self.batch_door.upload_file, methods=["POST"]),
             Route("/v1/files/{file_id}", self.batch_door.file),
             Route("/v1/files/{file_id}/content", self.batch_door.file_content),

@@ -135,6 +135,24 @@ def test_prompt_logprobs_are_collected_over_chunks_and_equal_the_scoring(tiny_en
         assert got[i]["logprob"] == pytest.approx(float(table[i - 1, PROMPT[i]]), abs=1e-4), i
 
 
+def test_max_tokens_0_scores_the_prompt_and_ends_without_sampling_a_token(tiny_engine_factory):
+    """An evaluation harness's `echo` with `max_tokens: 0`: the prompt's scores, chunk by chunk, the
+    same as a request that also takes a token; no token taken, no memory kept; a request beside it
+    in the same passes answers as it does alone."""
+    engine = tiny_engine_factory(max_batch=4, max_wait_ms=0, max_prefill_tokens=16)
+    alone = engine.generate([ask("alone", PROMPT[::-1], ignore_eos=True)])["alone"].token_ids
+    one = engine.generate([ask("one", PROMPT, prompt_logprobs=2, max_tokens=1)])["one"]
+    before = engine.tokens_generated
+    done = engine.generate([ask("zero", PROMPT, prompt_logprobs=2, max_tokens=0),
+                            ask("beside", PROMPT[::-1], ignore_eos=True)])
+    zero = done["zero"]
+    assert zero.token_ids == [] and zero.text == "" and zero.finish_reason == "length" and zero.completion_tokens == 0
+    assert zero.prompt_logprobs == one.prompt_logprobs and len(zero.prompt_logprobs) == len(PROMPT)
+    assert done["beside"].token_ids == alone
+    assert engine.tokens_generated - before == len(alone)  # the scored prompt took none
+    assert engine.kv.used_tokens == engine.prefix.cached_tokens and not engine.holds("zero")
+
+
 def test_logit_bias_of_100_forces_its_token(tiny):
     done = tiny.generate([ask("b", PROMPT, logit_bias=((777, 100.0),), temperature=0.8, seed=1)])["b"]
     assert done.token_ids == [777] * 6

@@ -64,11 +64,81 @@ def test_a_prompt_of_token_ids_as_harnesses_send_it_is_taken_and_echoed_from_its
     assert body["choices"][0]["text"] == "A bc!" and body["choices"][0]["logprobs"] is None
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], [1, "a"], [], [[]], [True, 1]])
-def test_several_prompts_or_mixed_ones_are_refused(prompt):
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]], [1, "a"], [], [[]], [True, 1], ["a", [1]]])
+def test_several_prompts_in_one_batch_line_or_mixed_ones_are_refused(prompt):
     with pytest.raises(ProtocolError) as err:
-        parse({"prompt": prompt}, chat=False)
+        parse({"prompt": prompt}, chat=False)  # a batch line's body: one prompt
     assert err.value.field in ("prompt", "prompt_ids") and oa.status_of(err.value.code) == 400
+
+
+def test_several_prompts_are_each_a_request_of_their_own_in_prompt_order():
+    asks = oa.parse_prompts({"prompt": ["One", "Two", "Three"], "echo": True, "logprobs": 1, "max_tokens": 1}, False,
+                            RULES, "x")
+    assert [cmd.prompt for cmd, _ in asks] == ["One", "Two", "Three"]
+    assert [opts.echo for _, opts in asks] == ["One", "Two", "Three"]
+    assert len({cmd.id for cmd, _ in asks}) == 3 and all(cmd.params.prompt_logprobs == 1 for cmd, _ in asks)
+    ids = oa.parse_prompts({"prompt": [[5, 6], [7, 8, 9]], "max_tokens": 1}, False, RULES, "x")
+    assert [cmd.prompt_ids for cmd, _ in ids] == [[5, 6], [7, 8, 9]]
+    for one in ({"prompt": [5, 6]}, {"prompt": [[5, 6]]}, {"prompt": ["One"]}, {"prompt": "One"}):
+        assert len(oa.parse_prompts({**one, "max_tokens": 1}, False, RULES, "x")) == 1
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": ["a", "b"], "stream": True}, "stream"),  # answered in one body, not streamed
+    ({"prompt": ["a", "b", "c"]}, "prompt"),  # over BRIGADE_MAX_PROMPTS_PER_REQUEST (2 here)
+    ({"prompt": ["a", ""]}, "prompt"),  # each prompt passes the rules
+])
+def test_several_prompts_refused_whole(body, field):
+    with pytest.raises(ProtocolError) as err:
+        oa.parse_prompts(body, False, RequestRules(Settings(max_prompts_per_request=2)), "x")
+    assert err.value.field == field and oa.status_of(err.value.code) == 400
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_and_is_refused_without_it():
+    for body in ({"prompt": "Hi there", "echo": True, "max_tokens": 0},
+                 {"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 0},
+                 {"prompt": "Hi there", "prompt_logprobs": 0, "max_tokens": 0}):
+        cmd, _ = parse(body, chat=False)
+        assert cmd.params.max_tokens == 0 and cmd.params.prompt_logprobs is not None
+    for body, field in (({"prompt": "Hi there", "max_tokens": 0}, "max_tokens"),
+                        ({"prompt": "Hi there", "echo": True, "max_tokens": 0, "n": 2}, "max_tokens"),
+                        ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens")):
+        with pytest.raises(ProtocolError) as err:
+            parse(body, chat="messages" in body)
+        assert (err.value.code, err.value.field) == ("invalid_field", field)
+
+
+def test_a_prompt_only_scored_is_echoed_with_its_scores_from_its_done_event():
+    entries = [{"token": "Hi", "id": 5, "logprob": None, "top": []},
+               {"token": " there", "id": 6, "logprob": -1.5, "top": [[" you", -0.5, 9]]}]
+    _, opts = parse({"prompt": "Hi there", "echo": True, "logprobs": 1, "max_tokens": 0}, chat=False)
+    done = Done("r", "length", {"prompt_tokens": 2, "completion_tokens": 0}, {}, prompt_logprobs=entries)
+    body = render.completion_body(opts, "r", render.Answer(), done, 0, "r")
+    choice = body["choices"][0]
+    assert choice["text"] == "Hi there" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5] and choice["logprobs"]["tokens"] == ["Hi", " there"]
+    assert choice["logprobs"]["top_logprobs"] == [None, {" you": -0.5}]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}
+    stream = _Stream(opts, "r")
+    chunks = list(stream.done(done, "r"))
+    assert chunks[0]["choices"][0]["text"] == "Hi there"
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.5]
+
+
+def test_several_prompts_answers_are_numbered_prompt_by_prompt_with_usage_summed():
+    asks = oa.parse_prompts({"prompt": ["A", "B"], "n": 2, "max_tokens": 1, "temperature": 1.0}, False, RULES, "x")
+    parts = []
+    for p, (cmd, opts) in enumerate(asks):
+        answer = render.Answer(2)
+        for c in range(2):
+            answer.add(Token(cmd.id, c, f"{'AB'[p]}{c}", choice=c, finish_reason="length"))
+        done = Done(cmd.id, "length", {"prompt_tokens": 3 + p, "completion_tokens": 2}, {}, finish_reasons=["length"] * 2)
+        parts.append((opts, answer, done, f"server-{p}"))
+    body = render.prompts_body(parts, "x", 0)
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "A0"), (1, "A1"), (2, "B0"), (3, "B1")]
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    assert [b["request_id"] for b in body["brigade"]["prompts"]] == ["server-0", "server-1"]
+    assert body["object"] == "text_completion" and body["id"] == "cmpl-x"
 
 
 @pytest.mark.parametrize("body, kind, value", [

@@ -91,6 +91,8 @@ def record_step(m: WorkerMetrics, step: list[StepShare]) -> None:
             elif interactive:
                 m.itl.observe(now - entry.last_token_at)
             entry.last_token_at = now
+        if done is not None and u.index is None and entry.queued.params.max_tokens == 0:
+            m.prompt_tokens.inc(u.prompt_tokens)  # a prompt only scored: prefilled, and no token follows
         if done is not None:
             m.lane_requests[entry.queued.lane].inc()
             # A continued request's broker wait would include its earlier run: count only its

@@ -118,4 +118,6 @@ def done_reply(entry: InFlight, u: SequenceUpdate, worker_name: str) -> ReplyEve
     return ReplyEvent(
         type="done", request_id=u.request_id, epoch=entry.epoch, finish_reason=u.finish_reason, usage=usage,
         timing=timing, finish_reasons=reasons,
+        # A prompt only scored (max_tokens 0) has no token event: its scores come with its end.
+        prompt_logprobs=u.prompt_logprobs if u.index is None else None,
     )

@@ -1,6 +1,7 @@
 """A worker's Prometheus metrics: what its engine did, served on the worker's own /metrics.
 
 Names and meanings follow vLLM's (`vllm:time_to_first_token_seconds` -> `brigade_time_to_first_token_seconds`),
+and the worker exposes vLLM's own names too, read from the same collectors (workers/vllm_metrics.py),
 every series labelled with the served model's name and registered version (`model`, `version`; the
 version is "" for a worker serving an unversioned folder); docs/metrics.md lists them. They live in
 this module's REGISTRY, not in prometheus_client's global one, so the worker exposes exactly
@@ -23,6 +24,8 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from workers.vllm_metrics import VllmNames
 
 log = logging.getLogger("brigade.worker")
 
@@ -130,6 +133,19 @@ class EngineGauges(Collector):
 
 _engine_gauges: EngineGauges | None = None
 _gauges_lock = threading.Lock()
+
+
+def _own_collectors() -> list[Collector]:
+    """The collectors whose families vLLM names too (workers/vllm_metrics.py), read at each scrape."""
+    own: list[Collector] = [TIME_TO_FIRST_TOKEN, TIME_PER_OUTPUT_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY,
+                            REQUEST_QUEUE_TIME, REQUEST_PREFILL_TIME, PROMPT_TOKENS, GENERATION_TOKENS,
+                            REQUEST_SUCCESS]
+    gauges = _engine_gauges
+    return own + ([gauges] if gauges is not None else [])
+
+
+# vLLM's names beside Brigade's: the same samples, not a second count.
+REGISTRY.register(VllmNames(_own_collectors))
 
 
 class WorkerMetrics:

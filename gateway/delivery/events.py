@@ -72,7 +72,8 @@ class Token:
 @dataclass(frozen=True)
 class Done:
     """The answer's end; `model` (and its version) named when the request was routed to one;
-    `finish_reasons`: each choice's, for n > 1. A cached answer's is marked, with its entry."""
+    `finish_reasons`: each choice's, for n > 1. A cached answer's is marked, with its entry. A
+    prompt only scored (max_tokens 0) ends with its `prompt_logprobs`."""
 
     client_id: str
     finish_reason: str
@@ -84,6 +85,8 @@ class Done:
     cached: CacheMark | None = None
     # A cached answer's entry: a client (`feedback`) or an operator (`brigade cache forget`) evicts it by this id.
     entry: str | None = None
+    # A prompt only scored (max_tokens 0): no token carried its prompt_logprobs, so its end does.
+    prompt_logprobs: list | None = None
 
     @classmethod
     def cancelled(cls, client_id: str) -> Done:
@@ -99,6 +102,8 @@ class Done:
             event.update(self.cached.wire(), entry=self.entry)
         if self.model:
             event.update(model=self.model, version=self.version)
+        if self.prompt_logprobs is not None:
+            event["prompt_logprobs"] = self.prompt_logprobs
         return event
 
 

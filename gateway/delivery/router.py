@@ -143,7 +143,8 @@ class ReplyRouter:
             return None  # already ended (a duplicate done, or a catch-up racing the live event)
         if event.type == "done":
             client_event: ClientEvent = Done(route.client_id, event.finish_reason or "stop", event.usage,
-                                             event.timing, route.model, route.version, event.finish_reasons)
+                                             event.timing, route.model, route.version, event.finish_reasons,
+                                             prompt_logprobs=event.prompt_logprobs)
         else:
             client_event = StreamError(route.client_id, event.code or "error", event.message or "")
         return Delivery(route, client_event, event, ended=True)

@@ -1,17 +1,30 @@
-"""Waiting on one answer's events at an HTTP door while watching for its client to leave: an HTTP
-client that goes away before its answer starts shows it only by the disconnect message."""
+"""Waiting on one request's answer at an HTTP door: admitted into a queue of its events (a cached
+answer's at once), read while watching for the client leaving (an HTTP client that goes away before
+its answer starts shows it only by the disconnect message), and a worker's error as a refusal."""
 from __future__ import annotations
 
 import asyncio
 
 from starlette.requests import Request
 
-from gateway.delivery.events import ClientEvent
+from gateway.admission.admission import Admission, Admitted
+from gateway.admission.lifecycle import Caller
+from gateway.delivery.events import ClientEvent, StreamError
 from gateway.delivery.router import AnswerQueue
+from gateway.protocol import Generate, ProtocolError
 
 
 class ClientGone(Exception):
-    pass
+    """The HTTP client went away before its answer was complete."""
+
+
+async def admit(admission: Admission, cmd: Generate, caller: Caller) -> tuple[Admitted, AnswerQueue]:
+    """Admit one request; its events (a cached answer's at once) wait in the queue returned."""
+    answer = AnswerQueue()
+    admitted = await admission.admit(cmd, caller, answer)
+    for event in admitted.cached:
+        answer.send(event)
+    return admitted, answer
 
 
 async def next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
@@ -29,3 +42,8 @@ async def next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
 async def disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def stream_error(event: StreamError) -> ProtocolError:
+    """A worker's error that ends a request before its answer began, as the door's refusal."""
+    return ProtocolError(event.code, event.message)

@@ -2,7 +2,8 @@
 
 A thin adapter: the body becomes a `Generate` (gateway/doors/openai_schema.py), the gateway admits it
 like any WebSocket request, and the request's typed events (gateway/delivery/events.py) are
-rendered as an OpenAI response. A streamed response starts only with the first token, so an
+rendered as an OpenAI response. A completions body with several prompts is a request per prompt,
+gathered into one body (gateway/doors/http_answers.py); it is not streamed. A streamed response starts only with the first token, so an
 error a worker reports before any token (a prompt past the context, a deadline) still gets its
 proper status; a failure after streaming began is sent as a last `data: {"error": ...}` event.
 A client that goes away cancels its request at once: an HTTP client cannot resume.
@@ -24,19 +25,18 @@ from gateway.admission.catalog import Catalog
 from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.delivery.events import ClientEvent, Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
+from gateway.doors import http_answers as answers
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
-from gateway.doors.answer_wait import ClientGone, disconnected, next_event
+from gateway.doors.answer_wait import ClientGone, admit, disconnected, next_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ProtocolError, RequestRules
+from gateway.protocol import Generate, ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 
 
-def _event_error(event: StreamError) -> ProtocolError:
-    return ProtocolError(event.code, event.message)
 
 
 class HttpDoor:
@@ -75,16 +75,16 @@ class HttpDoor:
         try:
             caller = await self.caller(request)
             body = await read_json(request, self.settings.max_message_bytes)
-            cmd, opts = oa.parse(body, chat, self.rules, client_id)
-            answer = AnswerQueue()
-            admitted = await self.admission.admit(cmd, caller, answer)
+            asks = oa.parse_prompts(body, chat, self.rules, client_id)
+            if len(asks) > 1:
+                return await self._several(request, caller, asks, client_id)
+            cmd, opts = asks[0]
+            admitted, answer = await admit(self.admission, cmd, caller)
         except ProtocolError as err:
             return error_response(err)
         except Exception:
             log.exception("event=http_request_failed")
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
-        for event in admitted.cached:
-            answer.send(event)
         rid = admitted.server_id or client_id
         # Until the response starts (streaming) or ends (not), the request's only sign of a client
         # that left is the disconnect message; StreamingResponse watches for it after that.
@@ -101,7 +101,7 @@ class HttpDoor:
         finally:
             gone.cancel()
         if isinstance(event, StreamError):
-            return error_response(_event_error(event), self.settings.retry_after_s)
+            return error_response(stream_error(event), self.settings.retry_after_s)
         headers = {"x-request-id": rid}
         if admitted.version:
             headers["x-brigade-model-version"] = admitted.version
@@ -112,6 +112,23 @@ class HttpDoor:
         body = render.completion_body(opts, rid, gathered, event, render.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
+
+    async def _several(self, request: Request, caller: Caller, asks: list[tuple[Generate, oa.Options]],
+                       client_id: str) -> Response:
+        """Several prompts of one completions body, each its own request (gateway/doors/http_answers.py),
+        answered in one body."""
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            parts = await answers.answer_prompts(asks, caller, self.admission, self.lifecycle, gone)
+        except ClientGone:
+            return Response(status_code=499)
+        except ProtocolError as err:
+            return error_response(err, self.settings.retry_after_s)
+        finally:
+            gone.cancel()
+        body = render.prompts_body([(p.opts, p.answer, p.done, p.admitted.server_id) for p in parts], client_id,
+                                   render.now())
+        return JSONResponse(body, headers={"x-request-id": client_id})
 
     async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: ClientEvent,
                       request_id: str | None):
@@ -130,7 +147,7 @@ class HttpDoor:
                     return
                 elif isinstance(event, StreamError):
                     ended = True
-                    err = _event_error(event)
+                    err = stream_error(event)
                     yield _sse(oa.error_body(err.code, err.message, err.field))
                     yield "data: [DONE]\n\n"
                     return
@@ -193,10 +210,17 @@ class _Stream:
             yield self._chunk([render.chunk_choice(self.opts, index, message["content"], True, scored,
                                                    calls=message.get("tool_calls"))])
         elif not self.started[index]:  # an empty answer still opens the assistant's message
-            yield self._chunk([render.chunk_choice(self.opts, index, "", True)])
+            text, scored = "", None
+            if self.opts.echo is not None:  # a prompt only scored (max_tokens 0): its echo, and its scores
+                text = render.echo_text(self.opts, self.answer)
+                scored = (self.answer.prompt_logprobs or []) if self.opts.logprobs else None
+            yield self._chunk([render.chunk_choice(self.opts, index, text, True, scored)])
         yield self._chunk([render.chunk_choice(self.opts, index, finish=finish)], extra=extra)
 
     def done(self, event: Done, request_id: str | None):
+        self.answer.end(event)
+        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
+            self.prompt_scores = event.prompt_logprobs
         extra = render.brigade_extra(event, request_id)
         open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
         for i in open_choices:

@@ -49,6 +49,11 @@ class Answer:
             choice.finish_reason = token.finish_reason
         return choice
 
+    def end(self, done: Done) -> None:
+        """The answer's end: a prompt only scored (max_tokens 0) brings its prompt's scores with it."""
+        if done.prompt_logprobs is not None:
+            self.prompt_logprobs = done.prompt_logprobs
+
 
 def response_id(chat: bool, rid: str) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
@@ -152,6 +157,7 @@ def message_of(opts: Options, text: str, finish: str | None) -> tuple[dict, str 
 
 
 def completion_body(opts: Options, rid: str, answer: Answer, done: Done, created: int, request_id: str | None) -> dict:
+    answer.end(done)
     choices = []
     for index, choice in enumerate(answer.choices):
         finish = choice_finish(done, index)
@@ -174,6 +180,26 @@ def completion_body(opts: Options, rid: str, answer: Answer, done: Done, created
         body["prompt_logprobs"] = vllm_prompt_logprobs(answer.prompt_logprobs or [])
     body["brigade"] = brigade_extra(done, request_id)
     return body
+
+
+def prompts_body(parts: list[tuple[Options, Answer, Done, str | None]], rid: str, created: int) -> dict:
+    """Several prompts' answers (options, answer, end, server id: in prompt order) in one completions
+    body, numbered as OpenAI and vLLM number them: prompt p's choice c is choice p * n + c; the
+    usage is their sum; vLLM's `prompt_logprobs` go in each choice (as vLLM's completions put them),
+    and Brigade's account of each prompt under `brigade.prompts`."""
+    bodies = [completion_body(opts, rid, answer, done, created, request_id)
+              for opts, answer, done, request_id in parts]
+    choices = []
+    for p, ((opts, *_), body) in enumerate(zip(parts, bodies)):
+        for choice in body["choices"]:
+            choice["index"] += p * opts.n
+            if "prompt_logprobs" in body:
+                choice["prompt_logprobs"] = body["prompt_logprobs"]
+            choices.append(choice)
+    usage = {name: sum(b["usage"][name] for b in bodies) for name in ("prompt_tokens", "completion_tokens",
+                                                                       "total_tokens")}
+    return {"id": bodies[0]["id"], "object": "text_completion", "created": created, "model": bodies[0]["model"],
+            "choices": choices, "usage": usage, "brigade": {"prompts": [b["brigade"] for b in bodies]}}
 
 
 # ---- stream chunks -----------------------------------------------------------------------------------

@@ -220,7 +220,9 @@ def _echo(body: dict, sampling: dict, prompt: dict) -> str | None:
     if body.get("prompt_logprobs") is None:
         if "logprobs" in sampling:
             sampling["prompt_logprobs"] = sampling["logprobs"]
-        elif "prompt_ids" in prompt:  # the echoed text is read from the prompt tokens' own entries
+        elif "prompt_ids" in prompt or _same(sampling.get("max_tokens"), 0):
+            # the echoed text is read from the prompt tokens' own entries; `max_tokens: 0` (pure
+            # scoring, as vLLM allows it with echo) is a request for the prompt's scores
             sampling["prompt_logprobs"] = 0
     if "prompt_ids" in prompt:
         return ECHO_TOKENS
@@ -337,15 +339,50 @@ def _calls(calls: Any, i: int) -> list[dict]:
 
 def _prompt(prompt: Any) -> tuple[str, Any]:
     """(the protocol's field, its value): one text, or one prompt of token ids (as evaluation harnesses
-    send them: `[1, 2, 3]` or `[[1, 2, 3]]`). Several prompts in one body are refused."""
+    send them: `[1, 2, 3]` or `[[1, 2, 3]]`). Several prompts are split before (`parse_prompts`): here
+    they are a batch line's, which takes one."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if _token_ids(prompt):
         return "prompt_ids", prompt
+    if _several(prompt) is not None:
+        raise ProtocolError("unsupported_field", "`prompt` holds several prompts: a batch line takes one (POST "
+                            "/v1/completions answers several in one request)", None, "prompt")
     if isinstance(prompt, list):
-        raise ProtocolError("unsupported_field", "`prompt` must be one prompt: a string or a list of token ids "
-                            "(several prompts in one request are not supported: send one request per prompt)",
-                            None, "prompt")
+        raise ProtocolError("invalid_field", "`prompt` must be a string, a list of token ids, or a list of "
+                            "several of either", None, "prompt")
     return "prompt", prompt
+
+
+def _token_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                              for t in prompt)
+
+
+def _several(prompt: Any) -> list | None:
+    """The prompts of a `prompt` that holds more than one (strings, or lists of token ids, as OpenAI
+    and vLLM take them); None for one prompt, or for a list that is neither."""
+    if not isinstance(prompt, list) or len(prompt) < 2 or _token_ids(prompt):
+        return None
+    if all(isinstance(p, str) for p in prompt) or all(_token_ids(p) for p in prompt):
+        return prompt
+    return None
+
+
+def parse_prompts(body: Any, chat: bool, rules: RequestRules, client_id: str) -> list[tuple[Generate, Options]]:
+    """A body -> one request per prompt, in prompt order: a completions body may carry several
+    prompts, each read (`parse`) and admitted as a request of its own (gateway/doors/http_answers.py
+    gathers them); every other body is one request."""
+    prompts = None if chat or not isinstance(body, dict) else _several(body.get("prompt"))
+    if prompts is None:
+        return [parse(body, chat, rules, client_id)]
+    if body.get("stream"):
+        raise _unsupported("stream", "with several prompts is not supported: their answers come in one body "
+                           "(`stream: false`), or send one streamed request per prompt")
+    limit = rules.settings.max_prompts_per_request
+    if len(prompts) > limit:
+        raise _invalid("prompt", f"holds {len(prompts)} prompts; at most {limit} in one request "
+                       "(BRIGADE_MAX_PROMPTS_PER_REQUEST)")
+    return [parse({**body, "prompt": p}, chat, rules, f"{client_id}-{i}") for i, p in enumerate(prompts)]
 
 

@@ -28,7 +28,7 @@ from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import responses_render as render
 from gateway.doors import responses_schema as rs
-from gateway.doors.answer_wait import ClientGone, disconnected, next_event
+from gateway.doors.answer_wait import ClientGone, admit, disconnected, next_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.doors.response_store import ResponseStore, StoredResponse
@@ -67,15 +67,12 @@ class ResponsesDoor:
             body = await read_json(request, self.settings.max_message_bytes)
             previous = await self._previous(body, self._owner(caller))
             cmd, opts = rs.parse(body, self.rules, client_id, previous)
-            answer = AnswerQueue()
-            admitted = await self.admission.admit(cmd, caller, answer)
+            admitted, answer = await admit(self.admission, cmd, caller)
         except ProtocolError as err:
             return error_response(err)
         except Exception:
             log.exception("event=responses_request_failed")
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
-        for event in admitted.cached:
-            answer.send(event)
         response_id, created = render.new_id(), render.now()
         owner = self._owner(caller)
         headers = {"x-request-id": admitted.server_id or client_id}
@@ -105,7 +102,7 @@ class ResponsesDoor:
         finally:
             gone.cancel()
         if isinstance(event, StreamError):
-            return error_response(ProtocolError(event.code, event.message), self.settings.retry_after_s)
+            return error_response(stream_error(event), self.settings.retry_after_s)
         if opts.stream:
             return StreamingResponse(self._stream(response_id, opts, created, answer, event, admitted, owner),
                                      media_type="text/event-stream",

@@ -1,4 +1,5 @@
-"""vLLM's `POST /tokenize` and `POST /detokenize`, with the served model's own tokenizer.
+"""vLLM's `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`, with the served model's own
+tokenizer.
 
 A prompt or chat messages in, the token ids the engine would run out; ids in, text out. Messages
 go through the same translation and checks as a chat completion (openai_schema.chat_messages,
@@ -7,6 +8,11 @@ then the rules every door shares: gateway/protocol.py), and are rendered by the 
 a chat answer's `usage.prompt_tokens` for the same messages. Each model version's tokenizer files
 are read from its folder on this machine (catalog.folder), once, off the event loop; a fast
 tokenizer is not safe to share between threads, so each has a lock.
+
+`/tokenizer_info` is the tokenizer's configuration as vLLM gives it (its `tokenizer_config.json`
+as loaded: special tokens as their text, the chat template, `tokenizer_class`): with it and
+/tokenize, an evaluation harness (lm-evaluation-harness's `tokenizer_backend=remote`) tokenizes
+with the server instead of downloading the tokenizer from a hub by the model's name.
 
 Bodies are checked here without a socket (`parse_tokenize`, `parse_detokenize`); unknown fields are
 refused as the rest of the OpenAI door refuses them. Keys are checked as for /v1/models.
@@ -116,6 +122,17 @@ class ModelTokenizer:
             strs = self.tokenizer.convert_ids_to_tokens(ids) if ask.return_token_strs else None
         return ids, strs
 
+    def info(self, model: str) -> dict[str, Any]:
+        """vLLM's /tokenizer_info: the tokenizer's configuration as loaded, JSON-ready, file paths
+        left out and the folder's path named by the model it serves."""
+        config = {k: _plain(v) for k, v in (getattr(self.tokenizer, "init_kwargs", None) or {}).items()
+                  if k not in ("vocab_file", "merges_file", "tokenizer_file")}
+        config["name_or_path"] = model
+        config["tokenizer_class"] = type(self.tokenizer).__name__
+        if self.tokenizer.chat_template:
+            config["chat_template"] = self.tokenizer.chat_template
+        return config
+
     def detokenize(self, tokens: list[int]) -> str:
         with self._lock:
             size = len(self.tokenizer)
@@ -158,6 +175,17 @@ class TokenizeDoor:
         except Exception:
             return _failed("detokenize")
 
+    async def tokenizer_info(self, request: Request) -> Response:
+        try:
+            await self.auth.authenticate(request.headers.get("authorization"))
+            model, version = self.catalog.resolve(request.query_params.get("model"))
+            tokenizer = await self._tokenizer(model, version)
+            return JSONResponse(tokenizer.info(model))
+        except ProtocolError as err:
+            return error_response(err)
+        except Exception:
+            return _failed("describe the tokenizer of")
+
     async def _checked_body(self, request: Request) -> Any:
         await self.auth.authenticate(request.headers.get("authorization"))
         return await read_json(request, self.settings.max_message_bytes)
@@ -172,6 +200,19 @@ class TokenizeDoor:
                                     f"(looked in {folder or 'the model store'})", None, "model")
             self._tokenizers[key] = await asyncio.to_thread(ModelTokenizer, folder)
         return self._tokenizers[key]
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer setting as JSON: a special token (AddedToken) as its text, containers walked."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def _failed(what: str) -> Response:

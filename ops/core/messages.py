@@ -101,7 +101,8 @@ class GenerateParams(BaseModel):
 
     # strict: "0.5" is not a temperature; a client learns that at once instead of by surprise.
     model_config = ConfigDict(extra="forbid", strict=True)
-    max_tokens: Annotated[int | None, Field(None, ge=1), Role("always", door="own")]
+    # 0: the prompt only scored (prompt_logprobs), no token generated (gateway/protocol.py's rule)
+    max_tokens: Annotated[int | None, Field(None, ge=0), Role("always", door="own")]
     temperature: Annotated[float | None, Field(None, ge=0.0, le=2.0), Role("always")]
     top_p: Annotated[float | None, Field(None, gt=0.0, le=1.0), Role("sampled")]
     top_k: Annotated[int | None, Field(None, ge=0, le=1000), Role("sampled")]  # the door reads vLLM's -1 as 0
@@ -236,7 +237,8 @@ class ReplyEvent(BaseModel):
     text: str | None = None
     # logprobs asked: {"token": text, "id": token id, "logprob": float, "top": [[text, logprob, id], ...]}
     logprobs: dict | None = None
-    # prompt_logprobs asked, on the first token event: one entry per prompt token (the first has no logprob)
+    # prompt_logprobs asked, on the first token event (or on the done event of a request that took no
+    # token: max_tokens 0): one entry per prompt token (the first has no logprob)
     prompt_logprobs: list | None = None
     finish_reason: str | None = None
     finish_reasons: list[str] | None = None  # done of an n > 1 request: each choice's

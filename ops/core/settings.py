@@ -236,6 +236,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 300
     # Overload: refuse new work past this queue depth (messages waiting for a worker).
     max_queue_depth: int = 1000
+    # Prompts in one /v1/completions request (an evaluation harness's batch): each is a request of
+    # its own through admission, so this bounds what one body fans out to (vLLM's bound is 1024).
+    max_prompts_per_request: int = 128
     # A client that disconnects may resume on a new connection within this time; after it, the
     # gateway cancels the abandoned requests.
     resume_grace_s: float = 15.0
