@@ -13,6 +13,7 @@ import time
 import httpx
 import openai
 import pytest
+import redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -302,8 +303,12 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_the_
 def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_answer_ends(doors):
     key = create_key(doors.store_url, max_concurrent=1)
     client = doors.client(doors.strict, key)
-    for _ in range(2):  # one miss, then the same answer from the cache; each ends and frees the slot
-        client.chat.completions.create(**_chat("Name a color.", max_tokens=4))
+    stored = redis.Redis.from_url(doors.store_url)
+    entries = stored.zcard(keys.CACHE_LRU)
+    client.chat.completions.create(**_chat("Name a color.", max_tokens=4))  # a miss; it ends and frees the slot
+    # The answer is stored just after the client has it: the same request is a hit once it is there.
+    wait_until(lambda: stored.zcard(keys.CACHE_LRU) > entries, 10, what="the answer in the cache")
+    client.chat.completions.create(**_chat("Name a color.", max_tokens=4))  # the same answer, from the cache
 
     async def usage():
         r = async_client(doors.store_url)
