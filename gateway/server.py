@@ -60,6 +60,7 @@ from gateway.batch.batch_runner import BatchRunner
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
+from gateway.doors.held_models import HeldModelAdmission
 from gateway.doors.http_door import HttpDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
@@ -133,7 +134,8 @@ class Gateway:
         self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
-        self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
+        self.embeddings_door = EmbeddingsDoor(settings, self.auth, HeldModelAdmission(settings, limiter,
+                                                                                      self.lifecycle, spawn))
 
     # ---- health ------------------------------------------------------------------------------------
 
