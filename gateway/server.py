@@ -62,6 +62,7 @@ from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
 from gateway.doors.held_models import HeldModelAdmission
 from gateway.doors.http_door import HttpDoor
+from gateway.doors.rerank_door import RerankDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
@@ -83,7 +84,8 @@ log = logging.getLogger("brigade.gateway")
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
 PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/files",
-         "/v1/batches", "/tokenize", "/detokenize", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics"]
+         "/v1/batches", "/tokenize", "/detokenize", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics",
+         "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score"]
 
 
 class Gateway:
@@ -134,8 +136,10 @@ class Gateway:
         self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
-        self.embeddings_door = EmbeddingsDoor(settings, self.auth, HeldModelAdmission(settings, limiter,
-                                                                                      self.lifecycle, spawn))
+        # Answered by the cache's models, here: embeddings, rerank and score.
+        held = HeldModelAdmission(settings, limiter, self.lifecycle, spawn)
+        self.embeddings_door = EmbeddingsDoor(settings, self.auth, held)
+        self.rerank_door = RerankDoor(settings, self.auth, held)
 
     # ---- health ------------------------------------------------------------------------------------
 
@@ -246,6 +250,7 @@ class Gateway:
         self.lifecycle.use_cache(cache)
         self.audits.use_cache(cache)
         self.embeddings_door.use_embedder(cache.embedder)
+        self.rerank_door.use_models(cache.embedder, cache.pair_model)
         return cache
 
     def app(self) -> Starlette:
@@ -258,6 +263,8 @@ class Gateway:
             Route("/v1/completions", http.completions, methods=["POST"]),
             Route("/v1/models", http.models),
             Route("/v1/embeddings", self.embeddings_door.embeddings, methods=["POST"]),
+            *[Route(p, self.rerank_door.rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank", "/v2/rerank")],
+            *[Route(p, self.rerank_door.score, methods=["POST"]) for p in ("/v1/score", "/score")],
             Route("/tokenize", self.tokenize_door.tokenize, methods=["POST"]),
             Route("/detokenize", self.tokenize_door.detokenize, methods=["POST"]),
             Route("/v1/files", self.batch_door.upload_file, methods=["POST"]),

@@ -23,6 +23,7 @@ from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
 from tests.openai_doors import MODEL, QUESTION, Doors, _chat, _running, _scrape, _value
 from tests.openai_endpoint_cases import *  # noqa: F401,F403  (its tests run on this module's stack)
+from tests.rerank_cases import *  # noqa: F401,F403  (likewise)
 from tests.services import create_key, http_status, wait_until
 
 LONG = "Write a very long and detailed essay about the history of the Roman Empire."
