@@ -136,10 +136,11 @@ class Gateway:
         self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
-        # Answered by the cache's models, here: embeddings, rerank and score.
+        # Answered by the cache's models, here: embeddings, rerank and score, listed in /v1/models.
         held = HeldModelAdmission(settings, limiter, self.lifecycle, spawn)
         self.embeddings_door = EmbeddingsDoor(settings, self.auth, held)
         self.rerank_door = RerankDoor(settings, self.auth, held)
+        self.catalog.list_beside(self.embeddings_door.card, self.rerank_door.card)
 
     # ---- health ------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
-"""/v1/rerank (also /rerank, /v2/rerank) and /v1/score (also /score), over real HTTP on the
-OpenAI-door stack (tests/test_openai_api.py imports these tests so that they run on its one
-module-scoped stack: `open` holds the cache's real models, `strict` wants keys, `full` runs
-without the cache). Not collected on its own (no test_ prefix)."""
+"""/v1/rerank (also /rerank, /v2/rerank), /v1/score (also /score) and the models /v1/models lists,
+over real HTTP on the OpenAI-door stack (tests/test_openai_api.py imports these tests so that they
+run on its one module-scoped stack: `open` holds the cache's real models, `strict` wants keys,
+`full` runs without the cache). Not collected on its own (no test_ prefix)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ import pytest
 
 from gateway.admission.api_keys import KeyStore
 from ops.core.redis_clients import async_client
-from tests.openai_doors import _scrape, _value
+from tests.openai_doors import MODEL, _scrape, _value
 from tests.services import create_key, wait_until
 
 RERANKER = "brigade-pair-model"
@@ -183,3 +183,16 @@ def test_rerank_and_score_requests_are_counted_in_the_gateways_metrics(doors):
     assert delta("brigade_rerank_requests_total", outcome="served", **cosine) == 1
     assert delta("brigade_rerank_pairs_total", outcome="served", **cosine) == 2
 
+
+def test_models_lists_the_chat_model_first_then_the_embedding_model_and_the_reranker_with_their_kinds(doors):
+    cards = httpx.get(f"http://127.0.0.1:{doors.open}/v1/models", timeout=10).json()["data"]
+    assert [(c["id"], c["kind"]) for c in cards] == [(MODEL, "generate"), (EMBEDDER, "embedding"),
+                                                     (RERANKER, "rerank")]
+    assert all(c["object"] == "model" and c["owned_by"] == "brigade" and isinstance(c["created"], int) for c in cards)
+    embedding, reranker = cards[1], cards[2]
+    assert (embedding["max_model_len"], embedding["dimensions"]) == (256, 384)
+    assert "/v1/embeddings" in embedding["endpoints"] and "/v1/rerank" in reranker["endpoints"]
+    assert reranker["max_model_len"] == 128
+    # Without the cache, neither model is held, so neither is listed.
+    bare = httpx.get(f"http://127.0.0.1:{doors.full}/v1/models", timeout=10).json()["data"]
+    assert [(c["id"], c["kind"]) for c in bare] == [(MODEL, "generate")]

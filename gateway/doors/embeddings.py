@@ -4,7 +4,7 @@ way (unit length, so a dot product is the cosine).
 
 The model is named as the cache's embedding model is (`all-MiniLM-L6-v2`, or the folder name of
 BRIGADE_EMBEDDING_MODEL; `sentence-transformers/NAME` too); another name is `model_not_found`.
-It is not listed in `GET /v1/models`, whose cards are the generation models the fleet serves.
+`GET /v1/models` lists it after the generation models, its card's kind `embedding` (`card()`).
 
 A gateway started without the cache (BRIGADE_CACHE_ENABLED=false) has no embedder and answers
 `unavailable` (503) saying so, rather than loading one on the first request: a cache-off gateway
@@ -128,6 +128,12 @@ class EmbeddingsDoor:
     def use_embedder(self, embedder: "Embedder") -> None:
         self.embedder = embedder
 
+    def card(self) -> dict | None:
+        """Its `GET /v1/models` card, once the model is loaded (a gateway without the cache has none)."""
+        if self.embedder is None:
+            return None
+        return {"id": self.name, "kind": "embedding", "max_model_len": int(self.embedder.model.max_seq_length),
+                "dimensions": self.embedder.dim, "endpoints": ["/v1/embeddings", "/v1/score", "/v1/rerank"]}
 
     async def embeddings(self, request: Request) -> Response:
         started = time.perf_counter()

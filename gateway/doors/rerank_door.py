@@ -47,6 +47,9 @@ class RerankDoor:
     def use_models(self, embedder: "Embedder", pair_model: "PairModel | None") -> None:
         self.models.use(embedder, pair_model)
 
+    def card(self) -> dict | None:
+        return self.models.card()
+
     async def rerank(self, request: Request) -> Response:
         return await self._serve(request, "rerank")
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from cache.pair_model import MAX_TOKENS
 from gateway.doors.embeddings import embedding_model_name
 from gateway.protocol import ProtocolError
 from ops.core.settings import Settings
@@ -95,3 +96,10 @@ class ScoringModels:
                                 "or its weights failed to load: the log says event=pair_model_unavailable); "
                                 f"{self.embedding} scores by cosine", None, "model")
         return PairScorer(self.reranker, self.pair_model, batch)
+
+    def card(self) -> dict | None:
+        """The reranker's `GET /v1/models` card, once its model is loaded."""
+        if self.pair_model is None:
+            return None
+        return {"id": self.reranker, "kind": "rerank", "max_model_len": MAX_TOKENS,
+                "endpoints": ["/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score"]}
