@@ -184,7 +184,7 @@ def paired(pair: Ranked, embedding: Ranked) -> dict:
     only_embedding = sum(a != 1 and b == 1 for a, b in both)
     return {"both_first": sum(a == 1 and b == 1 for a, b in both), "only_pair_model_first": only_pair,
             "only_embedding_model_first": only_embedding, "neither_first": sum(a != 1 and b != 1 for a, b in both),
-            "exact_p": round(sign_test(only_pair, only_embedding), 6)}
+            "exact_p": float(f"{sign_test(only_pair, only_embedding):.3g}")}
 
 
 def sign_test(wins: int, losses: int) -> float:
