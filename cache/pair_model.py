@@ -115,8 +115,20 @@ class PairModel:
 
         One order only (question first): training showed each pair in a random order, and a second
         pass per candidate would double the lookup's cost for little."""
-        if not candidates:
+        return self.score_pairs([question] * len(candidates), candidates)
+
+    def score_pairs(self, firsts: list[str], seconds: list[str]) -> np.ndarray:
+        """Probability that each `firsts[i]` and `seconds[i]` ask the same thing, in one forward pass."""
+        if not firsts:
             return np.zeros(0, dtype=np.float32)
         with self._lock, self.torch.inference_mode():
-            logits = self.logits([question] * len(candidates), candidates)
+            logits = self.logits(firsts, seconds)
         return (1.0 / (1.0 + np.exp(-logits.float().numpy()))).astype(np.float32)
+
+    def token_counts(self, firsts: list[str], seconds: list[str]) -> list[int]:
+        """The word pieces the model reads of each pair (special tokens in, cut to MAX_TOKENS as
+        `encode` cuts them): the usage a rerank or score request is charged. Under the lock: a fast
+        tokenizer called from two threads at once with different settings fails ("Already borrowed")."""
+        with self._lock:
+            ids = self.tokenizer(firsts, seconds, truncation="longest_first", max_length=MAX_TOKENS)["input_ids"]
+        return [len(row) for row in ids]

@@ -47,6 +47,15 @@ EMBEDDING_INPUTS = Counter("brigade_embedding_inputs_total", "Texts in /v1/embed
                            "outcome", ["model", "outcome"], registry=REGISTRY)
 EMBEDDING_SECONDS = Histogram("brigade_embedding_request_seconds", "Seconds from a served /v1/embeddings request's "
                               "arrival to its response (key, limits, embedding)", ["model"], registry=REGISTRY)
+RERANK_REQUESTS = Counter("brigade_rerank_requests_total", "POST /v1/rerank and /v1/score requests, by model, api "
+                          "(rerank, score) and outcome (served, refused: the caller's error or limit, unavailable, "
+                          "failed)", ["model", "api", "outcome"], registry=REGISTRY)
+RERANK_PAIRS = Counter("brigade_rerank_pairs_total", "Pairs scored or asked for in /v1/rerank (a query and a "
+                       "document) and /v1/score requests, by the request's outcome", ["model", "api", "outcome"],
+                       registry=REGISTRY)
+RERANK_SECONDS = Histogram("brigade_rerank_request_seconds", "Seconds from a served /v1/rerank or /v1/score "
+                           "request's arrival to its response (key, limits, scoring)", ["model", "api"],
+                           registry=REGISTRY)
 DEAD_LETTERS = Gauge("brigade_dead_letter_queue_length", "Requests in the dead-letter list", registry=REGISTRY)
 
 

@@ -61,9 +61,11 @@ from gateway.batch.batch_runner import BatchRunner
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
+from gateway.doors.held_models import HeldModelAdmission
 from gateway.doors.http_door import HttpDoor
 from gateway.doors.response_store import ResponseStore
 from gateway.doors.responses_door import ResponsesDoor
+from gateway.doors.rerank_door import RerankDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
@@ -85,8 +87,8 @@ log = logging.getLogger("brigade.gateway")
 WS_PATH = "/v1/ws"
 STATIC = Path(__file__).resolve().parent / "static"
 PATHS = ["/", WS_PATH, "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/v1/embeddings",
-         "/v1/files", "/v1/batches", "/tokenize", "/detokenize", "/tokenizer_info", "/health", "/ping", "/version",
-         "/healthz", "/readyz", "/metrics"]
+         "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score", "/v1/files", "/v1/batches", "/tokenize",
+         "/detokenize", "/tokenizer_info", "/health", "/ping", "/version", "/healthz", "/readyz", "/metrics"]
 
 
 class Gateway:
@@ -139,7 +141,11 @@ class Gateway:
         self.batch_door = BatchDoor(settings, self.auth, jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
-        self.embeddings_door = EmbeddingsDoor(settings, self.auth, limiter, self.lifecycle, spawn)
+        # Answered by the cache's models, here: embeddings, rerank and score, listed in /v1/models.
+        held = HeldModelAdmission(settings, limiter, self.lifecycle, spawn)
+        self.embeddings_door = EmbeddingsDoor(settings, self.auth, held)
+        self.rerank_door = RerankDoor(settings, self.auth, held)
+        self.catalog.list_beside(self.embeddings_door.card, self.rerank_door.card)
 
     # ---- health ------------------------------------------------------------------------------------
 
@@ -250,6 +256,7 @@ class Gateway:
         self.lifecycle.use_cache(cache)
         self.audits.use_cache(cache)
         self.embeddings_door.use_embedder(cache.embedder)
+        self.rerank_door.use_models(cache.embedder, cache.pair_model)
         return cache
 
     def app(self) -> Starlette:
@@ -266,6 +273,8 @@ class Gateway:
             Route("/v1/responses/{response_id}/cancel", self.responses_door.cancel, methods=["POST"]),
             Route("/v1/models", http.models),
             Route("/v1/embeddings", self.embeddings_door.embeddings, methods=["POST"]),
+            *[Route(p, self.rerank_door.rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank", "/v2/rerank")],
+            *[Route(p, self.rerank_door.score, methods=["POST"]) for p in ("/v1/score", "/score")],
             Route("/tokenize", self.tokenize_door.tokenize, methods=["POST"]),
             Route("/detokenize", self.tokenize_door.detokenize, methods=["POST"]),
             Route("/tokenizer_info", self.tokenize_door.tokenizer_info),

@@ -23,6 +23,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import redis.asyncio as aioredis
 
@@ -64,6 +65,7 @@ class Catalog:
         self._last_served: dict[tuple[str, str], float] = {}  # (model, version) -> when last seen live
         self._defaults: dict[str, SamplingDefaults] = {}
         self._random = random.Random()
+        self._held: tuple[Callable[[], dict | None], ...] = ()  # cards of the models the gateway holds itself
 
     # ---- keeping up -------------------------------------------------------------------------------
 
@@ -203,9 +205,15 @@ class Catalog:
             return self.settings.model_dir if model == self.settings.model_name else None
         return registry.local_folder(entry, self.settings.store_dir)
 
+    def list_beside(self, *cards: Callable[[], dict | None]) -> None:
+        """Models the gateway answers with itself (the embedding model, the reranker), listed after
+        the fleet's: each callable gives its card, or None while its model is not loaded."""
+        self._held = cards
+
     def cards(self) -> list[dict]:
         """`GET /v1/models`: every model with a live worker, with its versions (OpenAI's shape, plus
-        Brigade's fields: versions, stable, route, sampling defaults, context length)."""
+        Brigade's fields: kind, versions, stable, route, sampling defaults, context length); then
+        the models the gateway holds itself (`list_beside`), each with its kind."""
         out = []
         for model in sorted(self.live):
             entries = {e.version: e for e in self.snapshot.versions(model)}
@@ -223,11 +231,14 @@ class Catalog:
             if context is None:
                 context = next((v["max_model_len"] for v in versions if v["max_model_len"]), None)
             created = min((int(e.added_at) for e in entries.values()), default=self.created)
-            out.append({"id": model, "object": "model", "created": created, "owned_by": "brigade",
+            out.append({"id": model, "object": "model", "created": created, "owned_by": "brigade", "kind": "generate",
                         "max_model_len": context if context is not None else self._context_of_folder(model),
                         "stable": stable, "versions": versions,
                         "route": route.model_dump(exclude={"model"}) if route else None,
                         "sampling_defaults": self.defaults_for(model).model_dump(exclude={"sources"})})
+        held = (card() for card in self._held)
+        out += [{"id": c.pop("id"), "object": "model", "created": self.created, "owned_by": "brigade", **c}
+                for c in held if c is not None]
         return out
 
     def max_model_len(self, model: str) -> int | None:

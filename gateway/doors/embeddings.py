@@ -4,16 +4,16 @@ way (unit length, so a dot product is the cosine).
 
 The model is named as the cache's embedding model is (`all-MiniLM-L6-v2`, or the folder name of
 BRIGADE_EMBEDDING_MODEL; `sentence-transformers/NAME` too); another name is `model_not_found`.
-It is not listed in `GET /v1/models`, whose cards are the generation models the fleet serves.
+`GET /v1/models` lists it after the generation models, its card's kind `embedding` (`card()`).
 
 A gateway started without the cache (BRIGADE_CACHE_ENABLED=false) has no embedder and answers
 `unavailable` (503) saying so, rather than loading one on the first request: a cache-off gateway
 is kept free of torch and the model (hundreds of MB, seconds to load), and a lazy load would
 stall that first request and every cache-off gateway's memory plan.
 
-A request is admitted like a chat request: the caller's key, its per-key limits (one request
-against rpm and max_concurrent; its tokens are charged as usage and against tpm once it is
-answered). The inputs are embedded in one batched call, off the event loop.
+A request is admitted like a chat request (gateway/doors/held_models.py): the caller's key, its
+per-key limits, its tokens charged once it is answered. The inputs are embedded in one batched
+call, off the event loop.
 """
 from __future__ import annotations
 
@@ -25,23 +25,18 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import metrics
-from gateway.admission.api_keys import ApiKey
 from gateway.admission.auth import Authenticator
-from gateway.admission.lifecycle import RequestLifecycle
-from gateway.admission.limits import KeyLimiter
-from gateway.doors import openai_schema as oa
+from gateway.doors.held_models import HeldModelAdmission, outcome_of
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import ProtocolError
-from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -122,24 +117,23 @@ def response_body(name: str, vectors: np.ndarray, tokens: int, as_base64: bool) 
     return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def _outcome(err: ProtocolError) -> str:
-    status = oa.status_of(err.code)
-    return "unavailable" if status == 503 else "failed" if status >= 500 else "refused"
-
-
 class EmbeddingsDoor:
-    def __init__(self, settings: Settings, auth: Authenticator, limiter: KeyLimiter, lifecycle: RequestLifecycle,
-                 spawn: Callable):
+    def __init__(self, settings: Settings, auth: Authenticator, admission: HeldModelAdmission):
         self.settings = settings
         self.auth = auth
-        self.limiter = limiter
-        self.lifecycle = lifecycle  # settles a key's usage (and frees its slot) once answered
-        self._spawn = spawn
+        self.admission = admission
         self.name = embedding_model_name(settings)
         self.embedder: Embedder | None = None  # the cache's, once it has loaded
 
     def use_embedder(self, embedder: "Embedder") -> None:
         self.embedder = embedder
+
+    def card(self) -> dict | None:
+        """Its `GET /v1/models` card, once the model is loaded (a gateway without the cache has none)."""
+        if self.embedder is None:
+            return None
+        return {"id": self.name, "kind": "embedding", "max_model_len": int(self.embedder.model.max_seq_length),
+                "dimensions": self.embedder.dim, "endpoints": ["/v1/embeddings", "/v1/score", "/v1/rerank"]}
 
     async def embeddings(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -150,23 +144,21 @@ class EmbeddingsDoor:
             embedder = self._embedder()
             ask = parse_embeddings(body, self.name, embedder.dim, self.settings)
             inputs = len(ask.inputs)
-            await self._within_limits(key, rid)
+            await self.admission.within_limits(key, rid, self.name)
             try:
                 content = await asyncio.to_thread(_answer, embedder, ask, self.name)
             except BaseException:
-                if key is not None:
-                    self._spawn(self.lifecycle.release_slot(key.id, rid))
+                self.admission.release(key, rid)
                 raise
         except ProtocolError as err:
-            self._count(_outcome(err), inputs)
+            self._count(outcome_of(err), inputs)
             return error_response(err)  # Retry-After only where a retry can succeed (limits, Redis)
         except Exception:
             log.exception("event=embeddings_failed request_id=%s", rid)
             self._count("failed", inputs)
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
         body, tokens = content
-        if key is not None:
-            self._spawn(self.lifecycle.settle_usage(key.id, rid, {"prompt_tokens": tokens}, cache_hit=False))
+        self.admission.settle(key, rid, tokens)
         self._count("served", inputs)
         metrics.EMBEDDING_SECONDS.labels(self.name).observe(time.perf_counter() - started)
         return Response(body, media_type="application/json", headers={"x-request-id": rid})
@@ -176,19 +168,6 @@ class EmbeddingsDoor:
             raise ProtocolError("unavailable", "this gateway runs without the answer cache, whose embedding model "
                                 "serves /v1/embeddings: start it with BRIGADE_CACHE_ENABLED=true", None, "model")
         return self.embedder
-
-    async def _within_limits(self, key: ApiKey | None, rid: str) -> None:
-        if key is None:
-            return
-        try:
-            refusal = await through_failover(lambda: self.limiter.admit(key, rid), self.settings.failover_budget_s)
-        except aioredis.RedisError:
-            raise ProtocolError("unavailable", "limits cannot be checked now; try again shortly",
-                                retry_after_s=self.settings.retry_after_s) from None
-        if refusal is not None:
-            log.info("event=rate_limited key=%s request_id=%s why=%r", key.id, rid, refusal.message)
-            metrics.RATE_LIMIT_REFUSALS.labels(self.name, refusal.limit).inc()
-            raise ProtocolError(refusal.code, refusal.message, retry_after_s=refusal.retry_after_s)
 
     def _count(self, outcome: str, inputs: int) -> None:
         metrics.EMBEDDING_REQUESTS.labels(self.name, outcome).inc()

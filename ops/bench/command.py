@@ -43,6 +43,7 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     _max_tokens(p, 128, "default 128")
 
     _add_cache_targets(targets, report)
+    _add_rerank_target(targets, report)
     _add_guided_target(targets, report)
     p = targets.add_parser("soak", parents=[report], help="many WebSocket clients for minutes against a fleet of "
                            "its own, a worker SIGKILLed every --kill-every seconds")
@@ -124,6 +125,23 @@ def _add_chaos_target(targets, report: argparse.ArgumentParser) -> None:
     _max_tokens(p, 16, "default 16")
 
 
+def _add_rerank_target(targets, report: argparse.ArgumentParser) -> None:
+    p = targets.add_parser("rerank", parents=[report], help="the embedding model's cosine against the pair model "
+                           "as rerankers on held-out labelled duplicates (QQP and the chat pairs): top-1, MRR, time "
+                           "per query (offline)")
+    p.add_argument("pairs", help='JSONL question pairs ({"q1", "q2", "duplicate"}; QQP): each held-out duplicate\'s '
+                   "q1 is a query, its q2 the true match")
+    p.add_argument("--queries", type=int, default=600, help="queries drawn from the held-out QQP duplicates "
+                   "(default 600; the chat pairs are used whole)")
+    p.add_argument("--distractors", type=int, default=9, help="nearest other questions per query (default 9)")
+    p.add_argument("--pool", type=int, default=8000, help="held-out QQP questions the distractors are chosen "
+                   "from (default 8000)")
+    p.add_argument("--seed", type=int, default=0, help="which queries and pool questions are drawn")
+    p.add_argument("--threads", type=int, help="torch threads (default BRIGADE_EMBEDDING_THREADS, as the gateway)")
+    p.add_argument("--timed", type=int, default=100, help="queries per pool embedded again whole, as a request "
+                   "would be, for the embedding model's time (default 100)")
+
+
 def _add_guided_target(targets, report: argparse.ArgumentParser) -> None:
     p = targets.add_parser("guided", parents=[report], help="guided decoding's token mask cost per token and "
                            "compile time, per spec kind, at batch 1 and 32 (offline: the tokenizer only)")
@@ -188,7 +206,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     bench = {"engine": _engine, "cache": _cache, "cache-replay": _cache_replay, "vetoes": _vetoes,
              "guards": _vetoes, "soak": _soak,
              "chaos": _chaos, "doors": _doors, "scale": _scale,
-             "quality": _quality, "guided": _guided}[args.target]
+             "quality": _quality, "guided": _guided, "rerank": _rerank}[args.target]
     report = bench(args, settings)
     if isinstance(report, int):  # an exit code: the flags were wrong, and it said why
         return report
@@ -300,6 +318,14 @@ def _vetoes(args, settings: Settings) -> dict:
     from ops.bench.vetoes import run
 
     return run(args.pairs, args.limit, args.generated)
+
+
+def _rerank(args, settings: Settings) -> dict:
+    from ops.bench.rerank import RerankBench, run
+
+    bench = RerankBench(args.pairs, args.queries, args.distractors, args.pool, args.seed,
+                        args.threads or settings.embedding_threads, args.timed)
+    return run(bench, settings, progress=lambda line: print(f"brigade bench rerank: {line}", file=sys.stderr))
 
 
 def _guided(args, settings: Settings) -> dict:

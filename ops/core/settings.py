@@ -295,6 +295,13 @@ class Settings(BaseSettings):
     # and characters in one input (the model reads its first 256 word pieces; more is cut).
     embedding_max_inputs: int = Field(default=2048, ge=1)
     embedding_max_input_chars: int = Field(default=16_384, ge=1)
+    # POST /v1/rerank and /v1/score (the pair model, or the embedding model's cosine): documents or
+    # pairs in one request, characters in one text (the pair model reads 128 word pieces of a pair,
+    # the embedding model 256 of a text; more is cut), and pairs per forward pass: each pass holds
+    # the model that the cache's lookups use too, so they get in between a large request's passes.
+    rerank_max_documents: int = Field(default=1000, ge=1)
+    rerank_max_text_chars: int = Field(default=16_384, ge=1)
+    rerank_batch_pairs: int = Field(default=32, ge=1)
 
     flower_host: str = "127.0.0.1"
     flower_port: int = 5555
