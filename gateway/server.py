@@ -63,9 +63,9 @@ from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
 from gateway.doors.held_models import HeldModelAdmission
 from gateway.doors.http_door import HttpDoor
+from gateway.doors.rerank_door import RerankDoor
 from gateway.doors.response_store import ResponseStore
 from gateway.doors.responses_door import ResponsesDoor
-from gateway.doors.rerank_door import RerankDoor
 from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
