@@ -316,7 +316,7 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
 def test_each_bench_target_takes_its_own_flags_and_refuses_the_others():
     targets = bench_targets()
     assert sorted(targets) == ["cache", "cache-replay", "chaos", "doors", "engine", "guards", "guided", "quality",
-                               "scale", "serve", "soak", "vetoes"]
+                               "rerank", "scale", "serve", "soak", "vetoes"]
     assert {"--n", "--compare", "--full", "--peer"} <= flags(targets["engine"])
     assert {"--clients", "--seconds", "--kill-every", "--kill-redis-primary"} <= flags(targets["soak"])
     assert {"--clients", "--sse-clients", "--batch-lines", "--kill-worker-every", "--kill-redis-primary",

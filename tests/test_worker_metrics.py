@@ -409,7 +409,10 @@ def test_a_worker_serving_a_version_names_it_in_every_series_and_in_its_heartbea
         families = {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
         assert {n for n in families if n.startswith("brigade_")} == HISTOGRAMS | GAUGES | COUNTERS
         samples = [s for f in families.values() for s in f.samples]
-        assert samples and all((s.labels["model"], s.labels["version"]) == (MODEL, "v7") for s in samples)
+        # vLLM's names of the same series label the model as vLLM does (`model_name`: workers/vllm_metrics.py).
+        assert samples and all((s.labels.get("model", s.labels.get("model_name")), s.labels["version"]) == (MODEL, "v7")
+                               for s in samples)
+        assert any(s.labels.get("model_name") == MODEL for s in samples)
         # The series a dashboard rates are there from the start, under the version's labels.
         reasons = {s.labels["finished_reason"] for s in families["brigade_request_success"].samples}
         assert reasons == {"stop", "length", "cancelled", "error"}
