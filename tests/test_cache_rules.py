@@ -29,6 +29,18 @@ def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
     assert lookalike_metrics(outcomes, point)["served_when_different"] == 1.0
     p = paraphrase_metrics(outcomes, point)
     assert (p["recall"], p["wrong"]) == (0.5, 0.25)
+    # Each rate with its one-sided 95% bound: 1 wrong of 4 bounds at 75.1%; 1 right of 3 hits, precision at 1.7%.
+    assert (p["wrong_upper95"], m["precision_lower95"]) == (0.7514, 0.017)
+
+
+def test_a_rates_upper_bound_is_clopper_pearsons_and_what_a_few_pairs_cannot_rule_out():
+    from ops.training.pair_model.bounds import upper_bound
+
+    assert round(upper_bound(0, 76), 4) == round(1 - 0.05 ** (1 / 76), 4) == 0.0387  # 0 of 76: still 3.9%
+    assert round(upper_bound(3, 150), 4) == 0.0509  # the held-out chat look-alikes of issue 42: 2.0%, bound 5.1%
+    assert upper_bound(0, 400) < 0.01 < upper_bound(0, 250)  # what "under 1%" needs: about 300 clean look-ups
+    assert upper_bound(5, 10) > upper_bound(5, 100) > 0.05  # more data, a tighter bound, never under the rate
+    assert upper_bound(0, 0) == upper_bound(7, 7) == 1.0
 
 
 def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):

@@ -9,6 +9,9 @@ q2 returns its own q1; a stored rewording labelled nowhere cannot be shown to be
 - duplicates (QQP): precision and recall of hits;
 - look-alikes (PAWS): the share of look-ups whose pair means something else that were served a
   stored answer at all;
+each wrong rate with its one-sided 95% upper bound beside it (bounds.py), and precision with its
+lower bound: on a few hundred pairs the bound, not the rate, is what the next set can be expected
+to stay under;
 - paraphrases (every pair a rewording, like GPTCache's documentation benchmark): recall, and the
   share of look-ups served another entry's answer.
 
@@ -26,6 +29,7 @@ from cache.answer_cache import reusable_for_rewordings
 from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import Item, VectorIndex
 from cache.store import answer_digest
+from ops.training.pair_model.bounds import upper_bound
 from ops.training.pair_model.pairs import Pair
 
 SWEEP = [0.8, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98]  # serve_cosine, the rest as tuned
@@ -98,6 +102,8 @@ def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
     recall = correct / duplicates if duplicates else 0.0
     return {
         "precision": round(precision, 4), "recall": round(recall, 4), "hits": len(hits), "pairs": len(outcomes),
+        # The precision the hits support with 95% confidence (one-sided; bounds.py).
+        "precision_lower95": round(1 - upper_bound(len(hits) - correct, len(hits)), 4) if hits else None,
         # Where the false hits come from: a duplicate's q2 served another stored question (often an
         # equally good rewording), or a pair labelled different.
         "false_hits_on_duplicates": sum(o.duplicate and c.entry_id != o.own_id for o, c in hits),
@@ -112,6 +118,7 @@ def lookalike_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
     own = sum((c := o.served(point)) is not None and c.entry_id == o.own_id for o in same)
     return {
         "served_when_different": round(served_different / len(different), 4) if different else 0.0,
+        "served_when_different_upper95": round(upper_bound(served_different, len(different)), 4),
         "different_lookups": len(different),
         "paraphrase_recall": round(own / len(same), 4) if same else 0.0,
     }
@@ -122,7 +129,8 @@ def paraphrase_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
     correct = sum(c is not None and c.entry_id == o.own_id for o, c in served)
     wrong = sum(c is not None and c.entry_id != o.own_id for o, c in served)
     n = len(outcomes)
-    return {"recall": round(correct / n, 4) if n else 0.0, "wrong": round(wrong / n, 4) if n else 0.0, "pairs": n}
+    return {"recall": round(correct / n, 4) if n else 0.0, "wrong": round(wrong / n, 4) if n else 0.0,
+            "wrong_upper95": round(upper_bound(wrong, n), 4), "pairs": n}
 
 
 def latency(ms: list[float]) -> dict:
