@@ -10,7 +10,9 @@ Rooms (each a sub-package; tests/test_floors.py keeps their order):
 - `doors/`, thin adapters, each reading its own wire format: `ws_door.py` with `ws_protocol.py`
   (/v1/ws), `http_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
   `responses_door.py` with `responses_schema.py`, `responses_render.py` and `response_store.py` (/v1/responses),
-  `embeddings.py` (/v1/embeddings), `tokenize_door.py` (/tokenize, /detokenize, /tokenizer_info),
+  `embeddings.py` (/v1/embeddings), `rerank_door.py` (/v1/rerank, /v1/score), `held_models.py` (keys
+  and limits of the requests answered with the models the gateway holds), `tokenize_door.py`
+  (/tokenize, /detokenize, /tokenizer_info),
   `utility_routes.py` (/health, /ping, /version), and the chat page (`static/`, served at /);
 - `batch/`: batch jobs (/v1/files, /v1/batches) run line by line through admission;
 - this module: the parts built and wired together (each door is handed what it uses; nothing

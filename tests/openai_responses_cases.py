@@ -135,6 +135,22 @@ def test_a_background_response_is_polled_to_its_end_or_cancelled_from_another_ga
                          what="the gathering gateway to store the cancelled response")
     assert stopped.status == "cancelled" and 2 < stopped.usage.output_tokens < 1500
     assert elsewhere.responses.cancel(long.id).status == "cancelled"  # again: answered as it is
+    # Deleted while it runs: it stops, and its gateway does not store it again at its end.
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="Write a very long story about a lighthouse.", background=True, max_output_tokens=1500,
+        temperature=0, extra_body={"cache": "off", "ignore_eos": True})
+    doomed, rid = raw.parse(), raw.headers["x-request-id"]
+    wait_until(lambda: stack.redis.client.xlen(keys.stream(rid)) > 2, timeout=60, what="its first tokens")
+    gone = client.responses.with_raw_response.delete(doomed.id)
+    assert gone.status_code == 200 and gone.http_response.json()["deleted"] is True
+
+    def ended() -> bool:
+        last = stack.redis.client.xrevrange(keys.stream(rid), count=1)
+        return bool(last) and '"done"' in next(iter(last[0][1].values()))
+    wait_until(ended, timeout=60, what="the deleted response's request to stop")
+    assert stack.redis.client.xlen(keys.stream(rid)) < 1500
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(doomed.id)
 
 
 def test_bad_bodies_and_impossible_cancels_get_named_errors(stack):

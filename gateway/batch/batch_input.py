@@ -109,18 +109,21 @@ def write_checked(path: str, checker: Checker, checked: Path) -> tuple[int, list
     errors), and how many were bad."""
     valid, bad, count_bad = 0, [], 0
     partial = checked.with_name(checked.name + ".part")
-    with open(path, "rb") as source, open(partial, "w", encoding="utf-8") as out:
-        for number, raw in enumerate(source, start=1):
-            result = checker.check(number, raw)
-            out.write(_verdict_json(number, result) + "\n")
-            if isinstance(result, BadLine):
-                count_bad += 1
-                if len(bad) < MAX_REASONS_SHOWN:
-                    bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
-                                "param": result.custom_id})
-            elif result is not None:
-                valid += 1
-    os.replace(partial, checked)
+    try:
+        with open(path, "rb") as source, open(partial, "w", encoding="utf-8") as out:
+            for number, raw in enumerate(source, start=1):
+                result = checker.check(number, raw)
+                out.write(_verdict_json(number, result) + "\n")
+                if isinstance(result, BadLine):
+                    count_bad += 1
+                    if len(bad) < MAX_REASONS_SHOWN:
+                        bad.append({"code": "invalid_line", "message": result.reason, "line": result.number,
+                                    "param": result.custom_id})
+                elif result is not None:
+                    valid += 1
+        os.replace(partial, checked)
+    finally:
+        partial.unlink(missing_ok=True)  # cut short: no half file stays behind
     return valid, bad, count_bad
 
 

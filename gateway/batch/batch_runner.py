@@ -145,6 +145,7 @@ class BatchRunner:
             job = await self.store.get(job_id)
             if job is None:  # expired
                 await self.store.forget_active(job_id)
+                self.store.checked_path(job_id).unlink(missing_ok=True)
                 return
             log.info("event=batch_job_taken job=%s state=%s written=%d", job_id, job["state"], job["written"])
             if job["state"] == "validating":

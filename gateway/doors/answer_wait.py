@@ -32,11 +32,14 @@ async def next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
     if not answer.events.empty():
         return answer.events.get_nowait()
     get = asyncio.ensure_future(answer.events.get())
-    await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if get.done():
-        return get.result()
-    get.cancel()
-    raise ClientGone()
+    try:
+        await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not get.done():  # the client left, or this wait was cancelled: nothing may wait on after it
+            get.cancel()
+    if get.cancelled():
+        raise ClientGone()
+    return get.result()
 
 
 async def disconnected(request: Request) -> None:

@@ -24,7 +24,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from starlette.responses import Response
 
 from gateway import metrics
 from gateway.admission.auth import Authenticator
-from gateway.doors.held_models import HeldModelAdmission, outcome_of
+from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, outcome_of
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import ProtocolError
@@ -45,12 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("brigade.gateway")
 
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
-DEFAULT_NAME = "all-MiniLM-L6-v2"
-
-
-def embedding_model_name(settings: Settings) -> str:
-    return Path(settings.embedding_model).name if settings.embedding_model else DEFAULT_NAME
-
 
 @dataclass(frozen=True)
 class EmbeddingAsk:

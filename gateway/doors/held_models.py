@@ -7,6 +7,7 @@ fails after admission frees its concurrency slot.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Callable
 
 import redis.asyncio as aioredis
@@ -19,6 +20,14 @@ from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
+
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the packaged embedding model's name, when no folder is set
+
+
+def embedding_model_name(settings: Settings) -> str:
+    """The name the embedding model is served under: its folder's, or the packaged model's."""
+    return Path(settings.embedding_model).name if settings.embedding_model else EMBEDDING_MODEL
+
 
 log = logging.getLogger("brigade.gateway")
 

@@ -3,10 +3,11 @@
 A thin adapter: the body becomes a `Generate` (gateway/doors/openai_schema.py), the gateway admits it
 like any WebSocket request, and the request's typed events (gateway/delivery/events.py) are
 rendered as an OpenAI response. A completions body with several prompts is a request per prompt,
-gathered into one body (gateway/doors/http_answers.py); it is not streamed. A streamed response starts only with the first token, so an
-error a worker reports before any token (a prompt past the context, a deadline) still gets its
-proper status; a failure after streaming began is sent as a last `data: {"error": ...}` event.
-A client that goes away cancels its request at once: an HTTP client cannot resume.
+gathered into one body (gateway/doors/http_answers.py); it is not streamed. A streamed response
+starts only with the first token, so an error a worker reports before any token (a prompt past the
+context, a deadline) still gets its proper status; a failure after streaming began is sent as a
+last `data: {"error": ...}` event. A client that goes away cancels its request at once: an HTTP
+client cannot resume.
 """
 from __future__ import annotations
 
@@ -35,8 +36,6 @@ from gateway.protocol import Generate, ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
-
-
 
 
 class HttpDoor:

@@ -72,7 +72,8 @@ ECHO_TOKENS = "\x00tokens"
 # Brigade's stable error codes -> HTTP status. Anything else a worker reports is a 500.
 STATUS = {
     "invalid_json": 400, "invalid_message": 400, "missing_field": 400, "invalid_field": 400, "unknown_field": 400,
-    "unsupported_field": 400, "content_blocked": 400, "prompt_too_long": 413, "context_overflow": 413,
+    "unsupported_field": 400, "content_blocked": 400, "invalid_request": 400, "empty_prompt": 400, "invalid_guide": 400,
+    "prompt_too_long": 413, "context_overflow": 413,
     "unauthorized": 401, "model_not_found": 404, "not_found": 404, "not_cancellable": 400, "rate_limited": 429,
     "overloaded": 503, "no_workers": 503,
     "unavailable": 503, "deadline_exceeded": 504,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from cache.pair_model import MAX_TOKENS
-from gateway.doors.embeddings import embedding_model_name
+from gateway.doors.held_models import embedding_model_name
 from gateway.protocol import ProtocolError
 from ops.core.settings import Settings
 

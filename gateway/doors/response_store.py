@@ -55,6 +55,9 @@ class ResponseStore:
         stored = StoredResponse(**json.loads(raw))
         return stored if stored.owner == owner else None
 
+    async def exists(self, response_id: str) -> bool:
+        return bool(await self.redis.exists(keys.response(response_id)))
+
     async def delete(self, response_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(keys.response(response_id))

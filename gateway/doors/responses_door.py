@@ -18,6 +18,7 @@ import logging
 import uuid
 from typing import Callable
 
+import redis.asyncio as aioredis
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -119,7 +120,7 @@ class ResponsesDoor:
         if not isinstance(ref, str):
             raise ProtocolError("invalid_field", "`previous_response_id` must be a string", None,
                                 "previous_response_id")
-        stored = await self.store.get(ref, owner)
+        stored = await self._read(ref, owner)
         if stored is None:
             raise ProtocolError("not_found", f"no stored response {ref[:64]!r} (never stored, deleted or expired)",
                                 None, "previous_response_id")
@@ -170,16 +171,21 @@ class ResponsesDoor:
                 event = await answer.events.get()
                 if isinstance(event, Token):
                     text.append(event.text)
-                elif isinstance(event, Done):
-                    await self._keep(render.finished(response_id, opts, created, "".join(text), event,
-                                                     admitted.request_id), opts, owner)
-                    return
-                elif isinstance(event, StreamError):
-                    await self._keep(render.failed(response_id, opts, created, event), opts, owner)
+                elif isinstance(event, (Done, StreamError)):
+                    whole = (render.finished(response_id, opts, created, "".join(text), event, admitted.request_id)
+                             if isinstance(event, Done) else render.failed(response_id, opts, created, event))
+                    if await self._still_stored(response_id):  # a DELETE meanwhile: not stored again
+                        await self._keep(whole, opts, owner)
                     return
         finally:
             self.gathering.pop(response_id, None)
             stored_end.set()
+
+    async def _still_stored(self, response_id: str) -> bool:
+        try:
+            return await self.store.exists(response_id)
+        except aioredis.RedisError:
+            return True  # unknown: keep the end (its put says whether Redis is back)
 
     async def retrieve(self, request: Request) -> Response:
         try:
@@ -196,7 +202,13 @@ class ResponsesDoor:
             stored = await self._stored(request)
         except ProtocolError as err:
             return error_response(err)
-        await self.store.delete(stored.id)
+        try:
+            await self.store.delete(stored.id)
+        except aioredis.RedisError:
+            return error_response(ProtocolError("unavailable", "the response could not be deleted now; try again "
+                                                 "shortly"), self.settings.retry_after_s)
+        if stored.response.get("status") in RUNNING:  # deleted while it runs: it stops, and (gone first) its
+            self._stop(stored)  # gatherer finds nothing to store its end in
         return JSONResponse({"id": stored.id, "object": "response.deleted", "deleted": True})
 
     async def cancel(self, request: Request) -> Response:
@@ -210,27 +222,43 @@ class ResponsesDoor:
             return error_response(err)
         if stored.response.get("status") not in RUNNING:
             return JSONResponse(stored.response)
+        stored_end = self._stop(stored)
+        if stored_end is not None:  # this gateway gathers it: the gatherer stores what was made by then
+            await stored_end.wait()
+            return JSONResponse((await self._read(stored.id, stored.owner) or stored).response)
+        # Another gateway's: its worker stops, and that gateway stores the end (writing it here too
+        # could overwrite an end it stored a moment ago).
+        return JSONResponse({**stored.response, "status": "cancelled"})
+
+    def _stop(self, stored: StoredResponse) -> asyncio.Event | None:
+        """A running background response stops: here, its route ends and its gatherer hears why
+        (the event returned is set once the gatherer stored the end); elsewhere, its worker stops."""
         here = self.gathering.get(stored.id)
-        if here is not None:  # this gateway gathers it: its route ends now, and the gatherer stores what it has
+        if here is not None:
             client_id, answer, stored_end = here
             self.lifecycle.cancel(stored.request_id, answer)
             answer.send(Done.cancelled(client_id))
-            await stored_end.wait()
-            return JSONResponse((await self.store.get(stored.id, stored.owner) or stored).response)
-        if stored.request_id is not None:  # another gateway's: its worker stops it, that gateway stores the end
+            return stored_end
+        if stored.request_id is not None:
             self.lifecycle.cancel(stored.request_id, None)
-        stored.response = {**stored.response, "status": "cancelled"}
-        await self.store.put(stored)
-        return JSONResponse(stored.response)
+        return None
 
     async def _stored(self, request: Request) -> StoredResponse:
         caller = await self._caller(request)
         response_id = request.path_params["response_id"]
-        stored = await self.store.get(response_id, self._owner(caller))
+        stored = await self._read(response_id, self._owner(caller))
         if stored is None:
             raise ProtocolError("not_found", f"no stored response {response_id[:64]!r} (never stored, deleted or "
                                 "expired)", None, "response_id")
         return stored
+
+
+    async def _read(self, response_id: str, owner: str) -> StoredResponse | None:
+        try:
+            return await self.store.get(response_id, owner)
+        except aioredis.RedisError:
+            raise ProtocolError("unavailable", "stored responses cannot be read now; try again shortly",
+                                retry_after_s=self.settings.retry_after_s) from None
 
 
 def _sse(event: dict) -> str:

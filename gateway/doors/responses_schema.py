@@ -91,8 +91,6 @@ def parse(body: Any, rules: RequestRules, client_id: str, previous: list[dict] |
     if oa._same(body.get("top_k"), -1):
         sampling["top_k"] = 0
     sampling["max_tokens"] = body.get("max_output_tokens")
-    stop = body.get("stop")
-    sampling["stop"] = [stop] if isinstance(stop, str) else stop
     sampling["guide"] = _guide(body.get("text"))
     conversation = list(previous or []) + input_messages(body.get("input"))
     instructions = body.get("instructions")

@@ -260,7 +260,7 @@ def run(bench: RerankBench, settings, progress: Callable[[str], None] = lambda _
 
     from cache.embedder import Embedder
     from cache.pair_model import PAIR_WEIGHTS, PairModel
-    from gateway.doors.embeddings import embedding_model_name
+    from gateway.doors.held_models import embedding_model_name
 
     torch.set_num_threads(bench.threads)
     rng = random.Random(bench.seed)
