@@ -209,3 +209,28 @@ def test_evidence_is_made_one_way_stamped_from_a_known_source_in_the_shape_redis
         observed("hunch", entry="e1", cosine=0.93, score=None, agreed=True)
     with pytest.raises(TypeError):  # positional numbers could be swapped unnoticed
         observed("audit", "e1", 0.93, 0.8, False)
+
+
+def test_chat_adversaries_are_thousands_of_each_kind_split_whole_by_source_and_as_committed():
+    import json
+    from collections import Counter
+
+    from ops.training.pair_model.chat_adversaries import DATA, KINDS, generate, split_of
+
+    pairs = generate()
+    kinds = Counter(p.kind for p in pairs)
+    assert sum(not p.duplicate for p in pairs) >= 3000 and kinds["rewording"] >= 3000
+    assert set(kinds) == set(KINDS) | {"rewording"} and min(kinds[k] for k in KINDS) >= 50, kinds
+    sides = {}
+    for p in pairs:
+        sides.setdefault(p.source, set()).add(split_of(p.source))
+    assert all(len(s) == 1 for s in sides.values())  # no filled question on two sides
+    for side in ("train", "tune", "test"):  # the committed files are the generator's, side by side
+        committed = [json.loads(line) for line in (DATA / f"chat_adversaries_{side}.jsonl").read_text().splitlines()]
+        assert committed == [p.to_json() for p in pairs if split_of(p.source) == side]
+        assert len(committed) > 1000
+    for p in pairs:
+        words1, words2 = set(p.q1.lower().split()), set(p.q2.lower().split())
+        assert p.q1 != p.q2 and (p.duplicate == (p.kind == "rewording"))
+        if p.duplicate:  # a rewording changes many words, not one
+            assert len(words1 ^ words2) >= 3, p
