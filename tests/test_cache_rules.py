@@ -31,6 +31,8 @@ def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
     assert (p["recall"], p["wrong"]) == (0.5, 0.25)
     # Each rate with its one-sided 95% bound: 1 wrong of 4 bounds at 75.1%; 1 right of 3 hits, precision at 1.7%.
     assert (p["wrong_upper95"], m["precision_lower95"]) == (0.7514, 0.017)
+    kinds = [Outcome(o.candidates, o.own_id, o.duplicate, kind) for o, kind in zip(outcomes, ("x", "x", "number", "x"))]
+    assert lookalike_metrics(kinds, point)["by_kind"] == {"number": {"served": 1, "of": 1, "rate": 1.0, "upper95": 1.0}}
 
 
 def test_a_rates_upper_bound_is_clopper_pearsons_and_what_a_few_pairs_cannot_rule_out():

@@ -42,6 +42,7 @@ class Outcome:
     candidates: list[Candidate]
     own_id: str
     duplicate: bool  # the pair's label
+    kind: str | None = None  # a generated look-alike's kind (direction, negation, ...), when the file says
 
     def served(self, point: OperatingPoint) -> Candidate | None:
         return choose(self.candidates, point)
@@ -80,7 +81,7 @@ def score_pairs(cache, pairs: list[Pair], point: OperatingPoint | None = None) -
         cache.embedder.embed_one(p.q2)  # timed as live: the asked question is embedded on the path
         candidates = cache.scored(p.q2, cache.candidates(index, p.q2, vectors[p.q2]), point)
         times.append((time.perf_counter() - started) * 1000)
-        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate))
+        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate, p.kind))
     return Scored(outcomes, times, len(index))
 
 
@@ -116,7 +117,16 @@ def lookalike_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
     same = [o for o in outcomes if o.duplicate]
     served_different = sum(o.served(point) is not None for o in different)
     own = sum((c := o.served(point)) is not None and c.entry_id == o.own_id for o in same)
+    by_kind: dict[str, list[int]] = {}
+    for o in different:
+        if o.kind is not None:
+            counts = by_kind.setdefault(o.kind, [0, 0])
+            counts[0] += o.served(point) is not None
+            counts[1] += 1
     return {
+        # Each kind of look-alike on its own: a target must hold for every kind, not on average.
+        **({"by_kind": {kind: {"served": k, "of": n, "rate": round(k / n, 4), "upper95": round(upper_bound(k, n), 4)}
+                        for kind, (k, n) in sorted(by_kind.items())}} if by_kind else {}),
         "served_when_different": round(served_different / len(different), 4) if different else 0.0,
         "served_when_different_upper95": round(upper_bound(served_different, len(different)), 4),
         "different_lookups": len(different),

@@ -19,6 +19,7 @@ class Pair:
     # eval then stores q1 for rewordings only when the live cache would give its answer a vector.
     answer: str | None = None
     finish_reason: str | None = None
+    kind: str | None = None  # a generated pair's kind (chat_adversaries.py), for rates by kind
 
 
 def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
@@ -31,8 +32,8 @@ def read_pairs(path: str | Path, limit: int | None = None) -> list[Pair]:
             rows = [Pair(str(d["origin"]), str(d["similar"]), True) for d in json.load(fh)]
             return rows[:limit] if limit is not None else rows
     rows = islice(numbered_rows(path), limit)  # the first `limit` rows only: a file may be large
-    return [Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"]), d.get("answer"), d.get("finish_reason"))
-            for _, d in rows]
+    return [Pair(str(d["q1"]), str(d["q2"]), bool(d["duplicate"]), d.get("answer"), d.get("finish_reason"),
+                 d.get("kind")) for _, d in rows]
 
 
 def split_of(pair: Pair) -> str:
