@@ -4,12 +4,13 @@ its answer starts shows it only by the disconnect message), and a worker's error
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from starlette.requests import Request
 
 from gateway.admission.admission import Admission, Admitted
 from gateway.admission.lifecycle import Caller
-from gateway.delivery.events import ClientEvent, StreamError
+from gateway.delivery.events import ClientEvent, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.protocol import Generate, ProtocolError
 
@@ -45,6 +46,21 @@ async def next_event(answer: AnswerQueue, gone: asyncio.Future) -> ClientEvent:
 async def disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def first_event(request: Request, answer: AnswerQueue, keep: Callable[[Token], object] | None) -> ClientEvent:
+    """The event a response starts with: the first of all for a stream (`keep` None), else the end,
+    each token before it handed to `keep`. Until then the request's only sign of a client that left
+    is the disconnect message (ClientGone); a streaming response watches for it after that."""
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        event = await next_event(answer, gone)
+        while keep is not None and isinstance(event, Token):
+            keep(event)
+            event = await next_event(answer, gone)
+        return event
+    finally:
+        gone.cancel()
 
 
 def stream_error(event: StreamError) -> ProtocolError:

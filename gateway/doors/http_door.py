@@ -29,7 +29,7 @@ from gateway.delivery.router import AnswerQueue
 from gateway.doors import http_answers as answers
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
-from gateway.doors.answer_wait import ClientGone, admit, disconnected, next_event, stream_error
+from gateway.doors.answer_wait import ClientGone, admit, disconnected, first_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import Generate, ProtocolError, RequestRules
@@ -85,20 +85,12 @@ class HttpDoor:
             log.exception("event=http_request_failed")
             return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
         rid = admitted.server_id or client_id
-        # Until the response starts (streaming) or ends (not), the request's only sign of a client
-        # that left is the disconnect message; StreamingResponse watches for it after that.
-        gone = asyncio.ensure_future(disconnected(request))
         gathered = render.Answer(opts.n)
-        try:
-            event = await next_event(answer, gone)
-            while isinstance(event, Token) and not opts.stream:  # an answer in one body: gathered first
-                gathered.add(event)
-                event = await next_event(answer, gone)
+        try:  # an answer in one body is gathered first
+            event = await first_event(request, answer, None if opts.stream else gathered.add)
         except ClientGone:
             self.lifecycle.abandon(admitted.request_id, answer)
             return Response(status_code=499)
-        finally:
-            gone.cancel()
         if isinstance(event, StreamError):
             return error_response(stream_error(event), self.settings.retry_after_s)
         headers = {"x-request-id": rid}

@@ -29,7 +29,7 @@ from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import responses_render as render
 from gateway.doors import responses_schema as rs
-from gateway.doors.answer_wait import ClientGone, admit, disconnected, next_event, stream_error
+from gateway.doors.answer_wait import ClientGone, admit, first_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.doors.response_store import ResponseStore, StoredResponse
@@ -90,18 +90,12 @@ class ResponsesDoor:
             self.gathering[response_id] = (client_id, answer, stored_end)
             self._spawn(self._gather(response_id, opts, created, answer, admitted, owner, stored_end))
             return JSONResponse(begun, headers=headers)
-        gone = asyncio.ensure_future(disconnected(request))
         text: list[str] = []
         try:
-            event = await next_event(answer, gone)
-            while isinstance(event, Token) and not opts.stream:
-                text.append(event.text)
-                event = await next_event(answer, gone)
+            event = await first_event(request, answer, None if opts.stream else lambda token: text.append(token.text))
         except ClientGone:
             self.lifecycle.abandon(admitted.request_id, answer)
             return Response(status_code=499)
-        finally:
-            gone.cancel()
         if isinstance(event, StreamError):
             return error_response(stream_error(event), self.settings.retry_after_s)
         if opts.stream:
