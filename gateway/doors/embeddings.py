@@ -32,6 +32,7 @@ from starlette.responses import Response
 
 from gateway import metrics
 from gateway.admission.auth import Authenticator
+from gateway.doors import openai_schema as oa
 from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, outcome_of
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
@@ -53,11 +54,7 @@ class EmbeddingAsk:
 
 def parse_embeddings(body: Any, name: str, dim: int, settings: Settings) -> EmbeddingAsk:
     """A body -> the texts to embed; what the model cannot do is refused naming the field."""
-    if not isinstance(body, dict):
-        raise ProtocolError("invalid_message", "the request body must be a JSON object")
-    unknown = sorted(set(body) - EMBEDDING_FIELDS)
-    if unknown:
-        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
+    body = oa.checked_body(body, EMBEDDING_FIELDS)
     model = body.get("model")
     if model is None:
         raise ProtocolError("missing_field", f"`model` is required; this gateway embeds with {name!r}", None, "model")

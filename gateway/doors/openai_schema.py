@@ -116,19 +116,28 @@ def _invalid(field: str, why: str) -> ProtocolError:
     return ProtocolError("invalid_field", f"`{field}` {why}", None, field)
 
 
-def parse(body: Any, chat: bool, rules: RequestRules, client_id: str) -> tuple[Generate, Options]:
-    """A body -> a `Generate`, read straight into the rules every door shares. Sampling fields the
-    body leaves out (or sends as null) stay unset: admission fills them for the version that runs."""
+def checked_body(body: Any, known: set[str], at_default: dict | None = None) -> dict:
+    """The checks every OpenAI-shaped body starts with: a JSON object, no unknown field (refused as
+    OpenAI does), and each field of `at_default` (name -> (the values that change nothing, why
+    another is refused)) at one of those values."""
     if not isinstance(body, dict):
         raise ProtocolError("invalid_message", "the request body must be a JSON object")
-    known = CHAT_FIELDS if chat else COMPLETION_FIELDS
     unknown = sorted(set(body) - known)
     if unknown:
         raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
-    for name, (fine, why) in ONLY_DEFAULT.items():
-        if name in body and not any(_same(body[name], f) for f in fine) and not (
-                name == "best_of" and _same(body[name], body.get("n"))):
+    for name, (fine, why) in (at_default or {}).items():
+        if name in body and not any(_same(body[name], f) for f in fine):
             raise _unsupported(name, why)
+    return body
+
+
+def parse(body: Any, chat: bool, rules: RequestRules, client_id: str) -> tuple[Generate, Options]:
+    """A body -> a `Generate`, read straight into the rules every door shares. Sampling fields the
+    body leaves out (or sends as null) stay unset: admission fills them for the version that runs."""
+    # best_of equal to n asks nothing more either
+    exempt = {"best_of"} if isinstance(body, dict) and _same(body.get("best_of"), body.get("n")) else set()
+    body = checked_body(body, CHAT_FIELDS if chat else COMPLETION_FIELDS,
+                        {k: v for k, v in ONLY_DEFAULT.items() if k not in exempt})
     special, why = SPECIAL_TOKENS[chat]
     if body.get("add_special_tokens") is not None and not _same(body["add_special_tokens"], special):
         raise _unsupported("add_special_tokens", why)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError
 from ops.core.settings import Settings
 
@@ -66,15 +67,7 @@ def _invalid(field: str, why: str) -> ProtocolError:
 
 def _common(body: Any, known: set[str]) -> str | None:
     """The checks both bodies share; the model asked for."""
-    if not isinstance(body, dict):
-        raise ProtocolError("invalid_message", "the request body must be a JSON object")
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
-    for field, (allowed, why) in AT_DEFAULT.items():
-        value = body.get(field)
-        if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
-            raise ProtocolError("unsupported_field", f"`{field}` {why}", None, field)
+    body = oa.checked_body(body, known, AT_DEFAULT)
     for field in ("user", "request_id", "cache_salt"):
         if body.get(field) is not None and not isinstance(body[field], str):
             raise _invalid(field, "must be a string")

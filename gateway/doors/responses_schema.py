@@ -69,14 +69,7 @@ def parse(body: Any, rules: RequestRules, client_id: str, previous: list[dict] |
           ) -> tuple[Generate, ResponseOptions]:
     """A body -> a `Generate` and its options; `previous`: the conversation `previous_response_id`
     names (its messages and its answer), which this input continues."""
-    if not isinstance(body, dict):
-        raise ProtocolError("invalid_message", "the request body must be a JSON object")
-    unknown = sorted(set(body) - FIELDS)
-    if unknown:
-        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
-    for name, (fine, why) in ONLY_DEFAULT.items():
-        if name in body and not any(oa._same(body[name], f) for f in fine):
-            raise _unsupported(name, why)
+    body = oa.checked_body(body, FIELDS, ONLY_DEFAULT)
     flags = {name: body.get(name) for name in ("stream", "store", "background")}
     for name, value in flags.items():
         if value is not None and not isinstance(value, bool):

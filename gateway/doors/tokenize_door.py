@@ -57,15 +57,6 @@ class TokenizeAsk:
     return_token_strs: bool
 
 
-def _refuse_unknown(body: Any, known: set[str]) -> dict:
-    if not isinstance(body, dict):
-        raise ProtocolError("invalid_message", "the request body must be a JSON object")
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise ProtocolError("unknown_field", f"unrecognized request argument {unknown[0]!r}", None, unknown[0])
-    return body
-
-
 def _flag(body: dict, name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
@@ -77,7 +68,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 def parse_tokenize(body: Any, rules: RequestRules) -> TokenizeAsk:
     """A /tokenize body -> what to tokenize, checked as a completion's prompt or messages are."""
-    body = _refuse_unknown(body, TOKENIZE_FIELDS)
+    body = oa.checked_body(body, TOKENIZE_FIELDS)
     chat = body.get("messages") is not None
     # exactly one of prompt and messages, the model known, lengths, tools (only beside messages)
     cmd = rules.generate("tokenize", sampling={}, model=body.get("model"), tools=body.get("tools"),
@@ -94,7 +85,7 @@ def parse_tokenize(body: Any, rules: RequestRules) -> TokenizeAsk:
 
 def parse_detokenize(body: Any, catalog: Catalog) -> tuple[str, str, list[int]]:
     """A /detokenize body -> (model, pinned version, token ids); ids are checked against the vocabulary later."""
-    body = _refuse_unknown(body, DETOKENIZE_FIELDS)
+    body = oa.checked_body(body, DETOKENIZE_FIELDS)
     model, version = catalog.resolve(body.get("model"))
     tokens = body.get("tokens")
     if tokens is None:
