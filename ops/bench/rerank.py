@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ops.training.pair_model.pairs import Pair, read_pairs, split_of
-from ops.training.pair_model.training import CHAT_TEST, CHAT_TUNE
+from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE
 
 POOLS = ("lexical", "embedding")
 # The model is chosen on the chat set's lexical pool: neither model was trained on those pairs and
@@ -98,7 +98,7 @@ def qqp_set(pairs: list[Pair]) -> LabelledSet:
     return LabelledSet(sources_of(held, queries), pool, pairs)
 
 
-def chat_set(paths: tuple[str, ...] = (CHAT_TUNE, CHAT_TEST)) -> LabelledSet:
+def chat_set(paths: tuple[str, ...] = (HAND_TUNE, HAND_TEST)) -> LabelledSet:
     pairs = [p for path in paths for p in read_pairs(path)]
     return LabelledSet(sources_of(pairs, pairs), sorted({text for p in pairs for text in (p.q1, p.q2)}), pairs)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from ops.cli_options import add_connection_options
 from ops.core.jsonl import JsonLinesError, numbered_rows
 from ops.core.settings import Settings
+from ops.training.pair_model.bounds import Targets
+from ops.training.pair_model.pairs import CHAT_TEST, CHAT_TUNE
 
 
 def _store(settings: Settings):
@@ -115,8 +117,6 @@ async def warm(settings: Settings, path: str, concurrency: int, url: str | None 
 
 
 PAIR_WEIGHTS_DEFAULT = Path(__file__).resolve().parents[2] / "cache" / "pair_model.safetensors"
-CHAT_DATA = Path(__file__).resolve().parents[2] / "ops" / "data"
-CHAT_TUNE, CHAT_TEST = str(CHAT_DATA / "chat_pairs_tune.jsonl"), str(CHAT_DATA / "chat_pairs_test.jsonl")
 
 
 async def forget(settings: Settings, entries: list[str], asked: str | None) -> int:
@@ -175,12 +175,13 @@ def run(args, settings: Settings) -> int:
         from ops.training.pair_model.training import Targets, train_verifier
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-        targets = Targets(args.max_lookalikes_served, args.max_paws_served, args.max_paraphrase_wrong)
+        targets = Targets(args.max_lookalikes_bound, args.max_kind_bound, args.max_paws_bound,
+                          args.max_paraphrase_wrong_bound)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
-                                chat_tune_file=args.chat_tune, chat_test_file=args.chat_test,
+                                chat_tune_files=args.chat_tune, chat_test_files=args.chat_test,
                                 init=Path(args.init) if args.init else None, lr=args.lr,
-                                chat_pairs_file=args.chat_pairs, resume=Path(args.resume) if args.resume else None,
+                                chat_pairs_files=args.chat_pairs or [], resume=Path(args.resume) if args.resume else None,
                                 checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
                                 train_only=args.train_only, chat_repeats=args.chat_repeats)
         print(json.dumps(report, indent=2))
@@ -221,22 +222,26 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     t.add_argument("--init", help="start from this trained pair-model file instead of the base model "
                                   "(a second round)")
-    t.add_argument("--chat-pairs", help="JSONL pairs trained on whole (already split by source: give the "
-                                        "train file, e.g. ops/data/chat_pairs_train.jsonl)")
+    t.add_argument("--chat-pairs", nargs="+", help="JSONL pair files trained on whole (already split by source: "
+                                                   "give train files, e.g. ops/data/chat_pairs_train.jsonl "
+                                                   "ops/data/chat_adversaries_train.jsonl)")
     t.add_argument("--chat-repeats", type=int, default=4, help="times each --chat-pairs pair is in the examples")
     t.add_argument("--max-duplicates", type=int, help="train on at most this many duplicate-file pairs")
     t.add_argument("--resume", help="checkpoint folder: saved to every --checkpoint-every steps, and "
                                     "continued from when it holds a checkpoint")
     t.add_argument("--checkpoint-every", type=int, default=500)
     t.add_argument("--train-only", action="store_true", help="train and save; leave the operating point alone")
-    t.add_argument("--chat-tune", default=CHAT_TUNE, help="chat rewordings and look-alikes the operating point "
-                                                           "is tuned on (split from --chat-test by source question)")
-    t.add_argument("--chat-test", default=CHAT_TEST, help="chat rewordings and look-alikes reported")
-    t.add_argument("--max-lookalikes-served", type=float, default=0.02,
-                   help="share of chat look-alikes the operating point may serve (tune file)")
-    t.add_argument("--max-paws-served", type=float, default=0.05,
-                   help="share of PAWS pairs that mean something else it may serve (tune split)")
-    t.add_argument("--max-paraphrase-wrong", type=float, default=0.025)
+    t.add_argument("--chat-tune", nargs="+", default=list(CHAT_TUNE), help="chat rewordings and look-alikes the "
+                   "operating point is tuned on (split from --chat-test by source question)")
+    t.add_argument("--chat-test", nargs="+", default=list(CHAT_TEST), help="chat rewordings and look-alikes reported")
+    targets = Targets()
+    t.add_argument("--max-lookalikes-bound", type=float, default=targets.max_lookalikes_bound,
+                   help="95%% upper bound the chat look-alikes served may reach (all kinds, tune files)")
+    t.add_argument("--max-kind-bound", type=float, default=targets.max_kind_bound,
+                   help="95%% upper bound each kind of chat look-alike served may reach on its own")
+    t.add_argument("--max-paws-bound", type=float, default=targets.max_paws_bound,
+                   help="95%% upper bound the PAWS pairs that mean something else served may reach (tune split)")
+    t.add_argument("--max-paraphrase-wrong-bound", type=float, default=targets.max_paraphrase_wrong_bound)
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
     for leaf in (s, c, f, t):  # t: the hard negatives users reported, when the cache's Redis answers

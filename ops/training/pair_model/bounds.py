@@ -8,6 +8,7 @@ Clopper and Pearson's exact bound: the largest p whose binomial chance of k or f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def _binomial_cdf(k: int, n: int, p: float) -> float:
@@ -37,3 +38,13 @@ def upper_bound(wrong: int, looked_up: int, confidence: float = 0.95) -> float:
         else:
             high = middle
     return high
+
+
+@dataclass(frozen=True)
+class Targets:
+    """One-sided 95% upper bounds, on the tune files, that a kept point's rates must stay under."""
+
+    max_lookalikes_bound: float = 0.02  # chat look-alikes (all kinds) served any answer
+    max_kind_bound: float = 0.05  # each kind of chat look-alike on its own (about 150 of each: 2 served bound at 4.2%)
+    max_paws_bound: float = 0.04  # PAWS pairs that mean something else, served any answer
+    max_paraphrase_wrong_bound: float = 0.05  # paraphrase look-ups served another entry's answer

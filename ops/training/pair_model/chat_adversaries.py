@@ -11,7 +11,12 @@ named by its kind:
 - number: another quantity;
 - role: who does what to whom swapped;
 - scope: all against some, a day against a year;
-- antonym: the opposite asked (increase and decrease, advantages and disadvantages).
+- antonym: the opposite asked (increase and decrease, advantages and disadvantages);
+- swap: two words of the question change places (PAWS-style; adversary_swaps.py).
+
+The families here are the first ones; adversary_kinds.py adds more of the kinds these had few of,
+adversary_swaps.py word swaps (and swaps that keep the meaning, as rewordings) and
+adversary_statements.py long statements (15 words and more).
 
 Sources are split whole into train, tune and test (by a hash of the source, 60/20/20), so no filled
 question is on two sides; the test split is for reporting only, never for choosing.
@@ -25,10 +30,12 @@ import hashlib
 import itertools
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym")
+from ops.training.pair_model import adversary_kinds, adversary_statements, adversary_swaps
+from ops.training.pair_model.adversary_pair import AdversaryPair, others, pairs_of
+
+KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym", "swap")
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Lisbon", "Vienna", "Prague", "Dublin", "Oslo", "Tokyo",
@@ -72,35 +79,12 @@ ANIMALS = [("cats", "see in the dark"), ("birds", "sing"), ("fish", "sleep"), ("
 SPANS = [("a week", "a year"), ("a day", "a month"), ("an hour", "a day"), ("a month", "ten years")]
 
 
-@dataclass(frozen=True)
-class AdversaryPair:
-    q1: str
-    q2: str
-    duplicate: bool
-    kind: str  # a look-alike's kind (KINDS), or "rewording"
-    source: str  # the filled question both come from: the split's unit
-
-    def to_json(self) -> dict:
-        return {"q1": self.q1, "q2": self.q2, "duplicate": self.duplicate, "kind": self.kind, "source": self.source}
-
-
-def _others(items: list, item, rng: random.Random, k: int) -> list:
-    return rng.sample([x for x in items if x != item], k)
-
-
-def _source(family: str, q1: str, rewordings: list[str], lookalikes: list[tuple[str, str]]) -> list[AdversaryPair]:
-    source = f"{family}:{q1}"
-    out = [AdversaryPair(q1, r, True, "rewording", source) for r in rewordings]
-    out += [AdversaryPair(q1, q2, False, kind, source) for kind, q2 in lookalikes]
-    return out
-
-
 def _flights(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(CITIES, 2):
-        c = _others(CITIES, b, rng, 1)[0]
+        c = others(CITIES, b, rng, 1)[0]
         q1 = f"How long is the flight from {a} to {b}?"
-        out += _source("flight", q1, [
+        out += pairs_of("flight", q1, [
             f"From {a}, how many hours does it take to fly to {b}?",
             f"What is the flying time of a {a} to {b} trip by plane?",
             f"If I fly out of {a}, how long until I land in {b}?"],
@@ -114,7 +98,7 @@ def _conversions(rng: random.Random) -> list[AdversaryPair]:
     for (x, y), n in itertools.product(UNITS, (3, 5, 10, 12, 20, 40, 75, 100, 150, 500)):
         m = rng.choice([v for v in (2, 4, 8, 15, 30, 60, 250) if v != n])
         q1 = f"How do I convert {n} {x} to {y}?"
-        out += _source("convert", q1, [
+        out += pairs_of("convert", q1, [
             f"What is {n} {x} in {y}?",
             f"Turn {n} {x} into {y} for me, please.",
             f"How many {y} are there in {n} {x}?"],
@@ -126,9 +110,9 @@ def _conversions(rng: random.Random) -> list[AdversaryPair]:
 def _capitals(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for country in COUNTRIES:
-        other = _others(COUNTRIES, country, rng, 1)[0]
+        other = others(COUNTRIES, country, rng, 1)[0]
         q1 = f"What is the capital of {country}?"
-        out += _source("capital", q1, [
+        out += pairs_of("capital", q1, [
             f"{country}'s capital is which city?",
             f"Which city serves as the capital of {country}?",
             f"Tell me the name of {country}'s capital city."],
@@ -141,10 +125,10 @@ def _capitals(rng: random.Random) -> list[AdversaryPair]:
 def _calories(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for food, grams in itertools.product(FOODS, (50, 80, 100, 200, 400)):
-        other = _others(FOODS, food, rng, 1)[0]
+        other = others(FOODS, food, rng, 1)[0]
         more = rng.choice([g for g in (25, 150, 300, 500) if g != grams])
         q1 = f"How many calories are in {grams} grams of {food}?"
-        out += _source("calories", q1, [
+        out += pairs_of("calories", q1, [
             f"What is the calorie count of {grams} g of {food}?",
             f"If I eat {grams} grams of {food}, how many calories is that?",
             f"Calories in a {grams} gram serving of {food}?"],
@@ -159,7 +143,7 @@ def _groups(rng: random.Random) -> list[AdversaryPair]:
     for kind, quality in GROUPS:
         q1 = f"Which {kind} are {quality}?"
         other_kind = rng.choice([k for k, _ in GROUPS if k != kind])
-        out += _source("group", q1, [
+        out += pairs_of("group", q1, [
             f"Can you list the {kind} that are {quality}?",
             f"Name some {kind} that are {quality}.",
             f"What are examples of {kind} that are {quality}?"],
@@ -175,7 +159,7 @@ def _measures(rng: random.Random) -> list[AdversaryPair]:
         for start, opposite in (("raise", "lower"), ("lower", "raise")):
             q1 = f"How can I {start} my {measure} quickly?"
             words = {"raise": ("increase", "bring up", "higher"), "lower": ("reduce", "bring down", "lower")}[start]
-            out += _source("measure", q1, [
+            out += pairs_of("measure", q1, [
                 f"What are fast ways to {words[0]} my {measure}?",
                 f"Any tips to {words[1]} my {measure} in a short time?",
                 f"I want a {words[2]} {measure} soon. What should I do?"],
@@ -188,9 +172,9 @@ def _measures(rng: random.Random) -> list[AdversaryPair]:
 def _languages(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for language, (short, long) in itertools.product(LANGUAGES, SPANS):
-        other = _others(LANGUAGES, language, rng, 1)[0]
+        other = others(LANGUAGES, language, rng, 1)[0]
         q1 = f"What is the best way to learn basic {language} in {short}?"
-        out += _source("language", q1, [
+        out += pairs_of("language", q1, [
             f"With only {short}, how should I study to pick up some basic {language}?",
             f"I have {short} to get the basics of {language}. What is the most effective approach?",
             f"How do I learn beginner {language} as well as possible in {short}?"],
@@ -204,7 +188,7 @@ def _roles(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for helper, helped, matter in ROLES:
         q1 = f"How can {helper} support {helped} dealing with {matter}?"
-        out += _source("role", q1, [
+        out += pairs_of("role", q1, [
             f"What can {helper} do to help {helped} who is dealing with {matter}?",
             f"As {helper}, how do I support {helped} through {matter}?",
             f"Ways for {helper} to be supportive when {helped} faces {matter}?"],
@@ -216,9 +200,9 @@ def _roles(rng: random.Random) -> list[AdversaryPair]:
 def _topics(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for topic in TOPICS:
-        other = _others(TOPICS, topic, rng, 1)[0]
+        other = others(TOPICS, topic, rng, 1)[0]
         q1 = f"What are the advantages of {topic}?"
-        out += _source("topic", q1, [
+        out += pairs_of("topic", q1, [
             f"What good things come from {topic}?",
             f"Why might {topic} be a good thing?",
             f"List the upsides of {topic}."],
@@ -234,7 +218,7 @@ def _animals(rng: random.Random) -> list[AdversaryPair]:
         q1 = f"Can {scope} {animal} {ability}?"
         other = rng.choice([a for a, _ in ANIMALS if a != animal])
         narrow = "any" if scope == "all" else "no"
-        out += _source("animal", q1, [
+        out += pairs_of("animal", q1, [
             f"Is it true that {scope} {animal} are able to {ability}?",
             f"Do {scope} {animal} have the ability to {ability}?",
             f"Are {scope} {animal} capable of being able to {ability}?"],
@@ -247,10 +231,10 @@ def _animals(rng: random.Random) -> list[AdversaryPair]:
 def _comparisons(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.combinations(COUNTRIES[:20], 2):
-        c = _others(COUNTRIES, b, rng, 2)
+        c = others(COUNTRIES, b, rng, 2)
         c = c[0] if c[0] != a else c[1]
         q1 = f"Is {a} bigger than {b}?"
-        out += _source("compare", q1, [
+        out += pairs_of("compare", q1, [
             f"Does {a} have a larger area than {b}?",
             f"Compared with {b}, is {a} the larger country?",
             f"Which is larger in size, and is it {a} rather than {b}?"],
@@ -263,10 +247,10 @@ def _comparisons(rng: random.Random) -> list[AdversaryPair]:
 def _time_zones(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(CITIES, 2):
-        c = _others(CITIES, b, rng, 2)
+        c = others(CITIES, b, rng, 2)
         c = c[0] if c[0] != a else c[1]
         q1 = f"What time is it in {b} when it is noon in {a}?"
-        out += _source("time_zone", q1, [
+        out += pairs_of("time_zone", q1, [
             f"If the clock says 12 pm in {a}, what does it say in {b}?",
             f"At midday in {a}, what is the local time over in {b}?",
             f"When it's 12:00 in {a}, what hour is it in {b}?"],
@@ -280,7 +264,7 @@ def _money(rng: random.Random) -> list[AdversaryPair]:
     for (x, y), n in itertools.product(itertools.permutations(CURRENCIES, 2), (20, 100, 500)):
         m = rng.choice([v for v in (10, 50, 250, 1000) if v != n])
         q1 = f"How many {y} do I get for {n} {x}?"
-        out += _source("money", q1, [
+        out += pairs_of("money", q1, [
             f"If I exchange {n} {x}, how many {y} will I receive?",
             f"What is {n} {x} worth in {y}?",
             f"Converting {n} {x} gives how many {y}?"],
@@ -293,7 +277,7 @@ def _apologies(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for (a, b), event in itertools.product(SIDES, EVENTS):
         q1 = f"Should {a} apologize to {b} after {event}?"
-        out += _source("apology", q1, [
+        out += pairs_of("apology", q1, [
             f"After {event}, does {a} owe {b} an apology?",
             f"Is it right for {a} to say sorry to {b} following {event}?",
             f"Following {event}, ought {a} to apologize to {b}?"],
@@ -307,7 +291,7 @@ def _habits(rng: random.Random) -> list[AdversaryPair]:
     for habit, (often, rarely) in itertools.product(HABITS, (("every day", "once a month"),
                                                              ("every morning", "once a year"))):
         q1 = f"What happens if I {habit} {often}?"
-        out += _source("habit", q1, [
+        out += pairs_of("habit", q1, [
             f"What are the effects of making sure I {habit} {often}?",
             f"If I {habit} {often}, what does that do to me?",
             f"How does it affect me to {habit} {often}?"],
@@ -317,7 +301,8 @@ def _habits(rng: random.Random) -> list[AdversaryPair]:
 
 
 FAMILIES = (_flights, _conversions, _capitals, _calories, _groups, _measures, _languages, _roles, _topics,
-            _animals, _comparisons, _time_zones, _money, _apologies, _habits)
+            _animals, _comparisons, _time_zones, _money, _apologies, _habits, *adversary_kinds.FAMILIES,
+            *adversary_swaps.FAMILIES, *adversary_statements.FAMILIES)
 
 
 def split_of(source: str) -> str:

@@ -43,9 +43,13 @@ class Outcome:
     own_id: str
     duplicate: bool  # the pair's label
     kind: str | None = None  # a generated look-alike's kind (direction, negation, ...), when the file says
+    words: int = 0  # the stored text's length in words (long statements are reported apart)
 
     def served(self, point: OperatingPoint) -> Candidate | None:
         return choose(self.candidates, point)
+
+
+LONG_WORDS = 15  # a stored text this long or longer is a long statement
 
 
 @dataclass
@@ -81,7 +85,7 @@ def score_pairs(cache, pairs: list[Pair], point: OperatingPoint | None = None) -
         cache.embedder.embed_one(p.q2)  # timed as live: the asked question is embedded on the path
         candidates = cache.scored(p.q2, cache.candidates(index, p.q2, vectors[p.q2]), point)
         times.append((time.perf_counter() - started) * 1000)
-        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate, p.kind))
+        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate, p.kind, len(p.q1.split())))
     return Scored(outcomes, times, len(index))
 
 
@@ -117,6 +121,10 @@ def lookalike_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
     same = [o for o in outcomes if o.duplicate]
     served_different = sum(o.served(point) is not None for o in different)
     own = sum((c := o.served(point)) is not None and c.entry_id == o.own_id for o in same)
+    long_different = [o for o in different if o.words >= LONG_WORDS]
+    long_same = [o for o in same if o.words >= LONG_WORDS]
+    long_served = sum(o.served(point) is not None for o in long_different)
+    long_own = sum((c := o.served(point)) is not None and c.entry_id == o.own_id for o in long_same)
     by_kind: dict[str, list[int]] = {}
     for o in different:
         if o.kind is not None:
@@ -131,6 +139,13 @@ def lookalike_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
         "served_when_different_upper95": round(upper_bound(served_different, len(different)), 4),
         "different_lookups": len(different),
         "paraphrase_recall": round(own / len(same), 4) if same else 0.0,
+        # Long statements (LONG_WORDS words or more) on their own: a pair model reading short
+        # questions can score a long rewording down for its length alone.
+        **({"long": {"rewordings": len(long_same), "recall": round(long_own / len(long_same), 4) if long_same else 0.0,
+                     "lookalikes": len(long_different), "served_when_different":
+                         round(long_served / len(long_different), 4) if long_different else 0.0,
+                     "served_when_different_upper95": round(upper_bound(long_served, len(long_different)), 4)}}
+           if long_same or long_different else {}),
     }
 
 

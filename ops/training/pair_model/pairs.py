@@ -9,6 +9,13 @@ from pathlib import Path
 
 from ops.core.jsonl import numbered_rows
 
+CHAT_DATA = Path(__file__).resolve().parents[2] / "data"  # ops/data
+HAND_TUNE, HAND_TEST = str(CHAT_DATA / "chat_pairs_tune.jsonl"), str(CHAT_DATA / "chat_pairs_test.jsonl")
+# The chat files the operating point is chosen on and reported with: the hand-written pairs and the
+# generated adversaries (chat_adversaries.py), each split by source question, never trained on.
+CHAT_TUNE = (HAND_TUNE, str(CHAT_DATA / "chat_adversaries_tune.jsonl"))
+CHAT_TEST = (HAND_TEST, str(CHAT_DATA / "chat_adversaries_test.jsonl"))
+
 
 @dataclass(frozen=True)
 class Pair:

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from ops.core import keys, redis_clients
 from ops.training.pair_model.lookalikes import generate
-from ops.training.pair_model.pairs import Pair, read_pairs, split_of
-from ops.training.pair_model.tuning import Targets, tune
+from ops.training.pair_model.pairs import CHAT_TEST, CHAT_TUNE, Pair, read_pairs, split_of
+from ops.training.pair_model.bounds import Targets
+from ops.training.pair_model.tuning import tune
 
 log = logging.getLogger("brigade.cache")
 
@@ -178,22 +179,18 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
     return pairs
 
 
-CHAT_DATA = Path(__file__).resolve().parents[2] / "data"  # ops/data
-CHAT_TUNE = str(CHAT_DATA / "chat_pairs_tune.jsonl")
-CHAT_TEST = str(CHAT_DATA / "chat_pairs_test.jsonl")
-
-
-def tuning_files(files: dict[str, list[Pair]], chat_tune_file: str, chat_test_file: str) -> dict:
+def tuning_files(files: dict[str, list[Pair]], chat_tune_files, chat_test_files) -> dict:
     """What the operating point is tuned on (and reported with): the labelled files, and the chat
-    pairs' tune and test files (split by source question, never trained on)."""
-    return {**files, "chat": {"tune": read_pairs(chat_tune_file), "test": read_pairs(chat_test_file)}}
+    files' tune and test sides (split by source question, never trained on)."""
+    return {**files, "chat": {"tune": [p for f in chat_tune_files for p in read_pairs(f)],
+                              "test": [p for f in chat_test_files for p in read_pairs(f)]}}
 
 
 def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: int, out: Path,
                    paraphrases_file: str | None = None, hard_negatives_file: str | None = None,
                    targets: Targets = Targets(), skip_training: bool = False, threads: int = 2,
-                   chat_tune_file: str = CHAT_TUNE, chat_test_file: str = CHAT_TEST,
-                   init: Path | None = None, lr: float = 5e-5, chat_pairs_file: str | None = None,
+                   chat_tune_files=CHAT_TUNE, chat_test_files=CHAT_TEST,
+                   init: Path | None = None, lr: float = 5e-5, chat_pairs_files: list[str] = (),
                    resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
                    train_only: bool = False, chat_repeats: int = 4) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
@@ -207,8 +204,8 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
     report: dict = {"files": {"duplicates": duplicates_file, "lookalikes": lookalikes_file,
                               "paraphrases": paraphrases_file}, "hard_negatives": len(hard)}
     if not skip_training:
-        chat = read_pairs(chat_pairs_file) if chat_pairs_file else []
-        report["files"]["chat_pairs"] = chat_pairs_file
+        chat = [p for f in chat_pairs_files for p in read_pairs(f)]
+        report["files"]["chat_pairs"] = list(chat_pairs_files)
         examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard,
                                      chat_pairs=chat, max_duplicates=max_duplicates, chat_repeats=chat_repeats)
         pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
@@ -218,6 +215,6 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
         if train_only:
             report["seconds"] = round(time.time() - started, 1)
             return report
-    report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_file, chat_test_file), targets)
+    report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_files, chat_test_files), targets)
     report["seconds"] = round(time.time() - started, 1)
     return report

@@ -1,0 +1,109 @@
+"""PAWS-style word swaps made from chat questions: two words of a question change places.
+
+PAWS (Paraphrase Adversaries from Word Scrambling) pairs share every word, so a bag of words or
+an embedding cannot tell them apart. Here both sides of that are made from chat questions:
+- a swap that changes the meaning ("Can I use honey instead of sugar?" against "Can I use sugar
+  instead of honey?"): a look-alike of kind "swap";
+- a swap that keeps it ("Which is healthier, rice or oats?" against "Which is healthier, oats or
+  rice?", or a clause moved): a rewording, so that a swap alone is not read as a difference.
+The file is long for its hand tables, not its logic.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+from ops.training.pair_model.adversary_pair import AdversaryPair, pairs_of
+
+INGREDIENTS = ["butter", "olive oil", "honey", "sugar", "yogurt", "sour cream", "milk", "heavy cream", "flour",
+               "cornstarch", "baking soda", "baking powder", "maple syrup", "applesauce"]
+DISHES = ["cookies", "pancakes", "banana bread", "a cake", "muffins", "brownies", "a sauce", "a marinade"]
+PROGRAMMING = ["Python", "JavaScript", "Java", "C", "Rust", "Go", "SQL", "TypeScript", "C++", "Kotlin"]
+# (a cause, then the effect): "Can stress cause insomnia?"
+CONDITIONS = ["stress", "insomnia", "headaches", "anxiety", "fatigue", "weight gain", "dehydration",
+              "depression", "high blood pressure", "back pain"]
+FOODS = ["rice", "oats", "quinoa", "pasta", "potatoes", "lentils", "tofu", "chicken", "salmon", "eggs",
+         "almonds", "yogurt"]
+QUALITIES = ["healthier", "cheaper", "better for weight loss", "higher in protein", "easier to digest"]
+# (a category, its members): "Is a whale a kind of mammal?"
+KINDS_OF = [("mammal", ["whale", "bat", "dolphin", "horse", "platypus"]),
+            ("fruit", ["tomato", "avocado", "cucumber", "olive", "pumpkin"]),
+            ("bird", ["penguin", "ostrich", "eagle", "parrot", "kiwi"]),
+            ("reptile", ["turtle", "lizard", "snake", "crocodile", "gecko"])]
+TOOLS = ["Excel", "Google Sheets", "Notion", "Trello", "Slack", "Microsoft Teams", "Dropbox", "Google Drive",
+         "Evernote", "Asana", "OneDrive", "Jira"]
+
+
+def _substitutes(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for (a, b), dish in itertools.product(itertools.permutations(INGREDIENTS, 2), range(2)):
+        dish = DISHES[(INGREDIENTS.index(a) + 3 * INGREDIENTS.index(b) + 5 * dish) % len(DISHES)]
+        q1 = f"Can I use {a} instead of {b} in {dish}?"
+        out += pairs_of("substitute", q1, [
+            f"Instead of {b}, can I use {a} in {dish}?",
+            f"In {dish}, is it possible to replace {b} with {a}?"],
+            [("swap", f"Can I use {b} instead of {a} in {dish}?")])
+    return out
+
+
+def _learning_order(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for a, b in itertools.permutations(PROGRAMMING, 2):
+        q1 = f"Should I learn {a} before {b}?"
+        out += pairs_of("learn_order", q1, [
+            f"Before {b}, should I learn {a}?",
+            f"Is it better to study {a} first and {b} after?"],
+            [("swap", f"Should I learn {b} before {a}?")])
+    return out
+
+
+def _causes(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for a, b in itertools.permutations(CONDITIONS, 2):
+        q1 = f"Can {a} cause {b}?"
+        out += pairs_of("cause", q1, [
+            f"Is {b} something that {a} can lead to?",
+            f"Could {b} be a result of {a}?"],
+            [("swap", f"Can {b} cause {a}?")])
+    return out
+
+
+def _which_is(rng: random.Random) -> list[AdversaryPair]:
+    """A swap that keeps the meaning: the two things of an either-or question change places."""
+    out = []
+    for (a, b), quality in zip(itertools.combinations(FOODS, 2), itertools.cycle(QUALITIES)):
+        q1 = f"Which is {quality}, {a} or {b}?"
+        other = rng.choice([q for q in QUALITIES if q != quality])
+        out += pairs_of("which_is", q1, [
+            f"Which is {quality}, {b} or {a}?",
+            f"Between {b} and {a}, which one is {quality}?"],
+            [("entity", f"Which is {other}, {a} or {b}?")])
+    return out
+
+
+def _kinds_of(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for category, members in KINDS_OF:
+        for member in members:
+            q1 = f"Is a {member} a kind of {category}?"
+            other = rng.choice([c for c, _ in KINDS_OF if c != category])
+            out += pairs_of("kind_of", q1, [
+                f"Does the {member} count as a {category}?",
+                f"Would a {member} be classified as a {category}?"],
+                [("swap", f"Is a {category} a kind of {member}?"),
+                 ("entity", f"Is a {member} a kind of {other}?")])
+    return out
+
+
+def _moving_data(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for a, b in itertools.permutations(TOOLS, 2):
+        q1 = f"How do I move my data from {a} into {b}?"
+        out += pairs_of("move_data", q1, [
+            f"What is the way to transfer everything I have in {a} over to {b}?",
+            f"Into {b}, how can I bring my data from {a}?"],
+            [("swap", f"How do I move my data from {b} into {a}?")])
+    return out
+
+
+FAMILIES = (_substitutes, _learning_order, _causes, _which_is, _kinds_of, _moving_data)
