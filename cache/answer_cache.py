@@ -31,7 +31,7 @@ from cache.pair_model import PAIR_WEIGHTS, PairModel
 from cache.query import CacheQuery
 from cache.store import EntryStore
 from cache.sweeper import Sweeper
-from cache.thresholds import Thresholds, trained_point
+from cache.thresholds import Thresholds, trained_floor, trained_point
 from ops.core.redis_clients import CACHE_TIMEOUT_S, async_client
 from ops.core.settings import Settings
 
@@ -57,7 +57,7 @@ class AnswerCache:
         self._background: set[asyncio.Task] = set()
         self.local = LocalIndexes(self.embedder.dim, settings.cache_hnsw_from, self._in_background)
         self.thresholds = Thresholds(trained_point(pair_model, settings), settings.cache_max_error, self.store,
-                                     self.local)
+                                     self.local, trained_floor(pair_model))
         self.lookups = LookupPath(self.store, self.embedder, pair_model, self.local, self.thresholds,
                                   self._in_background, fallback=settings.cache_fallback,
                                   samples=settings.cache_samples, max_candidates=settings.cache_candidates,
@@ -98,6 +98,7 @@ class AnswerCache:
         """Another pair model (ops/training/pair_model/tuning.py swaps in the one it tuned): its trained numbers too."""
         self.lookups.pair_model = pair_model
         self.thresholds.trained = trained_point(pair_model, self.settings)
+        self.thresholds.floor = trained_floor(pair_model)
 
     @property
     def semantic_mode(self) -> str:

@@ -21,6 +21,8 @@ From the observations (capped and expiring in Redis, keys.CACHE_EVIDENCE) each g
   `cache_max_error` (delta). Lower than the trained value only when the evidence proves it; higher
   when the evidence at the trained value shows errors above delta (its lower bound exceeds it).
 - `agree`: the same over the pair model's probability, for the band below serve_cosine.
+- neither goes below the floor chosen with the trained point (`Floor`): the lowest thresholds at
+  which the look-alike bounds still held on the tune files;
 - per entry: a wrong answer observed at cosine c raises that entry's bar above c
   (hit_rule.Candidate.bar), so it is not served at that distance again. Per-entry thresholds are
   only raised: lowering one entry's bar under delta = 1% would take about 270 agreeing
@@ -127,20 +129,42 @@ def lowest_safe(values: np.ndarray, wrong: np.ndarray, delta: float, trained: fl
 @dataclass(frozen=True)
 class Learned:
     point: OperatingPoint
-    why: dict  # per threshold: trained | evidence_lower | evidence_higher
+    why: dict  # per threshold: trained | evidence_lower | evidence_higher | floor
     observations: int
 
 
-def learn(observations: list[Observation], trained: OperatingPoint, delta: float) -> Learned:
-    """The operating point the evidence supports (thresholds only move where it says so)."""
+@dataclass(frozen=True)
+class Floor:
+    """The lowest thresholds the held-out bounds still hold at (chosen with the operating point,
+    ops/training/pair_model/tuning.py): evidence may lower a threshold down to here, never below,
+    so that what live traffic teaches cannot walk the cache into a region the tune files refute."""
+
+    serve_cosine: float = 0.0
+    agree: float = 0.0
+
+    @classmethod
+    def of(cls, info: dict) -> "Floor":
+        try:
+            return cls(**info.get("floor", {}))
+        except TypeError:  # a pair model tuned before floors, or for another rule: no floor
+            return cls()
+
+
+def learn(observations: list[Observation], trained: OperatingPoint, delta: float, floor: Floor = Floor()) -> Learned:
+    """The operating point the evidence supports (thresholds only move where it says so, and not
+    below `floor`)."""
     high = [o for o in observations if o.cosine >= trained.band_cosine
             and (o.score is None or o.score >= trained.objection)]
     serve, serve_why = lowest_safe(np.array([o.cosine for o in high]), np.array([not o.agreed for o in high]),
                                    delta, trained.serve_cosine)
+    if serve < floor.serve_cosine:
+        serve, serve_why = min(floor.serve_cosine, trained.serve_cosine), "floor"
     serve = max(serve, trained.band_cosine)
     band = [o for o in observations if o.score is not None and trained.band_cosine <= o.cosine < serve]
     agree, agree_why = lowest_safe(np.array([o.score for o in band]), np.array([not o.agreed for o in band]),
                                    delta, trained.agree)
+    if agree < floor.agree:
+        agree, agree_why = min(floor.agree, trained.agree), "floor"
     return Learned(replace(trained, serve_cosine=round(serve, 6), agree=round(agree, 6)),
                    {"serve_cosine": serve_why, "agree": agree_why}, len(observations))
 

@@ -13,7 +13,7 @@ import logging
 
 from redis.exceptions import RedisError
 
-from cache.evidence import BAR_MARGIN, Learned, Observation, learn
+from cache.evidence import BAR_MARGIN, Floor, Learned, Observation, learn
 from cache.hit_rule import OperatingPoint, point_from
 from cache.local_indexes import LocalIndexes
 from cache.pair_model import PairModel
@@ -41,10 +41,16 @@ def trained_point(pair_model: PairModel | None, settings) -> OperatingPoint | No
     return None
 
 
+def trained_floor(pair_model: PairModel | None) -> Floor:
+    """How low evidence may move the thresholds: stored with the pair model (none for the cosine rule)."""
+    return Floor.of(pair_model.info) if pair_model is not None else Floor()
+
+
 class Thresholds:
     def __init__(self, trained: OperatingPoint | None, max_error: float, store: EntryStore | None,
-                 local: LocalIndexes):
+                 local: LocalIndexes, floor: Floor = Floor()):
         self.trained = trained  # replaced when the pair model is (ops/training/pair_model/tuning.py swaps in a tuned one)
+        self.floor = floor  # replaced with it
         self.max_error = max_error  # delta: the error rate's bound the evidence must keep
         self.store = store
         self.local = local  # this gateway's indexes: each entry's bar is read there on lookups
@@ -60,7 +66,7 @@ class Thresholds:
         if self.trained is None or self.store is None:
             return None
         observations = await self.store.observations()
-        self.learned = learn(observations, self.trained, self.max_error)
+        self.learned = learn(observations, self.trained, self.max_error, self.floor)
         return self.learned
 
     async def observe(self, observation: Observation) -> None:

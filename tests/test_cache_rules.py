@@ -162,7 +162,7 @@ def test_generated_lookalikes_change_meaning_and_generated_rewordings_keep_it():
 
 
 def test_thresholds_move_only_where_the_evidence_bounds_the_error():
-    from cache.evidence import Observation, learn, served_error, wilson
+    from cache.evidence import Floor, Observation, learn, served_error, wilson
     from cache.hit_rule import OperatingPoint
 
     trained = OperatingPoint(serve_cosine=0.9, band_cosine=0.8, agree=0.6)
@@ -176,6 +176,10 @@ def test_thresholds_move_only_where_the_evidence_bounds_the_error():
     low = learn(agreeing, trained, 0.01)
     assert low.point.serve_cosine == 0.82 and low.why["serve_cosine"] == "evidence_lower"
     assert learn(agreeing[:20], trained, 0.2).point.serve_cosine == 0.82  # a looser bound needs less
+    # Never below the floor the held-out bounds were shown at, however much evidence agrees.
+    floored = learn(agreeing, trained, 0.01, Floor(serve_cosine=0.86, agree=0.5))
+    assert floored.point.serve_cosine == 0.86 and floored.why["serve_cosine"] == "floor"
+    assert Floor.of({"floor": {"serve_cosine": 0.86, "agree": 0.5}}) == Floor(0.86, 0.5) and Floor.of({}) == Floor()
     # One wrong answer in ten at 0.91-0.93: the threshold rises above them, to where 300 agree.
     bad = seen([0.91 + i * 0.0001 for i in range(200)], wrong_every=10, source="audit")
     good = seen([0.97 + i * 0.0001 for i in range(300)], source="audit")
@@ -269,6 +273,10 @@ def test_the_operating_point_is_chosen_by_the_bound_of_each_rate_not_by_the_rate
     point, tuned = choose_operating_point(_tune_outcomes(200, 0, 200), None, None, None, targets)
     assert tuned["targets_kept"] and tuned["chat_recall"] == 1.0 and tuned["chat_lookalikes_served"] == 0.0
     assert abs(tuned["upper95"]["kind_role"] - 0.0149) < 0.0002 and tuned["of"]["kind_role"] == (0, 200)
+    # How low evidence may move each threshold: the look-alikes sit at cosine 0.93 with the pair
+    # model at 0.3, so serving on the cosine alone from 0.93, or agreeing at 0.3, would serve them.
+    assert 0.93 < tuned["floor"]["serve_cosine"] <= point.serve_cosine
+    assert 0.3 < tuned["floor"]["agree"] <= point.agree
     # 3 of 203 look-alikes look like rewordings: served with them, a rate of 1.48% (under a 2% point
     # target) but a bound of 4.2%: no point that serves the rewordings is kept.
     point, tuned = choose_operating_point(_tune_outcomes(200, 3, 200), None, None, None, targets)

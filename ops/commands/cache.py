@@ -59,7 +59,7 @@ async def stats(settings: Settings) -> dict:
 async def _evidence(settings: Settings) -> dict:
     """What the cache has learned: observations by source, the thresholds they support against the
     trained ones, and the served hits' error rate with its interval (cache/evidence.py)."""
-    from cache.evidence import SOURCES, learn, served_error
+    from cache.evidence import SOURCES, Floor, learn, served_error
     from cache.hit_rule import point_from
     from cache.pair_model import PAIR_WEIGHTS, stored_info
 
@@ -68,9 +68,10 @@ async def _evidence(settings: Settings) -> dict:
                     "max_error": settings.cache_max_error, "served_error": served_error(observations)}
     path = Path(settings.cache_pair_model) if settings.cache_pair_model else PAIR_WEIGHTS
     if settings.cache_verifier and path.exists():
-        trained = point_from(stored_info(path).get("operating_point", {}), settings)
-        learned = learn(observations, trained, settings.cache_max_error)
-        report.update(trained=trained.__dict__, serving=learned.point.__dict__, why=learned.why)
+        info = stored_info(path)
+        trained, floor = point_from(info.get("operating_point", {}), settings), Floor.of(info)
+        learned = learn(observations, trained, settings.cache_max_error, floor)
+        report.update(trained=trained.__dict__, floor=floor.__dict__, serving=learned.point.__dict__, why=learned.why)
     return report
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cache.evidence import Floor
 from cache.hit_rule import OperatingPoint, proposals
 from ops.training.pair_model.bounds import Targets, upper_bound
 from ops.training.pair_model.evaluation import LONG_WORDS, Outcome
@@ -165,8 +166,26 @@ def choose_operating_point(chat: list[Outcome], dup: list[Outcome] | None, paws:
                         best, best_key, best_m = OperatingPoint(serve, band, agree, objection), key, m
     if best is None:
         strict = OperatingPoint(0.98, 0.85, 0.99, 0.2)
-        return strict, {"targets_kept": False}
-    return best, {"targets_kept": True, **_reported(best_m)}
+        return strict, {"targets_kept": False, "floor": Floor(strict.serve_cosine, strict.agree).__dict__}
+    replays = [Replay.of(o, best.band_cosine) if o else None for o in (chat, dup, paws, para)]
+    return best, {"targets_kept": True, **_reported(best_m), "floor": floor_of(best, replays, targets).__dict__}
+
+
+def floor_of(point: OperatingPoint, replays: list[Replay | None], targets: Targets) -> Floor:
+    """How far evidence may lower each threshold (cache/evidence.py `Floor`): serve_cosine down the
+    grid while every step still keeps the targets, then agree the same with serve_cosine at that
+    floor (the corner both can reach together is checked, not each alone)."""
+    serve = point.serve_cosine
+    for lower in sorted((s for s in SERVE if point.band_cosine <= s < point.serve_cosine), reverse=True):
+        if not keeps(measures(*replays, lower, point.agree, point.objection), targets):
+            break
+        serve = lower
+    agree = point.agree
+    for lower in sorted((a for a in AGREES if a < point.agree), reverse=True):
+        if not keeps(measures(*replays, serve, lower, point.objection), targets):
+            break
+        agree = lower
+    return Floor(serve, agree)
 
 
 def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = Targets(), save: bool = True) -> dict:
@@ -195,7 +214,8 @@ def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = T
     scored = {kind: score_pairs(cache, pairs).outcomes for kind, pairs in tune_sets.items()}
     point, tuned = choose_operating_point(scored["chat"], scored.get("duplicates"), scored.get("lookalikes"),
                                           scored.get("paraphrases"), targets)
-    pm.info = {**pm.info, "operating_point": point.__dict__, "tuned": tuned, "targets": targets.__dict__}
+    pm.info = {**pm.info, "operating_point": point.__dict__, "floor": tuned["floor"], "tuned": tuned,
+               "targets": targets.__dict__}
     if save:
         pm.save(pair_model_path)
     cache.pair_model = pm
