@@ -277,6 +277,48 @@ def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack
     assert report["latency_ms"]["exact_hit"]["count"] == sum(r["cached"] == "exact" for r in rows)
 
 
+def test_cache_replay_in_rounds_reads_the_caches_evidence_after_each(stack, tmp_path):
+    """--rounds 2: the sources dealt whole into two rounds, each filled and replayed, and the cache's
+    evidence (observations, audited error, trained and learned thresholds) read before and after
+    each. max_tokens 10: a namespace of its own."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
+                             for q1, reworded, lookalike in REPLAY_PAIRS
+                             for q2, dup in ((reworded, True), (lookalike, False))))
+    out = tmp_path / "rounds.json"
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
+                           str(pairs), "--max-tokens", "10", "--cache-threshold", "0", "--repeat-ratio", "0",
+                           "--rounds", "2", "--settle", "1", "--redis-url", stack_redis[stack], "--json",
+                           str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2] and sum(r["fill"]["sources"] for r in rounds) == 6
+    assert all(r["fill"]["stored"] == r["fill"]["sources"] for r in rounds), rounds
+    asked = [{row["source"] for row in report["per_request"][:rounds[0]["requests"]]},
+             {row["source"] for row in report["per_request"][rounds[0]["requests"]:]}]
+    assert sum(r["requests"] for r in rounds) == report["requests"] == 12 and not asked[0] & asked[1]
+    seen = [sum(e["observations"].values()) for e in (report["evidence_before"], *(r["evidence"] for r in rounds))]
+    assert seen == sorted(seen), seen  # evidence only accumulates
+    for r in rounds:
+        e = r["evidence"]
+        assert {"served_error", "trained", "floor", "serving", "why"} <= set(e) and e["max_error"] > 0, e
+        assert e["served_error"]["audited"] == e["observations"]["audit"]
+
+
+def test_cache_replay_deals_each_source_whole_into_one_round():
+    from ops.bench.cache_replay import dealt
+    from ops.training.pair_model.pairs import Pair
+
+    pairs = [Pair(f"q{i % 7}", f"r{i}", i % 2 == 0) for i in range(40)]
+    rounds = dealt(pairs, 3, seed=4)
+    assert sorted(p.q2 for r in rounds for p in r) == sorted(p.q2 for p in pairs)
+    sides = [{p.q1 for p in r} for r in rounds]
+    assert all(sides) and not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    assert dealt(pairs, 3, seed=4) == rounds  # the same seed, the same rounds
+
+
 def test_cache_replay_judges_a_hit_by_its_text_not_by_what_was_asked():
     from ops.bench.cache_replay_judge import Reply, judge, plan_replay
     from ops.training.pair_model.pairs import Pair

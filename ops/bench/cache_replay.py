@@ -11,14 +11,21 @@ Against a running service (its WebSocket), from labelled question pairs:
 Every hit is then judged right or wrong by the text it served (cache_replay_judge), and the report
 gives hit rate, rewording recall, look-alikes served, wrong hits, the compute saved and hit
 against miss latency, all from the replay.
+
+With --rounds N the sources are dealt into N rounds, each filled and replayed in turn, and after
+each one the cache's evidence is read (`brigade cache stats`' `evidence`, once the audits it queued
+have settled): the audited wrong-hit rate with its interval, and the thresholds the evidence moved
+the cache to, round by round, against the trained ones.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -51,12 +58,14 @@ class ReplayConfig:
     cache_threshold: float | None = None  # sent as each replayed request's `cache_threshold`
     store_timeout_s: float = 60.0
     api_key: str | None = None
+    rounds: int = 1
 
     def to_json(self) -> dict:
         return {"url": redact_url(self.url), "pairs": self.pairs or f"shipped:{DEFAULT_PAIRS}", "limit": self.limit,
                 "repeat_ratio": self.repeat_ratio, "seed": self.seed, "concurrency": self.concurrency,
                 "max_tokens": self.max_tokens, "temperature": self.temperature,
-                "cache_threshold": self.cache_threshold, "store_timeout_s": self.store_timeout_s}
+                "cache_threshold": self.cache_threshold, "store_timeout_s": self.store_timeout_s,
+                "rounds": self.rounds}
 
 
 class Gateway:
@@ -164,46 +173,73 @@ async def wait_stored(gateway: Gateway, sources: list[str], timeout_s: float) ->
     return [s for s in missing if s is not None]
 
 
-async def replay(config: ReplayConfig, pairs: list[Pair]) -> dict:
+async def _round(gateway: Gateway, config: ReplayConfig, pairs: list[Pair], tag: str) -> tuple[dict, list]:
+    """Fill, wait for the stores, replay: one round's fill report and its judged replies."""
     asks = plan_replay(pairs, config.repeat_ratio, config.seed)
     sources = sources_of(pairs)
-    gateway = Gateway(config)
-    await gateway.open()
-    try:
-        started = time.perf_counter()
-        fill_replies = await _each(list(enumerate(sources)), config.concurrency, lambda slot, item: gateway.ask(
-            slot, f"{gateway.run_id}-fill-{item[0]}", item[1], "exact"))
-        fill = dict(zip(sources, fill_replies))
-        fill_s = time.perf_counter() - started
-        answered = [s for s in sources if fill[s].ok]
-        started = time.perf_counter()
-        not_stored = await wait_stored(gateway, answered, config.store_timeout_s)
-        wait_s = time.perf_counter() - started
+    started = time.perf_counter()
+    fill_replies = await _each(list(enumerate(sources)), config.concurrency, lambda slot, item: gateway.ask(
+        slot, f"{gateway.run_id}{tag}-fill-{item[0]}", item[1], "exact"))
+    fill = dict(zip(sources, fill_replies))
+    fill_s = time.perf_counter() - started
+    answered = [s for s in sources if fill[s].ok]
+    started = time.perf_counter()
+    not_stored = await wait_stored(gateway, answered, config.store_timeout_s)
+    wait_s = time.perf_counter() - started
 
-        async def ask(slot: int, a: Ask) -> Reply:
-            return await gateway.ask(slot, f"{gateway.run_id}-{a.index}", a.question)
+    async def ask(slot: int, a: Ask) -> Reply:
+        return await gateway.ask(slot, f"{gateway.run_id}{tag}-{a.index}", a.question)
 
-        started = time.perf_counter()
-        replies = await _each(asks, config.concurrency, ask)
-        replay_s = time.perf_counter() - started
-    finally:
-        await gateway.close()
-    judged = judge(fill, list(zip(asks, replies)))
+    started = time.perf_counter()
+    replies = await _each(asks, config.concurrency, ask)
+    replay_s = time.perf_counter() - started
     fill_errors: dict[str, int] = {}
     for s in sources:
         if not fill[s].ok:
             fill_errors[fill[s].error] = fill_errors.get(fill[s].error, 0) + 1
-    return {
-        "target": "cache-replay", "config": config.to_json(),
-        "fill": {"sources": len(sources), "answered": len(answered), "stored": len(answered) - len(not_stored),
-                 "already_cached": sum(fill[s].cached is not None for s in answered), "errors": fill_errors,
-                 "not_stored": not_stored, "duration_s": round(fill_s, 3), "wait_stored_s": round(wait_s, 3)},
-        "replay_duration_s": round(replay_s, 3),
-        **summarize(judged),
-        "per_request": [j.to_json() for j in judged],
-    }
+    report = {"fill": {"sources": len(sources), "answered": len(answered), "stored": len(answered) - len(not_stored),
+                       "already_cached": sum(fill[s].cached is not None for s in answered), "errors": fill_errors,
+                       "not_stored": not_stored, "duration_s": round(fill_s, 3), "wait_stored_s": round(wait_s, 3)},
+              "replay_duration_s": round(replay_s, 3)}
+    return report, judge(fill, list(zip(asks, replies)))
 
 
-def run(config: ReplayConfig, pairs: list[Pair]) -> dict:
+def dealt(pairs: list[Pair], rounds: int, seed: int) -> list[list[Pair]]:
+    """The pairs in `rounds` rounds, each source's pairs whole in one (sources dealt at random by `seed`)."""
+    sources = sources_of(pairs)
+    random.Random(seed).shuffle(sources)
+    round_of = {s: i % rounds for i, s in enumerate(sources)}
+    return [[p for p in pairs if round_of[p.q1] == i] for i in range(rounds)]
+
+
+async def replay(config: ReplayConfig, pairs: list[Pair],
+                 evidence: Callable[[], Awaitable[dict]] | None = None) -> dict:
+    """The report (module docstring); `evidence` reads the cache's evidence after each round."""
+    gateway = Gateway(config)
+    await gateway.open()
+    rounds, judged_all = [], []
+    try:
+        before = await evidence() if evidence is not None else None
+        for number, part in enumerate(dealt(pairs, config.rounds, config.seed) if config.rounds > 1 else [pairs]):
+            report, judged = await _round(gateway, config, part, f"-r{number}" if config.rounds > 1 else "")
+            judged_all += judged
+            if config.rounds > 1:
+                report = {"round": number + 1, **report, **summarize(judged)}
+            if evidence is not None:
+                report["evidence"] = await evidence()
+            rounds.append(report)
+    finally:
+        await gateway.close()
+    out = {"target": "cache-replay", "config": config.to_json()}
+    if config.rounds > 1:
+        out["rounds"] = rounds
+    else:
+        out.update(rounds[0])
+    if before is not None:
+        out["evidence_before"] = before
+    return {**out, **summarize(judged_all), "per_request": [j.to_json() for j in judged_all]}
+
+
+def run(config: ReplayConfig, pairs: list[Pair], evidence: Callable[[], Awaitable[dict]] | None = None) -> dict:
     """The report (module docstring); raises CannotReach when the gateway does not answer."""
-    return asyncio.run(replay(config, pairs))
+    return asyncio.run(replay(config, pairs, evidence))

@@ -179,8 +179,13 @@ def _add_cache_targets(targets, report: argparse.ArgumentParser) -> None:
                    "rule's threshold for that request; default: the gateway's)")
     p.add_argument("--store-timeout", type=float, default=60, help="seconds to wait for the answers of the fill "
                    "to be stored (default 60)")
+    p.add_argument("--rounds", type=int, default=1, help="deal the sources into N rounds and read the cache's "
+                   "evidence (audited wrong hits, learned thresholds) after each; needs the cache's Redis "
+                   "(--redis-url) and the gateway's BRIGADE_CACHE_MAX_ERROR")
+    p.add_argument("--settle", type=float, default=6.0, help="with --rounds: seconds without new evidence before "
+                   "it is read (audits run after the hits they check; default 6)")
     _max_tokens(p, 48, "default 48, as the shipped pairs' answers")
-    add_connection_options(p, gateway="http", api_key=True)  # also a ws:// --url
+    add_connection_options(p, gateway="http", api_key=True, redis="cache_redis_url")  # also a ws:// --url
     # `guards`: its name before the cache's vetoes were told apart from the content guards.
     p = targets.add_parser("vetoes", aliases=["guards"], parents=[report], help="how often the cache's lexical "
                            "vetoes refuse a hit, on labelled question pairs: rewordings refused, look-alikes caught "
@@ -258,9 +263,10 @@ def _cache_replay(args, settings: Settings) -> dict | int:
     from ops.bench.serve_config import target_urls
     from ops.training.pair_model.pairs import read_pairs
 
-    if not 0 <= args.repeat_ratio < 1 or args.concurrency < 1 or (args.limit is not None and args.limit < 1):
-        print("brigade bench cache-replay: --repeat-ratio is from 0 up to (not including) 1, --concurrency and "
-              "--limit at least 1", file=sys.stderr)
+    if not 0 <= args.repeat_ratio < 1 or min(args.concurrency, args.rounds) < 1 or (args.limit is not None
+                                                                                   and args.limit < 1):
+        print("brigade bench cache-replay: --repeat-ratio is from 0 up to (not including) 1, --concurrency, "
+              "--rounds and --limit at least 1", file=sys.stderr)
         return 2
     path = args.pairs or str(default_pairs_path())
     try:
@@ -274,9 +280,12 @@ def _cache_replay(args, settings: Settings) -> dict | int:
         return 2
     config = ReplayConfig(target_urls("ws", args.url, settings)[0], args.pairs, args.limit, args.repeat_ratio, args.seed,
                           args.concurrency, args.max_tokens, args.temperature, args.cache_threshold,
-                          args.store_timeout, args.api_key)
+                          args.store_timeout, args.api_key, args.rounds)
+    from ops.commands.cache import settled_evidence
+
+    evidence = (lambda: settled_evidence(settings, quiet_s=args.settle)) if args.rounds > 1 else None
     try:
-        return run(config, pairs)
+        return run(config, pairs, evidence)
     except CannotReach as exc:
         print(f"brigade bench cache-replay: {exc}", file=sys.stderr)
         return 2

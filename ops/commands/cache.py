@@ -37,7 +37,7 @@ async def stats(settings: Settings) -> dict:
     memory = int(sum(sampled) / len(sampled) * entries) if sampled else 0
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)
     lookups = hits + counters.get("misses", 0) + counters.get("pool_fills", 0)
-    evidence = await _evidence(settings)
+    evidence = await evidence_report(settings)
     await r.aclose()
     return {
         "entries": entries,
@@ -56,7 +56,7 @@ async def stats(settings: Settings) -> dict:
     }
 
 
-async def _evidence(settings: Settings) -> dict:
+async def evidence_report(settings: Settings) -> dict:
     """What the cache has learned: observations by source, the thresholds they support against the
     trained ones, and the served hits' error rate with its interval (cache/evidence.py)."""
     from cache.evidence import SOURCES, Floor, learn, served_error
@@ -72,6 +72,22 @@ async def _evidence(settings: Settings) -> dict:
         trained, floor = point_from(info.get("operating_point", {}), settings), Floor.of(info)
         learned = learn(observations, trained, settings.cache_max_error, floor)
         report.update(trained=trained.__dict__, floor=floor.__dict__, serving=learned.point.__dict__, why=learned.why)
+    return report
+
+
+async def settled_evidence(settings: Settings, quiet_s: float = 6.0, timeout_s: float = 180.0) -> dict:
+    """The evidence once no observation has arrived for `quiet_s` (audits run in the batch lane,
+    after the hits they check), or at `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    report = await evidence_report(settings)
+    last, since = sum(report["observations"].values()), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+        await asyncio.sleep(1.0)
+        report = await evidence_report(settings)
+        if (seen := sum(report["observations"].values())) != last:
+            last, since = seen, time.monotonic()
     return report
 
 
