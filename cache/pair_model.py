@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,34 @@ def stored_info(path: Path = PAIR_WEIGHTS) -> dict:
         return json.loads((f.metadata() or {}).get("info", "{}"))
 
 
+@dataclass(frozen=True)
+class LengthCalibration:
+    """The model's logit read again for the pair's length: p = sigmoid(slope * logit +
+    per_log_word * ln(words) + offset), `words` both texts' words together. Fitted on the tune
+    files with the operating point (ops/training/pair_model/calibration.py), so that a long
+    statement is not scored down for its length alone; the identity by default (and for a file
+    tuned before it)."""
+
+    slope: float = 1.0
+    per_log_word: float = 0.0
+    offset: float = 0.0
+
+    @classmethod
+    def of(cls, info: dict) -> "LengthCalibration":
+        try:
+            return cls(**info.get("calibration", {}))
+        except TypeError:
+            return cls()
+
+    def logits(self, raw: np.ndarray, words: np.ndarray) -> np.ndarray:
+        return self.slope * raw + self.per_log_word * np.log(np.maximum(words, 1)) + self.offset
+
+
+def pair_words(first: str, second: str) -> int:
+    """A pair's length as the calibration reads it: both texts' words."""
+    return len(first.split()) + len(second.split())
+
+
 class PairModel:
     def __init__(self, model, tokenizer, info: dict | None = None):
         import torch
@@ -46,6 +75,7 @@ class PairModel:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.info = info or {}
+        self.calibration = LengthCalibration.of(self.info)
         self._lock = threading.Lock()  # one forward pass at a time: threads are sized to the cores
 
     @classmethod
@@ -82,6 +112,7 @@ class PairModel:
         pm.model.load_state_dict(trained, strict=False)
         pm.model.eval()
         pm.info = info
+        pm.calibration = LengthCalibration.of(info)
         return pm
 
     @staticmethod
@@ -118,12 +149,19 @@ class PairModel:
         return self.score_pairs([question] * len(candidates), candidates)
 
     def score_pairs(self, firsts: list[str], seconds: list[str]) -> np.ndarray:
-        """Probability that each `firsts[i]` and `seconds[i]` ask the same thing, in one forward pass."""
+        """Probability that each `firsts[i]` and `seconds[i]` ask the same thing, in one forward pass
+        (the logit read through the length calibration)."""
+        raw = self.raw_logits(firsts, seconds)
+        words = np.array([pair_words(a, b) for a, b in zip(firsts, seconds)], dtype=np.float64)
+        return (1.0 / (1.0 + np.exp(-self.calibration.logits(raw, words)))).astype(np.float32)
+
+    def raw_logits(self, firsts: list[str], seconds: list[str]) -> np.ndarray:
+        """The model's own logit for each pair, uncalibrated (what the calibration is fitted on)."""
         if not firsts:
-            return np.zeros(0, dtype=np.float32)
+            return np.zeros(0, dtype=np.float64)
         with self._lock, self.torch.inference_mode():
             logits = self.logits(firsts, seconds)
-        return (1.0 / (1.0 + np.exp(-logits.float().numpy()))).astype(np.float32)
+        return logits.float().numpy().astype(np.float64)
 
     def token_counts(self, firsts: list[str], seconds: list[str]) -> list[int]:
         """The word pieces the model reads of each pair (special tokens in, cut to MAX_TOKENS as

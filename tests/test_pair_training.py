@@ -48,3 +48,46 @@ def test_chat_pair_files_read_as_pairs_split_by_source():
         sources[name] = {r["source"] for r in rows}
     assert not (sources["train"] & sources["tune"]) and not (sources["train"] & sources["test"])
     assert not (sources["tune"] & sources["test"])
+
+
+def test_length_calibration_lifts_long_pairs_the_raw_logit_scored_down_for_their_length():
+    import numpy as np
+
+    from ops.training.pair_model.calibration import fit
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    words = rng.choice([12.0, 60.0], n)
+    labels = rng.random(n) < 0.5
+    # The raw logit: +-2 by the label, but 3 lower for every long pair whatever its label.
+    raw = np.where(labels, 2.0, -2.0) - np.where(words > 20, 3.0, 0.0) + rng.normal(0, 1, n)
+    calibration = fit(raw, words, labels)
+    assert calibration.slope > 0 and calibration.per_log_word > 0, calibration
+    calibrated = calibration.logits(raw, words)
+    long_same, short_same = calibrated[(words > 20) & labels], calibrated[(words < 20) & labels]
+    # In the raw logit's units (the calibration also rescales it): 3 apart before, under 0.5 after.
+    assert abs(np.median(long_same) - np.median(short_same)) / calibration.slope < 0.5
+    assert np.median(raw[(words > 20) & labels]) < 0  # long rewordings read as different before it
+    assert fit(raw[:5], words[:5], labels[:5]).__dict__ == {"slope": 1.0, "per_log_word": 0.0, "offset": 0.0}
+
+
+def test_the_pair_model_scores_through_the_calibration_its_file_stores(tmp_path):
+    import numpy as np
+
+    from cache.pair_model import LengthCalibration, PairModel
+
+    pm = PairModel.load()
+    pairs = (["How long is the flight from Paris to Rome?", "I am planning a trip and want to know what to pack "
+              "for a week in Lisbon with my kids in July"], ["What is the flying time from Paris to Rome?",
+                                                            "What should I pack for a week in Lisbon with children?"])
+    pm.calibration = LengthCalibration()
+    plain = pm.score_pairs(*pairs)
+    logit = np.log(plain / (1 - plain))
+    assert np.allclose(logit, pm.raw_logits(*pairs), atol=1e-4)
+    pm.calibration = LengthCalibration(slope=1.0, per_log_word=0.5, offset=-1.0)
+    shifted = pm.score_pairs(*pairs)
+    words = np.array([len(a.split()) + len(b.split()) for a, b in zip(*pairs)])
+    assert np.allclose(np.log(shifted / (1 - shifted)), logit + 0.5 * np.log(words) - 1.0, atol=1e-3)
+    pm.info = {**pm.info, "calibration": pm.calibration.__dict__}
+    pm.save(tmp_path / "pm.safetensors")
+    assert PairModel.load(tmp_path / "pm.safetensors").calibration == pm.calibration

@@ -43,8 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from ops.training.pair_model.pairs import Pair, read_pairs, split_of
-from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE
+from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE, Pair, read_pairs, split_of
 
 POOLS = ("lexical", "embedding")
 # The model is chosen on the chat set's lexical pool: neither model was trained on those pairs and

@@ -200,7 +200,8 @@ def run(args, settings: Settings) -> int:
                                 init=Path(args.init) if args.init else None, lr=args.lr,
                                 chat_pairs_files=args.chat_pairs or [], resume=Path(args.resume) if args.resume else None,
                                 checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
-                                train_only=args.train_only, chat_repeats=args.chat_repeats)
+                                train_only=args.train_only, chat_repeats=args.chat_repeats,
+                                calibrate=not args.no_length_calibration)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -259,6 +260,8 @@ def add_parser(sub) -> None:
     t.add_argument("--max-paws-bound", type=float, default=targets.max_paws_bound,
                    help="95%% upper bound the PAWS pairs that mean something else served may reach (tune split)")
     t.add_argument("--max-paraphrase-wrong-bound", type=float, default=targets.max_paraphrase_wrong_bound)
+    t.add_argument("--no-length-calibration", action="store_true", help="keep the pair model's scores as they are "
+                   "(default: fit its length calibration on the tune sets before choosing the point)")
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
     for leaf in (s, c, f, t):  # t: the hard negatives users reported, when the cache's Redis answers

@@ -297,5 +297,5 @@ def _signs(rng: random.Random) -> list[AdversaryPair]:
     return out
 
 
-FAMILIES = (_grievances, _favors, _feelings, _allowed, _fares, _contents, _safety, _timing, _rent, _salaries, _best_sellers, _sleep,
-            _percentages, _ages, _changes, _visits, _signs)
+FAMILIES = (_grievances, _favors, _feelings, _allowed, _fares, _contents, _safety, _timing, _rent, _salaries,
+            _best_sellers, _sleep, _percentages, _ages, _changes, _visits, _signs)

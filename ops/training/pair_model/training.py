@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ops.core import keys, redis_clients
+from ops.training.pair_model.bounds import Targets
 from ops.training.pair_model.lookalikes import generate
 from ops.training.pair_model.pairs import CHAT_TEST, CHAT_TUNE, Pair, read_pairs, split_of
-from ops.training.pair_model.bounds import Targets
 from ops.training.pair_model.tuning import tune
 
 log = logging.getLogger("brigade.cache")
@@ -192,7 +192,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                    chat_tune_files=CHAT_TUNE, chat_test_files=CHAT_TEST,
                    init: Path | None = None, lr: float = 5e-5, chat_pairs_files: list[str] = (),
                    resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
-                   train_only: bool = False, chat_repeats: int = 4) -> dict:
+                   train_only: bool = False, chat_repeats: int = 4, calibrate: bool = True) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
     from cache.pair_model import PairModel
 
@@ -215,6 +215,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
         if train_only:
             report["seconds"] = round(time.time() - started, 1)
             return report
-    report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_files, chat_test_files), targets)
+    report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_files, chat_test_files), targets,
+                                     calibrate=calibrate)
     report["seconds"] = round(time.time() - started, 1)
     return report

@@ -188,15 +188,18 @@ def floor_of(point: OperatingPoint, replays: list[Replay | None], targets: Targe
     return Floor(serve, agree)
 
 
-def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = Targets(), save: bool = True) -> dict:
-    """Score the tune splits with the pair model at `pair_model_path`, choose the operating point,
-    write it into the file's info (what serving reads) and report the test splits.
+def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = Targets(), save: bool = True,
+         calibrate: bool = True) -> dict:
+    """Fit the pair model's length calibration on the tune splits (calibration.py; `calibrate`
+    False keeps the identity), score them with the pair model at `pair_model_path`, choose the
+    operating point, write both into the file's info (what serving reads) and report the test splits.
 
     `files` maps a kind to its pairs: chat (rewordings and look-alikes of chat questions; their
     tune and test files are split by source question), duplicates (Quora), lookalikes (PAWS),
     paraphrases (all rewordings). Quora and PAWS are split by content (pairs.py)."""
     from cache.answer_cache import AnswerCache
-    from cache.pair_model import PairModel
+    from cache.pair_model import LengthCalibration, PairModel
+    from ops.training.pair_model.calibration import fit_on_pairs
     from ops.training.pair_model.evaluation import evaluate, score_pairs
     from ops.training.pair_model.pairs import split_for
 
@@ -211,17 +214,19 @@ def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = T
         split = split_for(kind if kind == "paraphrases" else "duplicates")
         tune_sets[kind] = [p for p in pairs if split(p) == "tune"]
         test_sets[kind] = [p for p in pairs if split(p) == "test"]
+    labelled = [p for kind, pairs in tune_sets.items() if kind != "paraphrases" for p in pairs]
+    pm.calibration, calibrated = fit_on_pairs(pm, labelled) if calibrate else (LengthCalibration(), {})
     scored = {kind: score_pairs(cache, pairs).outcomes for kind, pairs in tune_sets.items()}
     point, tuned = choose_operating_point(scored["chat"], scored.get("duplicates"), scored.get("lookalikes"),
                                           scored.get("paraphrases"), targets)
     pm.info = {**pm.info, "operating_point": point.__dict__, "floor": tuned["floor"], "tuned": tuned,
-               "targets": targets.__dict__}
+               "targets": targets.__dict__, "calibration": pm.calibration.__dict__}
     if save:
         pm.save(pair_model_path)
     cache.pair_model = pm
     test_kinds = {"chat": "lookalikes", "duplicates": "duplicates", "lookalikes": "lookalikes",
                   "paraphrases": "paraphrases"}
-    report = {"operating_point": point.__dict__, "tune": tuned}
+    report = {"operating_point": point.__dict__, "calibration": calibrated, "tune": tuned}
     for kind, pairs in test_sets.items():
         report[f"test_{kind}"] = evaluate(cache, {test_kinds[kind]: pairs})[test_kinds[kind]]
     return report
