@@ -53,7 +53,7 @@ def test_reworded_question_is_a_semantic_hit_and_an_unrelated_one_misses(setting
     async def main():
         cache = AnswerCache(settings, embedder)
         await stored(cache, ask(renderer, "How do I improve my English speaking?"), "Speak every day.")
-        reworded = await cache.lookup(ask(renderer, "How can I improve my spoken English?"))
+        reworded = await cache.lookup(ask(renderer, "Tell me how to improve my English speaking."))
         unrelated = await cache.lookup(ask(renderer, "What is the best programming language for games?"))
         return reworded.hit, unrelated.hit
 

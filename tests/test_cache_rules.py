@@ -54,7 +54,7 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     rows = [("How far away is the Moon?", "how far away is the moon", True),
             ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", False),
-            ("How do I reset my password?", "How can I reset my password?", True),
+            ("How do I reset my password?", "Tell me how to reset my password.", True),
             ("Who wrote Hamlet?", "What is the boiling point of water?", False)]
     pairs.write_text("".join(json.dumps({"q1": a, "q2": b, "duplicate": d}) + "\n" for a, b, d in rows))
     env = {**os.environ, "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}

@@ -224,7 +224,7 @@ def test_a_cache_hit_has_its_own_request_id_on_every_door(stack):
 def test_an_answer_cut_by_max_tokens_serves_a_rewording_asked_with_the_same_max_tokens(stack):
     # A rewording the shipped pair model accepts (ops/data/chat_paraphrases.jsonl's eval).
     asked = [{"role": "user", "content": "How do I make cold brew coffee at home?"}]
-    reworded = [{"role": "user", "content": "How can I make cold brew coffee at home?"}]
+    reworded = [{"role": "user", "content": "Tell me how to make cold brew coffee at home."}]
     before = stack.entries()
     first = ws_ask(stack, stack.pinned, "cut", messages=asked, max_tokens=12)
     assert first.end["finish_reason"] == "length", first.end  # cut, and a how-to does not loop

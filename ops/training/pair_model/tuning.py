@@ -26,10 +26,10 @@ from cache.hit_rule import OperatingPoint, proposals
 from ops.training.pair_model.bounds import Targets, upper_bound
 from ops.training.pair_model.evaluation import LONG_WORDS, Outcome
 
-SERVE = [round(float(x), 3) for x in np.arange(0.80, 0.985, 0.01)]
+SERVE = [round(float(x), 3) for x in np.arange(0.80, 0.995, 0.01)]
 BANDS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85)
 AGREES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)  # 1.01: no band
-OBJECTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+OBJECTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 0.98)
 
 
 @functools.lru_cache(maxsize=None)
