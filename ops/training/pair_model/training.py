@@ -3,15 +3,17 @@
 1. Split every labelled file by content hash: 80% train, 10% tune, 10% test (pairs.py).
 2. Training examples: the train split of the duplicate-question pairs and of the look-alike
    pairs (PAWS, shown twice: they are the hard part), matched look-alikes and rewordings
-   generated from the training questions (lookalikes.py), and the train file of the
-   hand-written chat pairs (ops/data/chat_pairs_train.jsonl, split by source, not by hash).
+   generated from the training questions (lookalikes.py), and the chat train files given
+   (ops/data/chat_pairs_train.jsonl, the hand-written pairs, and chat_adversaries_train.jsonl,
+   the generated adversaries; both split by source, not by hash).
    Each example is shown in a random order of its two texts.
 3. Fine-tune the cross-encoder (cache/pair_model.py): AdamW, linear warm-up and decay, batches
    of similar length (little padding), fixed seeds. With `--resume DIR`, a checkpoint every
    `checkpoint_every` steps (weights, optimizer, scheduler, step, RNG) that a run started again
    continues from.
-4. The operating point (hit_rule.OperatingPoint) is chosen on the tune splits and the chat
-   pairs' tune file (tuning.py); the test splits are reported.
+4. The length calibration (calibration.py), then the operating point (hit_rule.OperatingPoint)
+   and its floor, are chosen by bounds on the tune splits and the chat files' tune sides
+   (tuning.py); the test splits are reported.
 """
 from __future__ import annotations
 
