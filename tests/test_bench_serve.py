@@ -236,14 +236,20 @@ REPLAY_PAIRS = [
 ]
 
 
+def replay_pairs_file(folder):
+    """REPLAY_PAIRS as a pair file: each source with its rewording and its look-alike."""
+    pairs = folder / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
+                             for q1, reworded, lookalike in REPLAY_PAIRS
+                             for q2, dup in ((reworded, True), (lookalike, False))))
+    return pairs
+
+
 def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack, tmp_path):
     """bench cache-replay against the stack (tiny model; the real embedding and pair model in the
     gateway), through its lenient gateway and with threshold 0 so that look-alikes are served too.
     max_tokens 12 is a namespace of its own: nothing the module's other tests stored can answer it."""
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
-                             for q1, reworded, lookalike in REPLAY_PAIRS
-                             for q2, dup in ((reworded, True), (lookalike, False))))
+    pairs = replay_pairs_file(tmp_path)
     out = tmp_path / "replay.json"
     done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
                            str(pairs), "--max-tokens", "12", "--cache-threshold", "0", "--repeat-ratio", "0.3",
@@ -281,10 +287,7 @@ def test_cache_replay_in_rounds_reads_the_caches_evidence_after_each(stack, tmp_
     """--rounds 2: the sources dealt whole into two rounds, each filled and replayed, and the cache's
     evidence (observations, audited error, trained and learned thresholds) read before and after
     each. max_tokens 10: a namespace of its own."""
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"q1": q1, "q2": q2, "duplicate": dup}) + "\n"
-                             for q1, reworded, lookalike in REPLAY_PAIRS
-                             for q2, dup in ((reworded, True), (lookalike, False))))
+    pairs = replay_pairs_file(tmp_path)
     out = tmp_path / "rounds.json"
     done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
                            str(pairs), "--max-tokens", "10", "--cache-threshold", "0", "--repeat-ratio", "0",

@@ -48,7 +48,7 @@ class Replay:
     rival_score: np.ndarray
     rival_own: np.ndarray
     duplicate: np.ndarray
-    kind: np.ndarray  # each look-up's kind of look-alike ("" when the file does not say)
+    kinds: dict[str, np.ndarray]  # each kind of look-alike: which look-ups are of it (made once, read at every point)
     long: np.ndarray  # its stored text is a long statement (LONG_WORDS words or more)
 
     @classmethod
@@ -61,7 +61,7 @@ class Replay:
             rows.append((*_fields(best, o.own_id), *_fields(rival, o.own_id), o.duplicate))
         cols = [np.array(c) for c in zip(*rows)] if rows else [np.zeros(0)] * 7
         return cls(cols[0], cols[1], cols[2].astype(bool), cols[3], cols[4], cols[5].astype(bool),
-                   cols[6].astype(bool), np.array([o.kind or "" for o in outcomes]),
+                   cols[6].astype(bool), _kind_masks(outcomes),
                    np.array([o.words >= LONG_WORDS for o in outcomes], dtype=bool))
 
     def served(self, serve: float, agree: float, objection: float) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +72,12 @@ class Replay:
         best, rival = passes(self.best_cos, self.best_score), passes(self.rival_cos, self.rival_score)
         from_best, from_rival = best & ~rival, rival & ~best
         return from_best | from_rival, from_best & self.best_own | from_rival & self.rival_own
+
+
+def _kind_masks(outcomes: list[Outcome]) -> dict[str, np.ndarray]:
+    kinds = np.array([o.kind or "" for o in outcomes])
+    return {str(k): (kinds == k) & ~np.array([o.duplicate for o in outcomes], dtype=bool)
+            for k in sorted(set(kinds.tolist())) if k and k != "rewording"}
 
 
 def _fields(c, own_id: str) -> tuple[float, float, bool]:
@@ -89,9 +95,7 @@ def measures(chat: Replay, dup: Replay | None, paws: Replay | None, para: Replay
     out["chat_recall"] = float((own & chat.duplicate).sum() / max(1, chat.duplicate.sum()))
     out["chat_lookalikes_of"] = (int((served & different).sum()), int(different.sum()))
     out["chat_lookalikes_served"] = out["chat_lookalikes_of"][0] / max(1, out["chat_lookalikes_of"][1])
-    out["kinds_of"] = {str(k): (int((served & different & (chat.kind == k)).sum()),
-                                int((different & (chat.kind == k)).sum()))
-                       for k in np.unique(chat.kind[different]) if k}
+    out["kinds_of"] = {k: (int((served & mask).sum()), int(mask.sum())) for k, mask in chat.kinds.items() if mask.any()}
     if chat.long.any():
         long_same, long_different = chat.long & chat.duplicate, chat.long & different
         out["long_recall"] = float((own & long_same).sum() / max(1, long_same.sum()))
