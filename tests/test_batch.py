@@ -13,6 +13,7 @@ import pytest
 
 from gateway.batch.batch_input import Checker, read_checked, write_checked
 from gateway.protocol import RequestRules
+from ops.core import keys
 from ops.core.settings import Settings
 from tests.services import RedisServer, Stack, wait_until, worker_statuses
 
@@ -271,17 +272,21 @@ def test_a_worker_sigkilled_mid_job_loses_nothing(stack, tmp_path):
 
 @pytest.mark.long
 def test_a_gateway_killed_mid_job_is_continued_by_the_next_and_every_line_is_written_once(stack, tmp_path):
-    requests = [line(i, max_tokens=20) for i in range(30)]
+    # Long enough that it cannot end between the poll and the kill: lines are written in input order,
+    # so `written` can jump by a whole window at once, and 30 short lines once ended before the kill.
+    requests = [line(i, max_tokens=32) for i in range(90)]
     source = write_lines(tmp_path / "gw.jsonl", requests)
     job_id = stack.submit(source)
     wait_until(lambda: stack.job(job_id)["brigade"]["written"] >= 3, 120, what="some lines to be written")
     stack.kill(stack.gateway)
+    at_kill = stack.redis.client.hget(keys.batch_job(job_id), "written")
+    assert at_kill is not None and int(at_kill) < 90, f"the job ended before its gateway was killed ({at_kill})"
     stack.restart_gateway()
     # A CLI started now reports the same job, and the new gateway finishes it.
     shown = stack.batch("status", job_id)
     assert job_id in shown.stdout, shown.stdout + shown.stderr
     job = stack.wait_end(job_id, "the job to end on the new gateway")
-    assert job["status"] == "completed" and job["request_counts"]["completed"] == 30, job
+    assert job["status"] == "completed" and job["request_counts"]["completed"] == 90, job
     results = stack.results(job_id, tmp_path / "gw.out.jsonl")
     assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]
     assert "event=batch_job_taken job=" + job_id in stack.gateway.log_path.read_text()
