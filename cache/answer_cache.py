@@ -63,7 +63,8 @@ class AnswerCache:
                                   samples=settings.cache_samples, max_candidates=settings.cache_candidates,
                                   min_similarity=settings.cache_min_similarity)
         self.inserts = InsertPath(self.store, self.embedder, self.local, self.thresholds,
-                                  samples=settings.cache_samples, answer_agreement=settings.cache_answer_agreement)
+                                  samples=settings.cache_samples, answer_agreement=settings.cache_answer_agreement,
+                                  judge_margin=settings.cache_judge_margin)
         self.follower = SharedLogFollower(self.redis, self.store, self.local)
         self.sweeper = Sweeper(self.store, self.local, settings.cache_sweep_interval_s,
                                after_each=self.thresholds.relearn)

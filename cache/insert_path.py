@@ -15,7 +15,7 @@ import logging
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
-from cache.evidence import answers_agree, observed, same_text
+from cache.evidence import answer_fits, answers_agree, observed, same_text
 from cache.hit_rule import Candidate
 from cache.index import Item
 from cache.local_indexes import LocalIndexes
@@ -29,13 +29,14 @@ log = logging.getLogger("brigade.cache")
 
 class InsertPath:
     def __init__(self, store: EntryStore | None, embedder: Embedder, local: LocalIndexes, thresholds: Thresholds, *,
-                 samples: int, answer_agreement: float):
+                 samples: int, answer_agreement: float, judge_margin: float):
         self.store = store
         self.embedder = embedder
         self.local = local
         self.thresholds = thresholds  # where a near miss's evidence goes
         self.samples = samples  # a sampled question's pool is full at this many answers
         self.answer_agreement = answer_agreement  # the answers' cosine from which two answers agree
+        self.judge_margin = judge_margin  # the evidence's judge (cache/evidence.answer_fits)
 
     async def insert(self, query: CacheQuery, lookup: Lookup | None, chunks: list[str], finish_reason: str,
                      prompt_tokens: int, completion_tokens: int) -> str | None:
@@ -50,7 +51,7 @@ class InsertPath:
                 sample = Sample(chunks, finish_reason, completion_tokens)
                 await self.store.add_sample(lookup.pool, sample, exact_key=query.exact_key)
                 return lookup.pool
-            alias_of = await self._learn_from_near_miss(lookup.near, answer, query.sampled)
+            alias_of = await self._learn_from_near_miss(lookup.near, query.question, answer, query.sampled)
         except (RedisError, OSError, CorruptEntry) as exc:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
@@ -92,18 +93,22 @@ class InsertPath:
             log.warning("event=cache_insert_failed error=%r", exc)
             return None
 
-    async def _learn_from_near_miss(self, near: Candidate | None, answer: str, sampled: bool) -> str | None:
-        """Compare the model's answer with the near miss's stored one: evidence for the thresholds.
-        The same text word for word (a greedy answer) makes the new entry an alias of the old:
-        both hold one answer, so neither is the other's rival. Returns the id to alias."""
+    async def _learn_from_near_miss(self, near: Candidate | None, asked: str, answer: str,
+                                    sampled: bool) -> str | None:
+        """Judge the near miss's stored answer against the asked question (evidence for the
+        thresholds), and note whether the model's own answer agreed with it. The same text word
+        for word (a greedy answer) makes the new entry an alias of the old: both hold one answer,
+        so neither is the other's rival. Returns the id to alias."""
         if near is None:
             return None
         stored = await self.store.get_served(near.entry_id)
         if stored is None:
             return None
-        agreed = await asyncio.to_thread(answers_agree, stored.answer, answer, self.embedder, self.answer_agreement)
+        fits = await asyncio.to_thread(answer_fits, asked, stored.question, stored.answer, self.embedder,
+                                       self.judge_margin)
+        same = await asyncio.to_thread(answers_agree, stored.answer, answer, self.embedder, self.answer_agreement)
         await self.thresholds.observe(observed("near_miss", entry=near.entry_id, cosine=near.cosine,
-                                               score=near.score, agreed=agreed))
+                                               score=near.score, agreed=fits, same_as_model=same))
         return near.entry_id if not sampled and same_text(stored.answer, answer) else None
 
 

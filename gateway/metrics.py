@@ -18,9 +18,9 @@ REQUESTS = Counter("brigade_gateway_requests_total", "Requests admitted or refus
 CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model", "version"], registry=REGISTRY)
 CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)",
                      ["model", "version", "layer"], registry=REGISTRY)
-CACHE_AUDITS = Counter("brigade_cache_audits_total", "Semantic hits asked again of the model, by outcome "
-                       "(agreed: the answers agree, different, error, not_queued)", ["model", "outcome"],
-                       registry=REGISTRY)
+CACHE_AUDITS = Counter("brigade_cache_audits_total", "Semantic hits audited, by outcome (agreed: the judge "
+                       "found the served answer fits the asked question, different, error, not_queued)",
+                       ["model", "outcome"], registry=REGISTRY)
 CACHE_ENTRIES = Gauge("brigade_cache_entries", "Entries in the answer cache", ["model"], registry=REGISTRY)
 OVERLOAD_REFUSALS = Counter("brigade_overload_refusals_total", "Requests refused for load, by code "
                             "(overloaded, no_workers)", ["model", "version", "code"], registry=REGISTRY)

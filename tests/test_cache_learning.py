@@ -4,6 +4,8 @@ that become evidence, aliases or raised bars, thresholds that move with evidence
 cache stats`' view of it. The lookups and storage themselves are tests/test_cache.py."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cache.answer_cache import AnswerCache
@@ -11,6 +13,8 @@ from cache.evidence import Observation
 from ops.core import keys
 from ops.core.settings import Settings
 from tests.test_cache import ask, run, stored
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_sampled_question_fills_a_pool_of_k_answers_then_serves_them_and_never_grows_past_k(redis_server,
@@ -72,10 +76,12 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
                                                                                                  embedder, renderer):
     redis_server.client.flushdb()
     # The band never serves (agree above 1): every proposal below 0.95 is a near miss.
-    settings = Settings(redis_url=redis_server.url, cache_serve_cosine=0.95, cache_band_cosine=0.8,
+    settings = Settings(redis_url=redis_server.url, cache_serve_cosine=0.95, cache_band_cosine=0.7,
                         cache_agree=1.01, cache_objection=0.0, cache_max_error=0.2, cache_evidence_max=20)
-    stored_q, reworded, loose = ("How do I improve my English speaking?", "How can I get better at speaking English?",
-                                 "Tips to speak English more fluently?")
+    stored_q, reworded, loose, other = ("How do I improve my English speaking?",
+                                        "How can I get better at speaking English?",
+                                        "Tips to speak English more fluently?", "How do I improve my public speaking?")
+    answer = "Speak English every day, and listen to English podcasts."
 
     async def model_answers(cache, question: str, answer: str):
         lookup = await cache.lookup(ask(renderer, question))
@@ -84,11 +90,15 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
 
     async def main():
         cache = AnswerCache(settings, embedder)
-        original = await stored(cache, ask(renderer, stored_q), "Speak every day.")
-        near, alias = await model_answers(cache, reworded, "Speak every day.")  # the same answer
-        far, _ = await model_answers(cache, loose, "Read a book a week.")  # another answer
+        original = await stored(cache, ask(renderer, stored_q), answer)
+        near, alias = await model_answers(cache, reworded, answer)  # the same answer
+        loosely, _ = await model_answers(cache, loose, "Read a book a week.")  # another answer, and the stored one fits
+        # The stored answer is about English: it does not fit a question about public speaking.
+        far, _ = await model_answers(cache, other, "Practise in front of a mirror.")
         evidence = await cache.store.observations()
         entries = {e: redis_server.client.hgetall(keys.cache_entry(e)) for e in (original, alias)}
+        bars = {e: redis_server.client.hget(keys.cache_entry(e), "bar")
+                for e in (loosely.near.entry_id, far.near.entry_id)}
         index_bar = cache.local.indexes[ask(renderer, stored_q).namespace].live[far.near.entry_id].bar
         # Thresholds move with evidence: agreeing answers just below the serving cosine.
         probe = "What can I do to improve my spoken English?"
@@ -98,19 +108,24 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
             await cache.observe(Observation(cosine - 0.01, None, True, "near_miss", original))
         learned = await cache.relearn()
         after = (await cache.lookup(ask(renderer, probe))).hit
-        return (original, near, alias, far, evidence, entries, index_bar, cosine, before, learned, after)
+        return (original, near, alias, loosely, far, evidence, entries, bars, index_bar, cosine, before, learned, after)
 
-    original, near, alias, far, evidence, entries, index_bar, cosine, before, learned, after = run(main())
+    (original, near, alias, loosely, far, evidence, entries, bars, index_bar, cosine, before, learned,
+     after) = run(main())
     assert near.near.entry_id == original and alias is not None and alias != original
     assert entries[alias]["alias_of"] == original and entries[alias]["answer"] == entries[original]["answer"]
-    assert [(o.source, o.agreed) for o in reversed(evidence)] == [("near_miss", True), ("near_miss", False)]
+    # The verdict is the judge's (the stored answer fits the asked question); whether the model said
+    # the same is kept beside it: a loose rewording the model answered otherwise is not an error.
+    assert [(o.source, o.agreed, o.same_as_model) for o in reversed(evidence)] == [
+        ("near_miss", True, True), ("near_miss", True, False), ("near_miss", False, False)]
     assert evidence[-1].cosine == pytest.approx(near.near.cosine)
-    # The answer that differed raised that entry's bar above the cosine it was proposed at.
-    bar = float(redis_server.client.hget(keys.cache_entry(far.near.entry_id), "bar"))
+    # Only the answer that did not fit raised its entry's bar above the cosine it was proposed at.
+    assert bars[loosely.near.entry_id] in (None, "0", "0.0")
+    bar = float(bars[far.near.entry_id])
     assert bar == pytest.approx(far.near.cosine + 0.01, abs=1e-5) and index_bar == pytest.approx(bar)
     assert 0.8 <= cosine < 0.95 and before is None
     assert learned.why["serve_cosine"] == "evidence_lower" and learned.point.serve_cosine == pytest.approx(cosine - 0.01)
-    assert after is not None and after.layer == "semantic" and after.entry.answer == "Speak every day."
+    assert after is not None and after.layer == "semantic" and after.entry.answer == answer
     # The evidence is bounded: the newest cache_evidence_max, expiring when nothing is added.
     assert redis_server.client.llen(keys.CACHE_EVIDENCE) == 20 and redis_server.client.ttl(keys.CACHE_EVIDENCE) > 0
 
@@ -124,8 +139,9 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
 
     async def main():
         cache = AnswerCache(settings, embedder)
-        for i in range(12):  # audits: a random share of served hits, two of them wrong
-            await cache.observe(Observation(0.93, 0.8, i >= 2, "audit", f"e{i}"))
+        for i in range(12):  # audits: a random share of served hits, two of them wrong; eight compared with the model
+            await cache.observe(Observation(0.93, 0.8, i >= 2, "audit", f"e{i}",
+                                            same_as_model=i % 2 == 0 if i < 8 else None))
         await cache.observe(Observation(0.85, 0.4, True, "near_miss", "e0"))
         return await stats(settings)
 
@@ -133,6 +149,8 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
     assert evidence["observations"] == {"near_miss": 1, "audit": 12, "feedback": 0}
     served = evidence["served_error"]
     assert (served["audited"], served["wrong"], served["rate"]) == (12, 2, 0.1667)
+    # How often the model would have said otherwise is reported beside the error, not in it.
+    assert served["differs_from_model"] == {"compared": 8, "differs": 4, "rate": 0.5}
     lo, hi = served["interval_95"]
     assert 0.04 < lo < 0.1667 < hi < 0.5
     # Two wrong in twelve at cosine 0.93 (the pair model not objecting, at 0.8) is an error rate
@@ -144,9 +162,11 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
     assert evidence["max_error"] == 0.01
 
 
-def test_an_audit_that_ends_is_evidence_and_a_different_answer_raises_its_entrys_bar(redis_server, embedder, renderer):
-    """gateway/admission/audits.py: when an audit's answer ends, it is compared with the one served and kept
-    as audit evidence (cache/evidence.observed); a different answer raises the served entry's bar."""
+def test_an_audit_that_ends_is_judged_its_model_answer_compared_and_a_misfit_raises_its_entrys_bar(
+        redis_server, embedder, renderer):
+    """gateway/admission/audits.py: when an audit's answer ends, the served answer is judged against the
+    asked question (cache/evidence.answer_fits) and kept as audit evidence with whether the model's own
+    answer agreed; only an answer that does not fit raises the served entry's bar."""
     from gateway.admission.audits import AuditContext, Audits, AuditSink
     from gateway.admission.catalog import Choice
     from gateway.delivery.router import ReplyRouter, Route
@@ -154,23 +174,58 @@ def test_an_audit_that_ends_is_evidence_and_a_different_answer_raises_its_entrys
 
     redis_server.client.flushdb()
     settings = Settings(redis_url=redis_server.url)
-    served = "About 384,400 km."
+    stored_q, served = "How far away is the Moon?", "The Moon is about 384,400 km from the Earth."
 
     async def main():
         cache = AnswerCache(settings, embedder)
-        entry_id = await stored(cache, ask(renderer, "How far away is the Moon?"), served)
+        entry_id = await stored(cache, ask(renderer, stored_q), served)
         comparisons = []
         audits = Audits(settings, ReplyRouter(), None, comparisons.append)
         audits.use_cache(cache)
-        for rid, cosine, answer in (("audit-1", 0.93, "about 384,400 KM."), ("audit-2", 0.91, "It depends on the orbit.")):
-            context = AuditContext(entry_id, cosine, 0.8, served, Choice("smollm2-135m-instruct", "v1", "stable"))
+        bars = []
+        for rid, cosine, asked, answer in (
+                ("audit-1", 0.93, "How distant is the Moon from us?", "the moon is about 384,400 KM from the earth."),
+                ("audit-2", 0.91, "What is the distance from the Earth to the Moon?", "It depends on the orbit."),
+                ("audit-3", 0.90, "How far away is Mars?", "Mars is about 225 million km away.")):
+            context = AuditContext(entry_id, cosine, 0.8, served, Choice("smollm2-135m-instruct", "v1", "stable"),
+                                   asked, stored_q)
             route = Route(rid, rid, AuditSink(), keep_text=True, chunks=[answer], context=context)
             audits.ended(route, ReplyEvent(type="done", request_id=rid))
             await comparisons.pop()
-        return entry_id, await cache.store.observations()
+            bars.append(redis_server.client.hget(keys.cache_entry(entry_id), "bar"))
+        return entry_id, await cache.store.observations(), bars
 
-    entry_id, evidence = run(main())
-    assert [(o.source, o.entry, o.cosine, o.score, o.agreed) for o in reversed(evidence)] == [
-        ("audit", entry_id, 0.93, 0.8, True), ("audit", entry_id, 0.91, 0.8, False)]
+    entry_id, evidence, bars = run(main())
+    assert [(o.source, o.entry, o.cosine, o.score, o.agreed, o.same_as_model) for o in reversed(evidence)] == [
+        ("audit", entry_id, 0.93, 0.8, True, True), ("audit", entry_id, 0.91, 0.8, True, False),
+        ("audit", entry_id, 0.90, 0.8, False, False)]
     assert all(o.at > 0 for o in evidence)
-    assert float(redis_server.client.hget(keys.cache_entry(entry_id), "bar")) == pytest.approx(0.92)
+    assert [float(b or 0) for b in bars] == [0.0, 0.0, pytest.approx(0.91)]
+
+
+def test_the_judge_reads_rewordings_as_fitting_and_catches_answers_about_another_entity_or_number(embedder):
+    """cache/evidence.answer_fits at the default margin, measured as `brigade cache eval --judge` measures it,
+    on tune-split pairs whose q1s carry the default model's real greedy answers (ops/data/judge_sample_tune.jsonl):
+    true rewordings seldom read as not fitting (a false alarm raises the thresholds for nothing), and
+    answers about another entity or number mostly do. The model's own answer is no judge at all: it
+    differs between two wordings of one question most of the time (docs/cache.md)."""
+    from cache.evidence import answer_fits
+    from ops.training.pair_model.judging import report
+    from ops.training.pair_model.pairs import Pair, read_pairs
+
+    pairs = read_pairs(ROOT / "ops" / "data" / "judge_sample_tune.jsonl")
+    margin = Settings().cache_judge_margin
+    measured = report(pairs, embedder, margin)
+    kinds = measured["by_kind"]
+    assert kinds["rewordings:rewording"]["pairs"] == 200 and kinds["rewordings:rewording"]["rate"] <= 0.02, kinds
+    assert kinds["rewordings:hand"]["rate"] <= 0.1, kinds
+    assert kinds["lookalikes:entity"]["rate"] >= 0.6 and kinds["lookalikes:number"]["rate"] >= 0.3, kinds
+    # The default margin is where 99% of the sample's rewordings fit (chosen so on the whole tune split).
+    assert abs(measured["margin_keeping_0.99_of_rewordings"] - margin) < 0.03, measured
+    # The report's verdicts are the live judge's, pair by pair.
+    for pair in [p for p in pairs if p.kind == "entity"][:10]:
+        fits = answer_fits(pair.q2, pair.q1, pair.answer, embedder, margin)
+        drop = (embedder.embed_one(pair.q1) - embedder.embed_one(pair.q2)) @ embedder.embed_one(pair.answer)
+        assert fits == (float(drop) <= margin + 1e-6) or abs(float(drop) - margin) < 1e-4
+    with pytest.raises(ValueError, match="ops.answer_pairs"):
+        report([Pair("What is two plus two?", "How much is 2 + 2?", True)], embedder, margin)

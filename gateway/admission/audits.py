@@ -1,10 +1,12 @@
-"""Audits: a share of semantic hits asked again of the model, to measure what the cache serves.
+"""Audits: a share of semantic hits judged and asked again of the model, to measure what the cache serves.
 
 A semantic hit is answered at once from the cache. With probability `cache_audit_share` the same
 request is also queued in the batch lane (behind all interactive work, preempted for it) under
-its own id and no key: never delivered, never cached, never charged. When it ends its answer is
-compared with the one served (cache/evidence.py): evidence that moves the thresholds, and the
-random sample behind the error rate `brigade cache stats` estimates.
+its own id and no key: never delivered, never cached, never charged. When it ends, the served
+answer is judged against the asked question (cache/evidence.answer_fits: the verdict, evidence that
+moves the thresholds and the random sample behind the error rate `brigade cache stats` estimates),
+and the model's answer is compared with the served one (`same_as_model`: how often the model
+itself would have said otherwise, reported beside it, never counted as an error).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from cache.evidence import answers_agree, observed
+from cache.evidence import answer_fits, answers_agree, observed
 from gateway import metrics
 from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
@@ -31,13 +33,15 @@ log = logging.getLogger("brigade.gateway")
 
 @dataclass
 class AuditContext:
-    """An audit's route: what was served, to compare the model's answer with when it ends."""
+    """An audit's route: what was asked and served, to judge (and compare the model's answer with) when it ends."""
 
     entry_id: str
     cosine: float
     score: float | None
     served: str
     choice: Choice
+    asked: str = ""  # the asked question (the cache's), and the one the served answer was stored for
+    stored: str = ""
 
 
 class AuditSink(Sink):
@@ -62,10 +66,12 @@ class Audits:
     def due(self, hit: Hit) -> bool:
         return hit.layer == "semantic" and self.cache is not None and self.rng.random() < self.share
 
-    async def start(self, served: QueuedRequest, hit: Hit, choice: Choice) -> None:
-        """`served`: the request as it would have been queued (its id is the audit's own)."""
+    async def start(self, served: QueuedRequest, hit: Hit, choice: Choice, asked: str) -> None:
+        """`served`: the request as it would have been queued (its id is the audit's own); `asked`:
+        its question as the cache read it."""
         rid = served.request_id
-        context = AuditContext(hit.entry.entry_id, hit.similarity, hit.score, hit.entry.answer, choice)
+        context = AuditContext(hit.entry.entry_id, hit.similarity, hit.score, hit.entry.answer, choice,
+                               asked, hit.entry.question)
         self.router.add(Route(rid, rid, AuditSink(), keep_text=True, context=context, model=choice.model,
                               version=choice.version))
         try:
@@ -85,10 +91,13 @@ class Audits:
         self._spawn(self._compare(context, route.text))
 
     async def _compare(self, context: AuditContext, answer: str) -> None:
-        agreed = await asyncio.to_thread(answers_agree, context.served, answer, self.cache.embedder,
-                                         self.cache.settings.cache_answer_agreement)
+        settings = self.cache.settings
+        fits = await asyncio.to_thread(answer_fits, context.asked, context.stored, context.served,
+                                       self.cache.embedder, settings.cache_judge_margin)
+        same = await asyncio.to_thread(answers_agree, context.served, answer, self.cache.embedder,
+                                       settings.cache_answer_agreement)
         await self.cache.observe(observed("audit", entry=context.entry_id, cosine=context.cosine,
-                                          score=context.score, agreed=agreed))
-        metrics.CACHE_AUDITS.labels(context.choice.model, "agreed" if agreed else "different").inc()
-        log.info("event=cache_audit_measured entry=%s cosine=%.4f agreed=%s", context.entry_id, context.cosine,
-                 agreed)
+                                          score=context.score, agreed=fits, same_as_model=same))
+        metrics.CACHE_AUDITS.labels(context.choice.model, "agreed" if fits else "different").inc()
+        log.info("event=cache_audit_measured entry=%s cosine=%.4f agreed=%s same_as_model=%s", context.entry_id,
+                 context.cosine, fits, same)

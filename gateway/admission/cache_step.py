@@ -115,7 +115,7 @@ class CacheStep:
             # No deadline: an audit waits behind interactive work for as long as it takes.
             queued = cmd.queued(audit, audit, choice.model, choice.version, self.reply_channel,
                                 lane="batch").model_copy(update={"deadline_at": None})
-            self._spawn(self.audits.start(queued, hit, choice))
+            self._spawn(self.audits.start(queued, hit, choice, query.question))
         self._spawn(self.store.record(choice, outcomes.Outcome(at=time.time(), cached=True)))
         return CachedAnswer(events, hit, query.question, rid)
 

@@ -152,9 +152,11 @@ def evaluate(settings: Settings, args) -> int:
     from ops.training.pair_model.pairs import read_pairs, split_for
 
     files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
+    if args.judge:
+        return evaluate_judge(settings, args)
     if not files:
-        print("brigade cache eval needs at least one labelled file: --duplicates, --lookalikes or --paraphrases "
-              '(JSONL lines {"q1": ..., "q2": ..., "duplicate": true|false})', file=sys.stderr)
+        print("brigade cache eval needs at least one labelled file: --duplicates, --lookalikes, --paraphrases "
+              'or --judge (JSONL lines {"q1": ..., "q2": ..., "duplicate": true|false})', file=sys.stderr)
         return 2
     pairs = {}
     for kind, path in files.items():
@@ -168,6 +170,26 @@ def evaluate(settings: Settings, args) -> int:
     for kind in pairs:
         section = report[kind]
         print(f"{kind}: {json.dumps(section['default'])}  decision p50 {section['decision_ms_p50']} ms")
+    return 0
+
+
+def evaluate_judge(settings: Settings, args) -> int:
+    from cache.embedder import Embedder
+    from ops.training.pair_model.judging import report
+    from ops.training.pair_model.pairs import read_pairs
+
+    # The gateway's embedder, as it judges live (int8 or not, its threads).
+    embedder = Embedder(settings.embedding_model or None, threads=settings.embedding_threads,
+                        int8=settings.embedding_int8)
+    out = {}
+    for path in args.judge:
+        pairs = read_pairs(path, args.limit)
+        try:
+            out[path] = report(pairs, embedder, settings.cache_judge_margin)
+        except ValueError as exc:
+            print(f"brigade cache eval --judge {path}: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(out, indent=2))
     return 0
 
 
@@ -227,6 +249,9 @@ def add_parser(sub) -> None:
                                          "(recall, share served another entry)")
     e.add_argument("--split", choices=["all", "test", "tune"], default="all",
                    help="evaluate every pair, or only the held-out split train-verifier never trained on")
+    e.add_argument("--judge", nargs="+", help="pair files whose q1s carry the model's answers (python -m "
+                   "ops.answer_pairs): how the evidence's judge reads each kind at BRIGADE_CACHE_JUDGE_MARGIN "
+                   "(rewordings read as not fitting, look-alikes caught)")
     e.add_argument("--limit", type=int, help="at most this many pairs per file")
     e.add_argument("--json", action="store_true")
     t = cs.add_parser("train-verifier", help="fine-tune the pair model and tune the hit rule (offline; hours on CPU)")
