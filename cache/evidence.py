@@ -29,6 +29,7 @@ From the observations (capped and expiring in Redis, keys.CACHE_EVIDENCE) each g
   model did not object to, the error rate's upper bound (Wilson, one-sided 95%) is at most
   `cache_max_error` (delta). Lower than the trained value only when the evidence proves it; higher
   when the evidence at the trained value shows errors above delta (its lower bound exceeds it).
+  Fixed at the trained value when `objection` is above `agree` (see `learn`).
 - `agree`: the same over the pair model's probability, for the band below serve_cosine.
 - neither goes below the floor chosen with the trained point (`Floor`): the lowest thresholds at
   which the look-alike bounds still held on the tune files;
@@ -164,13 +165,23 @@ class Floor:
 
 def learn(observations: list[Observation], trained: OperatingPoint, delta: float, floor: Floor = Floor()) -> Learned:
     """The operating point the evidence supports (thresholds only move where it says so, and not
-    below `floor`)."""
-    high = [o for o in observations if o.cosine >= trained.band_cosine
-            and (o.score is None or o.score >= trained.objection)]
-    serve, serve_why = lowest_safe(np.array([o.cosine for o in high]), np.array([not o.agreed for o in high]),
-                                   delta, trained.serve_cosine)
-    if serve < floor.serve_cosine:
-        serve, serve_why = min(floor.serve_cosine, trained.serve_cosine), "floor"
+    below `floor`).
+
+    `serve_cosine` is learned only where a lower one serves more: when the pair model's objection
+    above it is no stricter than the band's `agree` below it. A point tuned with `objection` above
+    `agree` (the pair model must be surer at high cosine, where PAWS-like look-alikes sit) is
+    stricter above serve_cosine than below it, so moving serve_cosine down would refuse more and up
+    would serve more: neither follows from "the answers served above v were right". It stays as
+    trained (`why: fixed`), and only `agree` is learned, in the band below it."""
+    if trained.objection > trained.agree:
+        serve, serve_why = trained.serve_cosine, "fixed"
+    else:
+        high = [o for o in observations if o.cosine >= trained.band_cosine
+                and (o.score is None or o.score >= trained.objection)]
+        serve, serve_why = lowest_safe(np.array([o.cosine for o in high]), np.array([not o.agreed for o in high]),
+                                       delta, trained.serve_cosine)
+        if serve < floor.serve_cosine:
+            serve, serve_why = min(floor.serve_cosine, trained.serve_cosine), "floor"
     serve = max(serve, trained.band_cosine)
     band = [o for o in observations if o.score is not None and trained.band_cosine <= o.cosine < serve]
     agree, agree_why = lowest_safe(np.array([o.score for o in band]), np.array([not o.agreed for o in band]),

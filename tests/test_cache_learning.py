@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cache.answer_cache import AnswerCache
-from cache.evidence import Observation
+from cache.evidence import Floor, Observation
 from ops.core import keys
 from ops.core.settings import Settings
 from tests.test_cache import ask, run, stored
@@ -90,6 +90,9 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
 
     async def main():
         cache = AnswerCache(settings, embedder)
+        # The shipped pair model's floor is its own tuned point's (serve 0.92): this test's point is
+        # another, so evidence may move it anywhere.
+        cache.thresholds.floor = Floor()
         original = await stored(cache, ask(renderer, stored_q), answer)
         near, alias = await model_answers(cache, reworded, answer)  # the same answer
         loosely, _ = await model_answers(cache, loose, "Read a book a week.")  # another answer, and the stored one fits

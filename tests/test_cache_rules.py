@@ -189,6 +189,15 @@ def test_thresholds_move_only_where_the_evidence_bounds_the_error():
     # (here the pair model objects to them at 0.3, so serving on the cosine alone does not move).
     band = learn(seen([0.85] * 300, score=0.3), OperatingPoint(0.9, 0.8, agree=0.6, objection=0.4), 0.01)
     assert (band.point.agree, band.point.serve_cosine) == (0.3, 0.9)
+    # A point whose pair model must be surer above serve_cosine (objection 0.95) than in the band
+    # (agree 0.6) is stricter above it: a lower serve_cosine would refuse more, a higher one serve
+    # more. Neither follows from the evidence, so serve_cosine stays; agree is still learned.
+    strict_above = OperatingPoint(0.9, 0.8, agree=0.6, objection=0.95)
+    for evidence in (seen([0.82 + i * 0.0002 for i in range(300)], score=0.97), seen([0.91] * 300, 10, 0.97, "audit")):
+        fixed = learn(evidence, strict_above, 0.01)
+        assert fixed.point.serve_cosine == 0.9 and fixed.why["serve_cosine"] == "fixed"
+    band = learn(seen([0.85] * 300, score=0.3), strict_above, 0.01, Floor(serve_cosine=0.9, agree=0.2))
+    assert (band.point.agree, band.point.serve_cosine) == (0.3, 0.9)
     lo, hi = wilson(20, 500)
     assert lo < 0.04 < hi and served_error(bad + good)["audited"] == 500
     assert served_error(bad + good)["wrong"] == 20
@@ -205,12 +214,16 @@ def test_evidence_is_made_one_way_stamped_from_a_known_source_in_the_shape_redis
     from cache.evidence import Observation, observed
 
     before = time.time()
-    seen = observed("audit", entry="e1", cosine=0.93, score=0.8, agreed=False)
+    seen = observed("audit", entry="e1", cosine=0.93, score=0.8, agreed=False, same_as_model=True)
     assert before <= seen.at <= time.time()
     wire = json.loads(seen.to_json())
-    assert list(wire) == ["cosine", "score", "agreed", "source", "entry", "at"]
-    assert wire == {"cosine": 0.93, "score": 0.8, "agreed": False, "source": "audit", "entry": "e1", "at": seen.at}
+    assert list(wire) == ["cosine", "score", "agreed", "source", "entry", "at", "same_as_model"]
+    assert wire == {"cosine": 0.93, "score": 0.8, "agreed": False, "source": "audit", "entry": "e1", "at": seen.at,
+                    "same_as_model": True}
     assert Observation.from_json(seen.to_json()) == seen
+    # An observation kept before same_as_model was recorded reads as not compared.
+    older = {k: v for k, v in wire.items() if k != "same_as_model"}
+    assert Observation.from_json(json.dumps(older)).same_as_model is None
     with pytest.raises(ValueError, match="unknown evidence source"):
         observed("hunch", entry="e1", cosine=0.93, score=None, agreed=True)
     with pytest.raises(TypeError):  # positional numbers could be swapped unnoticed
@@ -277,6 +290,19 @@ def test_the_operating_point_is_chosen_by_the_bound_of_each_rate_not_by_the_rate
     # model at 0.3, so serving on the cosine alone from 0.93, or agreeing at 0.3, would serve them.
     assert 0.93 < tuned["floor"]["serve_cosine"] <= point.serve_cosine
     assert 0.3 < tuned["floor"]["agree"] <= point.agree
+    # With objection above agree, learning never moves serve_cosine: its floor is the point's own,
+    # and agree's floor is found there (the corner learning can reach), not at a lower cosine.
+    from cache.hit_rule import OperatingPoint
+    from ops.training.pair_model.tuning import Replay, floor_of
+
+    outcomes = _tune_outcomes(200, 0, 200)
+    for objection in (0.95, 0.4):
+        strict = OperatingPoint(0.95, 0.8, agree=0.5, objection=objection)
+        floor = floor_of(strict, [Replay.of(outcomes, 0.8), None, None, None], targets)
+        lowered = strict.objection <= strict.agree
+        assert (floor.serve_cosine < strict.serve_cosine) == lowered, (strict, floor)
+        # the look-alikes (cosine 0.93, pair model 0.3) are in the band at 0.95: agree may not reach 0.3
+        assert 0.3 < floor.agree <= strict.agree or lowered, (strict, floor)
     # 3 of 203 look-alikes look like rewordings: served with them, a rate of 1.48% (under a 2% point
     # target) but a bound of 4.2%: no point that serves the rewordings is kept.
     point, tuned = choose_operating_point(_tune_outcomes(200, 3, 200), None, None, None, targets)

@@ -190,9 +190,12 @@ def choose_operating_point(chat: list[Outcome], dup: list[Outcome] | None, paws:
 def floor_of(point: OperatingPoint, replays: list[Replay | None], targets: Targets) -> Floor:
     """How far evidence may lower each threshold (cache/evidence.py `Floor`): serve_cosine down the
     grid while every step still keeps the targets, then agree the same with serve_cosine at that
-    floor (the corner both can reach together is checked, not each alone)."""
+    floor (the corner both can reach together is checked, not each alone). With `objection` above
+    `agree`, learning never moves serve_cosine (cache/evidence.learn: a lower one would be the
+    stricter), so its floor is the trained value and agree's floor is found at it."""
     serve = point.serve_cosine
-    for lower in sorted((s for s in SERVE if point.band_cosine <= s < point.serve_cosine), reverse=True):
+    lowerable = point.objection <= point.agree
+    for lower in sorted((s for s in SERVE if lowerable and point.band_cosine <= s < point.serve_cosine), reverse=True):
         if not keeps(measures(*replays, lower, point.agree, point.objection), targets):
             break
         serve = lower
