@@ -47,9 +47,7 @@ class AnswerCache:
         self.settings = settings
         self.redis = async_client(settings.cache_redis, timeout_s=CACHE_TIMEOUT_S) if connect else None
         self.store = EntryStore(self.redis, settings) if connect else None
-        self.embedder = embedder or Embedder(
-            settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8
-        )
+        self.embedder = embedder or Embedder.for_settings(settings)
         pair_model = pair_model if pair_model is not None else self._load_pair_model()
         # Bookkeeping writes and index rebuilds, kept off the hit path: in the gateway's background
         # tasks when it gives its `spawn` (it waits for them at shutdown), else in a set of our own.

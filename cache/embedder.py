@@ -46,6 +46,11 @@ class Embedder:
         # One forward pass at a time: torch threads are already sized to the cores.
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_settings(cls, settings) -> "Embedder":
+        """The embedder the answer cache runs with (BRIGADE_EMBEDDING_MODEL, _THREADS, _INT8)."""
+        return cls(settings.embedding_model or None, threads=settings.embedding_threads, int8=settings.embedding_int8)
+
     def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """L2-normalised float32 embeddings, one row per text (cosine = dot product)."""
         with self._lock:

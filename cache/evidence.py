@@ -11,7 +11,7 @@ sources give them, as vCache (arXiv 2502.03771) learns from:
 All three make theirs with `observed` (the one place an observation is made): a known source,
 stamped with when it was seen.
 
-An observation's verdict (`agreed`) is the judge's, `answer_fits`: the stored answer fits the asked
+An observation's verdict (`agreed`) is the judge's (`judge`): the stored answer fits the asked
 question when it is about it nearly as much as about the question it was stored for (the answer's
 embedding cosine with the asked question at most `cache_judge_margin` below its cosine with the
 stored one). The model's own answer is not the judge: a small model answers two wordings of one
@@ -59,7 +59,7 @@ SOURCES = ("near_miss", "audit", "feedback")
 class Observation:
     cosine: float
     score: float | None  # the pair model's probability (None: not asked)
-    agreed: bool  # the judge's verdict: the stored answer fits the asked question (answer_fits)
+    agreed: bool  # the judge's verdict: the stored answer fits the asked question (judge)
     source: str  # near_miss | audit | feedback
     entry: str
     at: float = 0.0
@@ -173,7 +173,7 @@ def learn(observations: list[Observation], trained: OperatingPoint, delta: float
     stricter above serve_cosine than below it, so moving serve_cosine down would refuse more and up
     would serve more: neither follows from "the answers served above v were right". It stays as
     trained (`why: fixed`), and only `agree` is learned, in the band below it."""
-    if trained.objection > trained.agree:
+    if not trained.lower_serve_serves_more:
         serve, serve_why = trained.serve_cosine, "fixed"
     else:
         high = [o for o in observations if o.cosine >= trained.band_cosine
@@ -212,24 +212,33 @@ def same_text(a: str, b: str) -> bool:
     return " ".join(a.lower().split()) == " ".join(b.lower().split())
 
 
-def answers_agree(a: str, b: str, embedder, level: float) -> bool:
-    """The same answer: equal text, or the same content (embeddings' cosine at `level` or above)."""
-    if same_text(a, b):
-        return True
-    if not a.strip() or not b.strip():
-        return False
-    va, vb = embedder.embed([a, b])
-    return float(np.dot(va, vb)) >= level
+def fit_drop(v_asked: np.ndarray, v_stored: np.ndarray, v_answer: np.ndarray) -> float:
+    """The judge's measure: how much less an answer's embedding is about the asked question than
+    about the question it was stored for (cosines; a fitting answer's is at most the margin)."""
+    return float(np.dot(v_stored, v_answer)) - float(np.dot(v_asked, v_answer))
 
 
-def answer_fits(asked: str, stored: str, answer: str, embedder, margin: float) -> bool:
-    """The judge: `answer` (stored for the question `stored`) fits the question `asked` when its
-    embedding's cosine with `asked` is at most `margin` below its cosine with `stored`. It compares
-    one answer with two questions, so an answer's style and length cancel out. Measured on the
-    tune split with the default model's answers (docs/cache.md): margin 0.15 reads 0.9% of generated
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool  # the judge's: what an observation's `agreed` records
+    same_as_model: bool | None  # the model's own answer agreed with the stored one (None: none given)
+
+
+def judge(asked: str, stored: str, answer: str, model_answer: str | None, embedder, margin: float,
+          agreement: float) -> Verdict:
+    """Whether `answer` (stored for the question `stored`) fits the question `asked`: its
+    embedding's cosine with `asked` at most `margin` below its cosine with `stored`. It compares one
+    answer with two questions, so an answer's style and length cancel out. Measured on the tune
+    split with the default model's answers (docs/cache.md): margin 0.15 reads 0.9% of generated
     rewordings and 5% of hand-written ones as not fitting, and 72% of entity look-alikes, 36% of
-    number ones; none whose question changed only direction, roles or word order."""
-    if same_text(asked, stored):
-        return True
-    v_asked, v_stored, v_answer = embedder.embed([asked, stored, answer])
-    return float(np.dot(v_stored, v_answer)) - float(np.dot(v_asked, v_answer)) <= margin
+    number ones; none whose question changed only direction, roles or word order.
+
+    With the model's own answer to `asked`, also whether it agreed with `answer`: equal text up to
+    case and spacing, or embeddings' cosine at `agreement` or above. One embedding call for both."""
+    vectors = embedder.embed([asked, stored, answer] + ([model_answer] if model_answer is not None else []))
+    fits = same_text(asked, stored) or fit_drop(*vectors[:3]) <= margin
+    if model_answer is None:
+        return Verdict(fits, None)
+    same = same_text(answer, model_answer) or (bool(answer.strip() and model_answer.strip())
+                                              and float(np.dot(vectors[2], vectors[3])) >= agreement)
+    return Verdict(fits, same)

@@ -30,6 +30,13 @@ class OperatingPoint:
     agree: float = 0.5  # the pair model's probability that counts as agreeing in the band
     objection: float = 0.0  # below this probability the pair model objects even above serve_cosine
 
+    @property
+    def lower_serve_serves_more(self) -> bool:
+        """Whether lowering serve_cosine serves more: the pair model's objection above it is no
+        stricter than `agree` below it. Evidence learns serve_cosine (and its floor is sought) only
+        then; a point with objection above agree is stricter above serve_cosine than below it."""
+        return self.objection <= self.agree
+
     def clamped(self) -> "OperatingPoint":
         """A band that ends where serving on the embedding alone starts (a per-request
         `cache_threshold` below the band's floor moves the floor with it)."""

@@ -15,7 +15,7 @@ import logging
 from redis.exceptions import RedisError
 
 from cache.embedder import Embedder
-from cache.evidence import answer_fits, answers_agree, observed, same_text
+from cache.evidence import judge, observed, same_text
 from cache.hit_rule import Candidate
 from cache.index import Item
 from cache.local_indexes import LocalIndexes
@@ -36,7 +36,7 @@ class InsertPath:
         self.thresholds = thresholds  # where a near miss's evidence goes
         self.samples = samples  # a sampled question's pool is full at this many answers
         self.answer_agreement = answer_agreement  # the answers' cosine from which two answers agree
-        self.judge_margin = judge_margin  # the evidence's judge (cache/evidence.answer_fits)
+        self.judge_margin = judge_margin  # the evidence's judge (cache/evidence.judge)
 
     async def insert(self, query: CacheQuery, lookup: Lookup | None, chunks: list[str], finish_reason: str,
                      prompt_tokens: int, completion_tokens: int) -> str | None:
@@ -104,11 +104,10 @@ class InsertPath:
         stored = await self.store.get_served(near.entry_id)
         if stored is None:
             return None
-        fits = await asyncio.to_thread(answer_fits, asked, stored.question, stored.answer, self.embedder,
-                                       self.judge_margin)
-        same = await asyncio.to_thread(answers_agree, stored.answer, answer, self.embedder, self.answer_agreement)
-        await self.thresholds.observe(observed("near_miss", entry=near.entry_id, cosine=near.cosine,
-                                               score=near.score, agreed=fits, same_as_model=same))
+        verdict = await asyncio.to_thread(judge, asked, stored.question, stored.answer, answer, self.embedder,
+                                          self.judge_margin, self.answer_agreement)
+        await self.thresholds.observe(observed("near_miss", entry=near.entry_id, cosine=near.cosine, score=near.score,
+                                               agreed=verdict.fits, same_as_model=verdict.same_as_model))
         return near.entry_id if not sampled and same_text(stored.answer, answer) else None
 
 

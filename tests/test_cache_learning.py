@@ -168,7 +168,7 @@ def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with
 def test_an_audit_that_ends_is_judged_its_model_answer_compared_and_a_misfit_raises_its_entrys_bar(
         redis_server, embedder, renderer):
     """gateway/admission/audits.py: when an audit's answer ends, the served answer is judged against the
-    asked question (cache/evidence.answer_fits) and kept as audit evidence with whether the model's own
+    asked question (cache/evidence.judge) and kept as audit evidence with whether the model's own
     answer agreed; only an answer that does not fit raises the served entry's bar."""
     from gateway.admission.audits import AuditContext, Audits, AuditSink
     from gateway.admission.catalog import Choice
@@ -207,12 +207,12 @@ def test_an_audit_that_ends_is_judged_its_model_answer_compared_and_a_misfit_rai
 
 
 def test_the_judge_reads_rewordings_as_fitting_and_catches_answers_about_another_entity_or_number(embedder):
-    """cache/evidence.answer_fits at the default margin, measured as `brigade cache eval --judge` measures it,
+    """cache/evidence.judge at the default margin, measured as `brigade cache eval --judge` measures it,
     on tune-split pairs whose q1s carry the default model's real greedy answers (ops/data/judge_sample_tune.jsonl):
     true rewordings seldom read as not fitting (a false alarm raises the thresholds for nothing), and
     answers about another entity or number mostly do. The model's own answer is no judge at all: it
     differs between two wordings of one question most of the time (docs/cache.md)."""
-    from cache.evidence import answer_fits
+    from cache.evidence import judge
     from ops.training.pair_model.judging import report
     from ops.training.pair_model.pairs import Pair, read_pairs
 
@@ -227,7 +227,7 @@ def test_the_judge_reads_rewordings_as_fitting_and_catches_answers_about_another
     assert abs(measured["margin_keeping_0.99_of_rewordings"] - margin) < 0.03, measured
     # The report's verdicts are the live judge's, pair by pair.
     for pair in [p for p in pairs if p.kind == "entity"][:10]:
-        fits = answer_fits(pair.q2, pair.q1, pair.answer, embedder, margin)
+        fits = judge(pair.q2, pair.q1, pair.answer, None, embedder, margin, 0.9).fits
         drop = (embedder.embed_one(pair.q1) - embedder.embed_one(pair.q2)) @ embedder.embed_one(pair.answer)
         assert fits == (float(drop) <= margin + 1e-6) or abs(float(drop) - margin) < 1e-4
     with pytest.raises(ValueError, match="ops.answer_pairs"):

@@ -3,7 +3,7 @@
 A semantic hit is answered at once from the cache. With probability `cache_audit_share` the same
 request is also queued in the batch lane (behind all interactive work, preempted for it) under
 its own id and no key: never delivered, never cached, never charged. When it ends, the served
-answer is judged against the asked question (cache/evidence.answer_fits: the verdict, evidence that
+answer is judged against the asked question (cache/evidence.judge: the verdict, evidence that
 moves the thresholds and the random sample behind the error rate `brigade cache stats` estimates),
 and the model's answer is compared with the served one (`same_as_model`: how often the model
 itself would have said otherwise, reported beside it, never counted as an error).
@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from cache.evidence import answer_fits, answers_agree, observed
+from cache.evidence import judge, observed
 from gateway import metrics
 from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
@@ -92,12 +92,11 @@ class Audits:
 
     async def _compare(self, context: AuditContext, answer: str) -> None:
         settings = self.cache.settings
-        fits = await asyncio.to_thread(answer_fits, context.asked, context.stored, context.served,
-                                       self.cache.embedder, settings.cache_judge_margin)
-        same = await asyncio.to_thread(answers_agree, context.served, answer, self.cache.embedder,
-                                       settings.cache_answer_agreement)
-        await self.cache.observe(observed("audit", entry=context.entry_id, cosine=context.cosine,
-                                          score=context.score, agreed=fits, same_as_model=same))
-        metrics.CACHE_AUDITS.labels(context.choice.model, "agreed" if fits else "different").inc()
+        verdict = await asyncio.to_thread(judge, context.asked, context.stored, context.served, answer,
+                                          self.cache.embedder, settings.cache_judge_margin,
+                                          settings.cache_answer_agreement)
+        await self.cache.observe(observed("audit", entry=context.entry_id, cosine=context.cosine, score=context.score,
+                                          agreed=verdict.fits, same_as_model=verdict.same_as_model))
+        metrics.CACHE_AUDITS.labels(context.choice.model, "agreed" if verdict.fits else "different").inc()
         log.info("event=cache_audit_measured entry=%s cosine=%.4f agreed=%s same_as_model=%s", context.entry_id,
-                 context.cosine, fits, same)
+                 context.cosine, verdict.fits, verdict.same_as_model)

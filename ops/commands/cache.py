@@ -178,9 +178,7 @@ def evaluate_judge(settings: Settings, args) -> int:
     from ops.training.pair_model.judging import report
     from ops.training.pair_model.pairs import read_pairs
 
-    # The gateway's embedder, as it judges live (int8 or not, its threads).
-    embedder = Embedder(settings.embedding_model or None, threads=settings.embedding_threads,
-                        int8=settings.embedding_int8)
+    embedder = Embedder.for_settings(settings)  # the gateway's, as it judges live
     out = {}
     for path in args.judge:
         pairs = read_pairs(path, args.limit)

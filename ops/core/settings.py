@@ -280,7 +280,7 @@ class Settings(BaseSettings):
     cache_samples: int = Field(default=4, ge=1)
     # The share of semantic hits asked again of the model in the batch lane, to measure them.
     cache_audit_share: float = Field(default=0.05, ge=0, le=1)
-    # The evidence's judge (cache/evidence.answer_fits): a stored answer fits an asked question when
+    # The evidence's judge (cache/evidence.judge): a stored answer fits an asked question when
     # its embedding's cosine with it is at most this below its cosine with the stored question.
     cache_judge_margin: float = Field(default=0.15, ge=0, le=2)
     # The model's own answer agrees with a stored one when equal, or when their embeddings' cosine

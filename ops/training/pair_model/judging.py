@@ -1,7 +1,7 @@
 """`brigade cache eval --judge`: how well the evidence's judge tells a stored answer that fits an
 asked question from one that does not. Offline.
 
-The judge (cache/evidence.answer_fits) reads a stored answer as fitting the asked question when the
+The judge (cache/evidence.judge) reads a stored answer as fitting the asked question when the
 answer's embedding cosine with the asked question is at most a margin below its cosine with the
 question it was stored for. Every audit and near miss is judged so, and the thresholds learn from
 the verdicts, so two rates matter:
@@ -19,20 +19,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from cache.evidence import fit_drop, same_text
 from ops.training.pair_model.bounds import upper_bound
 from ops.training.pair_model.pairs import Pair
 
 
 def drops(pairs: list[Pair], embedder) -> np.ndarray:
     """Per pair: the answer's cosine with q1 (its own question) minus its cosine with q2 (the asked
-    one); `answer_fits` reads it as fitting when this is at most the margin (equal texts always fit)."""
+    one, cache/evidence.fit_drop); the judge reads it as fitting when this is at most the margin
+    (equal texts always fit)."""
     texts = sorted({t for p in pairs for t in (p.q1, p.q2, p.answer)})
     vectors = dict(zip(texts, embedder.embed(texts)))
-    out = np.array([float(vectors[p.q1] @ vectors[p.answer]) - float(vectors[p.q2] @ vectors[p.answer])
-                    for p in pairs])
-    same = np.array([" ".join(p.q1.lower().split()) == " ".join(p.q2.lower().split()) for p in pairs], dtype=bool)
-    out[same] = -np.inf
-    return out
+    return np.array([-np.inf if same_text(p.q2, p.q1) else fit_drop(vectors[p.q2], vectors[p.q1], vectors[p.answer])
+                     for p in pairs])
 
 
 def kind_of(pair: Pair) -> str:

@@ -76,8 +76,8 @@ class Replay:
 
 def _kind_masks(outcomes: list[Outcome]) -> dict[str, np.ndarray]:
     kinds = np.array([o.kind or "" for o in outcomes])
-    return {str(k): (kinds == k) & ~np.array([o.duplicate for o in outcomes], dtype=bool)
-            for k in sorted(set(kinds.tolist())) if k and k != "rewording"}
+    different = ~np.array([o.duplicate for o in outcomes], dtype=bool)
+    return {str(k): (kinds == k) & different for k in sorted(set(kinds.tolist())) if k and k != "rewording"}
 
 
 def _fields(c, own_id: str) -> tuple[float, float, bool]:
@@ -194,7 +194,7 @@ def floor_of(point: OperatingPoint, replays: list[Replay | None], targets: Targe
     `agree`, learning never moves serve_cosine (cache/evidence.learn: a lower one would be the
     stricter), so its floor is the trained value and agree's floor is found at it."""
     serve = point.serve_cosine
-    lowerable = point.objection <= point.agree
+    lowerable = point.lower_serve_serves_more
     for lower in sorted((s for s in SERVE if lowerable and point.band_cosine <= s < point.serve_cosine), reverse=True):
         if not keeps(measures(*replays, lower, point.agree, point.objection), targets):
             break
