@@ -40,8 +40,8 @@ class AuditContext:
     score: float | None
     served: str
     choice: Choice
-    asked: str = ""  # the asked question (the cache's), and the one the served answer was stored for
-    stored: str = ""
+    asked: str  # the asked question (the cache's), and the one the served answer was stored for
+    stored: str
 
 
 class AuditSink(Sink):
