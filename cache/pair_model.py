@@ -68,30 +68,34 @@ def pair_words(first: str, second: str) -> int:
 
 
 class PairModel:
-    def __init__(self, model, tokenizer, info: dict | None = None):
+    def __init__(self, model, tokenizer, info: dict | None = None, base_folder: str | None = None):
         import torch
 
         self.torch = torch
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.info = info or {}
+        # Another BERT folder to lay the trained tensors over (None: the installed all-MiniLM-L6-v2).
+        # Only for measuring the choice of base model; saved into the file's info so it loads again.
+        self.base_folder = base_folder
         self.calibration = LengthCalibration.of(self.info)
         self._lock = threading.Lock()  # one forward pass at a time: threads are sized to the cores
 
     @classmethod
-    def base(cls) -> "PairModel":
-        """The untrained starting point: MiniLM's layers with a fresh head (for training)."""
+    def base(cls, folder: str | None = None) -> "PairModel":
+        """The untrained starting point: MiniLM's layers (or another local BERT folder's) with a
+        fresh head (for training)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        folder = str(default_embedding_dir())
         hf_logging.set_verbosity_error()  # "newly initialised classifier" is expected here
         torch.manual_seed(0)
-        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        return cls(model, tokenizer)
+        source = folder or str(default_embedding_dir())
+        model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        return cls(model, tokenizer, base_folder=folder)
 
     @classmethod
     def load(cls, path: Path = PAIR_WEIGHTS, threads: int | None = None) -> "PairModel":
@@ -102,10 +106,10 @@ class PairModel:
             import torch
 
             torch.set_num_threads(threads)
-        pm = cls.base()
         with safe_open(str(path), framework="pt") as f:
             trained = {k: f.get_tensor(k).float() for k in f.keys()}
             info = json.loads((f.metadata() or {}).get("info", "{}"))
+        pm = cls.base(info.get("base"))
         missing = [k for k in trained if k not in pm.model.state_dict()]
         if missing:
             raise ValueError(f"{path} does not fit the base model (unknown tensors: {missing[:3]})")
@@ -126,7 +130,8 @@ class PairModel:
 
         tensors = {k: v.detach().to(self.torch.float16).contiguous()
                    for k, v in self.model.state_dict().items() if not _frozen(k) and "position_ids" not in k}
-        save_file(tensors, str(path), metadata={"info": json.dumps(self.info)})
+        info = {**self.info, "base": self.base_folder} if self.base_folder else self.info
+        save_file(tensors, str(path), metadata={"info": json.dumps(info)})
 
     def trainable(self):
         """The parameters training changes (the embeddings stay as installed)."""

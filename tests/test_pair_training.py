@@ -34,6 +34,33 @@ def test_a_resumed_run_continues_the_steps_and_the_weights_of_the_stopped_one(tm
     assert state["step"] == 4 and state["scheduler"]["last_epoch"] == 4
     assert not torch.equal(head(second), after_two)  # trained on from step 2, not from scratch
     assert (folder / "pair_model.step2.safetensors").exists() and (folder / "pair_model.step4.safetensors").exists()
+
+
+def test_a_pair_model_started_from_another_base_folder_loads_over_that_base_again(tmp_path):
+    """`train-verifier --base DIR` (measuring the choice of base model): the file records its base."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from cache.embedder import default_embedding_dir
+    from cache.pair_model import PairModel, stored_info
+
+    installed = default_embedding_dir()
+    folder = tmp_path / "one_layer_bert"
+    AutoModel.from_config(AutoConfig.from_pretrained(installed, num_hidden_layers=1)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(installed).save_pretrained(folder)
+
+    pm = PairModel.base(str(folder))
+    assert pm.model.config.num_hidden_layers == 1
+    pm.save(tmp_path / "pm.safetensors")
+    assert stored_info(tmp_path / "pm.safetensors")["base"] == str(folder)
+    again = PairModel.load(tmp_path / "pm.safetensors")
+    assert again.model.config.num_hidden_layers == 1 and again.base_folder == str(folder)
+    assert torch.equal(again.model.classifier.weight, pm.model.classifier.weight.half().float())
+    assert "base" not in stored_info()  # the shipped file lays over the installed all-MiniLM-L6-v2
+    assert PairModel.load().model.config.num_hidden_layers == 6
+
+
 def test_chat_pair_files_read_as_pairs_split_by_source():
     import json
 

@@ -221,7 +221,7 @@ def run(args, settings: Settings) -> int:
                                 chat_pairs_files=args.chat_pairs or [], resume=Path(args.resume) if args.resume else None,
                                 checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
                                 train_only=args.train_only, chat_repeats=args.chat_repeats,
-                                calibrate=not args.no_length_calibration)
+                                calibrate=not args.no_length_calibration, base=args.base, threads=args.threads)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -266,6 +266,9 @@ def add_parser(sub) -> None:
     t.add_argument("--chat-pairs", nargs="+", help="JSONL pair files trained on whole (already split by source: "
                                                    "give train files, e.g. ops/data/chat_pairs_train.jsonl "
                                                    "ops/data/chat_adversaries_train.jsonl)")
+    t.add_argument("--base", help="a local Hugging Face BERT folder to start from instead of the installed "
+                                  "all-MiniLM-L6-v2 (to measure the choice of base model; the file records it)")
+    t.add_argument("--threads", type=int, default=2, help="torch threads for training")
     t.add_argument("--chat-repeats", type=int, default=4, help="times each --chat-pairs pair is in the examples")
     t.add_argument("--max-duplicates", type=int, help="train on at most this many duplicate-file pairs")
     t.add_argument("--resume", help="checkpoint folder: saved to every --checkpoint-every steps, and "

@@ -297,5 +297,96 @@ def _signs(rng: random.Random) -> list[AdversaryPair]:
     return out
 
 
+# (one side, the other side, what one may do to the other): rights and duties that run one way
+RIGHTS = [("a landlord", "a tenant", "sue"), ("an employer", "an employee", "fire"), ("a parent", "a child", "ground"),
+          ("a teacher", "a student", "fail"), ("a seller", "a buyer", "refund"), ("a doctor", "a patient", "refuse"),
+          ("a referee", "a coach", "eject"), ("a bank", "a customer", "charge"), ("a club", "a member", "ban"),
+          ("a company", "a contractor", "fine"), ("a host", "a guest", "evict"), ("a manager", "an intern", "reassign")]
+# (who acts on whom, the act and the same act worded another way): predator and prey, sender and sender
+DEEDS = [("a cat", "a dog", "chase", "run after"), ("a hawk", "a snake", "eat", "feed on"),
+         ("a lion", "a crocodile", "attack", "go after"), ("a shark", "a dolphin", "hunt", "prey on"),
+         ("an owl", "a mouse", "catch", "grab"), ("a fox", "a rabbit", "outrun", "run faster than"),
+         ("a wolf", "a bear", "fight", "take on"), ("a spider", "a wasp", "kill", "be deadly to"),
+         ("a chess engine", "a grandmaster", "beat", "win against"), ("a startup", "a big bank", "buy", "acquire")]
+# Questions asked as "How do I ...": their rewordings change only the helper or the frame
+# ("How can I", "How should I", "What is the best way to"), which the pair model once read as new questions.
+HOW_TO = ["reset my router", "unclog a kitchen drain", "back up my phone", "get rid of fruit flies",
+          "fix a leaky faucet", "clean a cast iron pan", "improve my credit score", "stop procrastinating",
+          "fall asleep faster", "make sourdough bread", "write a cover letter", "change a flat tire",
+          "lower my electricity bill", "speed up my laptop", "remove a wine stain", "train my dog to sit",
+          "memorize a speech", "negotiate a higher salary", "remove a stripped screw", "keep basil alive indoors",
+          "get over jet lag", "clean my laptop keyboard", "prepare for a job interview", "start running",
+          "save money on groceries", "freeze fresh bread", "descale a kettle", "learn to touch type",
+          "make my apartment quieter", "deal with a difficult coworker", "stop snoring",
+          "cook rice without a rice cooker",
+          "find a good dentist", "sharpen a kitchen knife", "set up a budget", "remove rust from tools",
+          "keep my plants alive while on vacation", "calm down before an exam", "fix a squeaky door",
+          "make friends in a new city"]
+
+
+def _rights(rng: random.Random) -> list[AdversaryPair]:
+    """Role: who may do something to whom."""
+    out = []
+    for (a, b, act), frame in itertools.product(RIGHTS, range(2)):
+        if frame == 0:
+            q1 = f"Can {a} {act} {b}?"
+            rewordings = [f"Is {a} allowed to {act} {b}?", f"Is it legal for {a} to {act} {b}?"]
+            swapped = f"Can {b} {act} {a}?"
+        else:
+            q1 = f"When is it fair for {a} to {act} {b}?"
+            rewordings = [f"In what situations may {a} {act} {b}?", f"Under which circumstances can {a} {act} {b}?"]
+            swapped = f"When is it fair for {b} to {act} {a}?"
+        out += pairs_of("rights", q1, rewordings, [("role", swapped)])
+    return out
+
+
+def _deeds(rng: random.Random) -> list[AdversaryPair]:
+    """Role: who does it to whom, for acts both sides could do."""
+    out = []
+    for a, b, act, worded in DEEDS:
+        for first, second in ((a, b), (b, a)):
+            q1 = f"Why would {first} {act} {second}?"
+            out += pairs_of("deed", q1, [f"What makes {first} {worded} {second}?",
+                                         f"For what reason does {first} {act} {second}?"],
+                            [("role", f"Why would {second} {act} {first}?")])
+            q1 = f"Can {first} {act} {second}?"
+            out += pairs_of("deed", q1, [f"Is {first} able to {worded} {second}?",
+                                         f"Is it possible for {first} to {act} {second}?"],
+                            [("role", f"Can {second} {act} {first}?")])
+    return out
+
+
+def _people_roles(rng: random.Random) -> list[AdversaryPair]:
+    """Role: the same people and acts as the grievances, asked about in other frames."""
+    frames = [("Is it normal that {a} {act} {b}?", ["Should I worry that {a} {worded} {b}?",
+                                                     "{A} {act} {b}: is that normal?"]),
+              ("What does it mean when {a} {act} {b}?", ["Why might it be that {a} {worded} {b}?",
+                                                          "{A} {act} {b}. What could that say?"]),
+              ("Who is at fault when {a} {act} {b}?", ["Whose fault is it that {a} {worded} {b}?",
+                                                        "{A} {act} {b}: who is to blame?"])]
+    out = []
+    for (a, b), (i, (frame, rewordings)) in itertools.product(itertools.permutations(PEOPLE, 2), enumerate(frames)):
+        act, worded = ACTS[(PEOPLE.index(a) * 5 + PEOPLE.index(b) * 3 + i) % len(ACTS)]
+        fill = {"a": a, "A": a.capitalize(), "b": b, "act": act, "worded": worded}
+        out += pairs_of("people_role", frame.format(**fill), [r.format(**fill) for r in rewordings],
+                        [("role", frame.format(**{**fill, "a": b, "b": a}))])
+    return out
+
+
+def _how_to(rng: random.Random) -> list[AdversaryPair]:
+    """Rewordings that change only the helper verb or the frame, with a negation as the look-alike."""
+    out = []
+    for task in HOW_TO:
+        for q1, rewordings in ((f"How do I {task}?", [f"How can I {task}?", f"How should I {task}?",
+                                                      f"What is the best way to {task}?"]),
+                               (f"How can I {task}?", [f"How do I {task}?", f"What's the way to {task}?",
+                                                       f"How would I {task}?"])):
+            out += pairs_of("how_to", q1, rewordings, [("negation", f"Why can't I {task}?")])
+    return out
+
+
 FAMILIES = (_grievances, _favors, _feelings, _allowed, _fares, _contents, _safety, _timing, _rent, _salaries,
             _best_sellers, _sleep, _percentages, _ages, _changes, _visits, _signs)
+# After the statements (chat_adversaries.FAMILIES): families added later come last, so the random
+# draws of the earlier ones, and so their rows, stay as they were.
+LATER_FAMILIES = (_rights, _deeds, _people_roles, _how_to)

@@ -106,4 +106,44 @@ def _moving_data(rng: random.Random) -> list[AdversaryPair]:
     return out
 
 
+# (one thing, another it may act on): either way round is a fair question with another answer
+INFLUENCES = [("stress", "sleep"), ("diet", "mood"), ("exercise", "memory"), ("caffeine", "anxiety"),
+              ("weather", "mood"), ("screen time", "eyesight"), ("sugar", "energy"), ("music", "focus"),
+              ("sleep", "weight"), ("alcohol", "blood pressure"), ("posture", "back pain"), ("noise", "productivity"),
+              ("hydration", "skin"), ("sunlight", "vitamin D"), ("inflation", "interest rates"),
+              ("social media", "self-esteem"), ("temperature", "battery life"), ("humidity", "hair")]
+# (a thing, what it is made into, a use): "turn a into b" against "turn b into a"
+MAKINGS = [("milk", "cheese"), ("grapes", "raisins"), ("cream", "butter"), ("a PDF", "a Word document"),
+           ("a video", "a GIF"), ("a photo", "a sketch"), ("a spreadsheet", "a chart"), ("tomatoes", "sauce"),
+           ("an essay", "a presentation"), ("a podcast", "a blog post")]
+
+
+def _influences(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for (a, b), frame in itertools.product(INFLUENCES, range(2)):
+        for x, y in ((a, b), (b, a)):
+            if frame == 0:
+                q1 = f"Does {x} affect {y}?"
+                rewordings = [f"Can {x} have an effect on {y}?", f"Is {y} influenced by {x}?"]
+                swapped = f"Does {y} affect {x}?"
+            else:
+                q1 = f"How does {x} affect {y}?"
+                rewordings = [f"In what ways does {x} influence {y}?", f"What effect does {x} have on {y}?"]
+                swapped = f"How does {y} affect {x}?"
+            out += pairs_of("influence", q1, rewordings, [("swap", swapped)])
+    return out
+
+
+def _makings(rng: random.Random) -> list[AdversaryPair]:
+    out = []
+    for a, b in MAKINGS:
+        for x, y in ((a, b), (b, a)):
+            q1 = f"How do I turn {x} into {y}?"
+            out += pairs_of("making", q1, [f"What are the steps to make {y} from {x}?",
+                                           f"Can you explain how to convert {x} into {y}?"],
+                            [("swap", f"How do I turn {y} into {x}?")])
+    return out
+
+
 FAMILIES = (_substitutes, _learning_order, _causes, _which_is, _kinds_of, _moving_data)
+LATER_FAMILIES = (_influences, _makings)  # after every earlier family (chat_adversaries.FAMILIES)

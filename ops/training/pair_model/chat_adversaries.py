@@ -302,7 +302,8 @@ def _habits(rng: random.Random) -> list[AdversaryPair]:
 
 FAMILIES = (_flights, _conversions, _capitals, _calories, _groups, _measures, _languages, _roles, _topics,
             _animals, _comparisons, _time_zones, _money, _apologies, _habits, *adversary_kinds.FAMILIES,
-            *adversary_swaps.FAMILIES, *adversary_statements.FAMILIES)
+            *adversary_swaps.FAMILIES, *adversary_statements.FAMILIES,
+            *adversary_kinds.LATER_FAMILIES, *adversary_swaps.LATER_FAMILIES)
 
 
 def split_of(source: str) -> str:

@@ -194,8 +194,11 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                    chat_tune_files=CHAT_TUNE, chat_test_files=CHAT_TEST,
                    init: Path | None = None, lr: float = 5e-5, chat_pairs_files: list[str] = (),
                    resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
-                   train_only: bool = False, chat_repeats: int = 4, calibrate: bool = True) -> dict:
-    """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report."""
+                   train_only: bool = False, chat_repeats: int = 4, calibrate: bool = True,
+                   base: str | None = None) -> dict:
+    """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report.
+    `base`: a local Hugging Face BERT folder to start from instead of the installed all-MiniLM-L6-v2
+    (the file records it, so it loads over the same base again)."""
     from cache.pair_model import PairModel
 
     started = time.time()
@@ -210,7 +213,8 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
         report["files"]["chat_pairs"] = list(chat_pairs_files)
         examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard,
                                      chat_pairs=chat, max_duplicates=max_duplicates, chat_repeats=chat_repeats)
-        pm = PairModel.load(init) if init else PairModel.base()  # init: a second round on a trained model
+        # init: a second round on a trained model; base: another BERT folder to start from (measuring the choice)
+        pm = PairModel.load(init) if init else PairModel.base(base)
         report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
                                        seed=1 if init else 0, resume=resume, checkpoint_every=checkpoint_every)
         pm.save(out)
