@@ -109,6 +109,9 @@ class PairModel:
         with safe_open(str(path), framework="pt") as f:
             trained = {k: f.get_tensor(k).float() for k in f.keys()}
             info = json.loads((f.metadata() or {}).get("info", "{}"))
+        if info.get("base") and not Path(info["base"]).is_dir():
+            raise FileNotFoundError(f"{path} was trained over the base model folder {info['base']}, which is not "
+                                    "here: copy that folder back, or use a pair model trained over the installed one")
         pm = cls.base(info.get("base"))
         missing = [k for k in trained if k not in pm.model.state_dict()]
         if missing:
