@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from ops.training.pair_model.adversary_pair import AdversaryPair, others, pairs_of
+from ops.training.pair_model.adversary_pair import AdversaryPair, mirrored, others, pairs_of
 
 PEOPLE = ["my boss", "my coworker", "my friend", "my neighbor", "my landlord", "my roommate", "my sister",
           "my brother", "my partner", "my teacher", "my doctor", "my mother"]
@@ -302,7 +302,7 @@ RIGHTS = [("a landlord", "a tenant", "sue"), ("an employer", "an employee", "fir
           ("a teacher", "a student", "fail"), ("a seller", "a buyer", "refund"), ("a doctor", "a patient", "refuse"),
           ("a referee", "a coach", "eject"), ("a bank", "a customer", "charge"), ("a club", "a member", "ban"),
           ("a company", "a contractor", "fine"), ("a host", "a guest", "evict"), ("a manager", "an intern", "reassign")]
-# (who acts on whom, the act and the same act worded another way): predator and prey, sender and sender
+# (one side, the other, an act either could do to the other, the same act worded another way)
 DEEDS = [("a cat", "a dog", "chase", "run after"), ("a hawk", "a snake", "eat", "feed on"),
          ("a lion", "a crocodile", "attack", "go after"), ("a shark", "a dolphin", "hunt", "prey on"),
          ("an owl", "a mouse", "catch", "grab"), ("a fox", "a rabbit", "outrun", "run faster than"),
@@ -326,33 +326,23 @@ HOW_TO = ["reset my router", "unclog a kitchen drain", "back up my phone", "get 
 
 def _rights(rng: random.Random) -> list[AdversaryPair]:
     """Role: who may do something to whom."""
+    frames = [("Can {a} {act} {b}?", ["Is {a} allowed to {act} {b}?", "Is it legal for {a} to {act} {b}?"]),
+              ("When is it fair for {a} to {act} {b}?", ["In what situations may {a} {act} {b}?",
+                                                         "Under which circumstances can {a} {act} {b}?"])]
     out = []
-    for (a, b, act), frame in itertools.product(RIGHTS, range(2)):
-        if frame == 0:
-            q1 = f"Can {a} {act} {b}?"
-            rewordings = [f"Is {a} allowed to {act} {b}?", f"Is it legal for {a} to {act} {b}?"]
-            swapped = f"Can {b} {act} {a}?"
-        else:
-            q1 = f"When is it fair for {a} to {act} {b}?"
-            rewordings = [f"In what situations may {a} {act} {b}?", f"Under which circumstances can {a} {act} {b}?"]
-            swapped = f"When is it fair for {b} to {act} {a}?"
-        out += pairs_of("rights", q1, rewordings, [("role", swapped)])
+    for (a, b, act), (question, rewordings) in itertools.product(RIGHTS, frames):
+        out += mirrored("rights", "role", question, rewordings, a, b, act=act)
     return out
 
 
 def _deeds(rng: random.Random) -> list[AdversaryPair]:
     """Role: who does it to whom, for acts both sides could do."""
+    frames = [("Why would {a} {act} {b}?", ["What makes {a} {worded} {b}?", "For what reason does {a} {act} {b}?"]),
+              ("Can {a} {act} {b}?", ["Is {a} able to {worded} {b}?", "Is it possible for {a} to {act} {b}?"])]
     out = []
     for a, b, act, worded in DEEDS:
-        for first, second in ((a, b), (b, a)):
-            q1 = f"Why would {first} {act} {second}?"
-            out += pairs_of("deed", q1, [f"What makes {first} {worded} {second}?",
-                                         f"For what reason does {first} {act} {second}?"],
-                            [("role", f"Why would {second} {act} {first}?")])
-            q1 = f"Can {first} {act} {second}?"
-            out += pairs_of("deed", q1, [f"Is {first} able to {worded} {second}?",
-                                         f"Is it possible for {first} to {act} {second}?"],
-                            [("role", f"Can {second} {act} {first}?")])
+        for (first, second), (question, rewordings) in itertools.product(((a, b), (b, a)), frames):
+            out += mirrored("deed", "role", question, rewordings, first, second, act=act, worded=worded)
     return out
 
 
@@ -365,11 +355,10 @@ def _people_roles(rng: random.Random) -> list[AdversaryPair]:
               ("Who is at fault when {a} {act} {b}?", ["Whose fault is it that {a} {worded} {b}?",
                                                         "{A} {act} {b}: who is to blame?"])]
     out = []
-    for (a, b), (i, (frame, rewordings)) in itertools.product(itertools.permutations(PEOPLE, 2), enumerate(frames)):
+    for (a, b), (i, (question, rewordings)) in itertools.product(itertools.permutations(PEOPLE, 2),
+                                                                  enumerate(frames)):
         act, worded = ACTS[(PEOPLE.index(a) * 5 + PEOPLE.index(b) * 3 + i) % len(ACTS)]
-        fill = {"a": a, "A": a.capitalize(), "b": b, "act": act, "worded": worded}
-        out += pairs_of("people_role", frame.format(**fill), [r.format(**fill) for r in rewordings],
-                        [("role", frame.format(**{**fill, "a": b, "b": a}))])
+        out += mirrored("people_role", "role", question, rewordings, a, b, act=act, worded=worded)
     return out
 
 

@@ -28,3 +28,15 @@ def pairs_of(family: str, q1: str, rewordings: list[str], lookalikes: list[tuple
     out = [AdversaryPair(q1, r, True, "rewording", source) for r in rewordings]
     out += [AdversaryPair(q1, q2, False, kind, source) for kind, q2 in lookalikes]
     return out
+
+
+def mirrored(family: str, kind: str, question: str, rewordings: list[str], a: str, b: str,
+             **words: str) -> list[AdversaryPair]:
+    """One source from templates over two sides, `{a}` and `{b}` (`{A}`: a with a capital), and any
+    other `words`: the question, its rewordings, and, as the look-alike of `kind`, the question with
+    the two sides swapped."""
+    def filled(template: str, first: str, second: str) -> str:
+        return template.format(a=first, b=second, A=first[:1].upper() + first[1:], **words)
+
+    return pairs_of(family, filled(question, a, b), [filled(r, a, b) for r in rewordings],
+                    [(kind, filled(question, b, a))])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from ops.training.pair_model.adversary_pair import AdversaryPair, pairs_of
+from ops.training.pair_model.adversary_pair import AdversaryPair, mirrored, pairs_of
 
 INGREDIENTS = ["butter", "olive oil", "honey", "sugar", "yogurt", "sour cream", "milk", "heavy cream", "flour",
                "cornstarch", "baking soda", "baking powder", "maple syrup", "applesauce"]
@@ -112,36 +112,29 @@ INFLUENCES = [("stress", "sleep"), ("diet", "mood"), ("exercise", "memory"), ("c
               ("sleep", "weight"), ("alcohol", "blood pressure"), ("posture", "back pain"), ("noise", "productivity"),
               ("hydration", "skin"), ("sunlight", "vitamin D"), ("inflation", "interest rates"),
               ("social media", "self-esteem"), ("temperature", "battery life"), ("humidity", "hair")]
-# (a thing, what it is made into, a use): "turn a into b" against "turn b into a"
+# (a thing, what it can be made into): "turn a into b" against "turn b into a"
 MAKINGS = [("milk", "cheese"), ("grapes", "raisins"), ("cream", "butter"), ("a PDF", "a Word document"),
            ("a video", "a GIF"), ("a photo", "a sketch"), ("a spreadsheet", "a chart"), ("tomatoes", "sauce"),
            ("an essay", "a presentation"), ("a podcast", "a blog post")]
 
 
 def _influences(rng: random.Random) -> list[AdversaryPair]:
+    frames = [("Does {a} affect {b}?", ["Can {a} have an effect on {b}?", "Is {b} influenced by {a}?"]),
+              ("How does {a} affect {b}?", ["In what ways does {a} influence {b}?",
+                                            "What effect does {a} have on {b}?"])]
     out = []
-    for (a, b), frame in itertools.product(INFLUENCES, range(2)):
-        for x, y in ((a, b), (b, a)):
-            if frame == 0:
-                q1 = f"Does {x} affect {y}?"
-                rewordings = [f"Can {x} have an effect on {y}?", f"Is {y} influenced by {x}?"]
-                swapped = f"Does {y} affect {x}?"
-            else:
-                q1 = f"How does {x} affect {y}?"
-                rewordings = [f"In what ways does {x} influence {y}?", f"What effect does {x} have on {y}?"]
-                swapped = f"How does {y} affect {x}?"
-            out += pairs_of("influence", q1, rewordings, [("swap", swapped)])
+    for (a, b), (question, rewordings) in itertools.product(INFLUENCES, frames):
+        for first, second in ((a, b), (b, a)):
+            out += mirrored("influence", "swap", question, rewordings, first, second)
     return out
 
 
 def _makings(rng: random.Random) -> list[AdversaryPair]:
+    rewordings = ["What are the steps to make {b} from {a}?", "Can you explain how to convert {a} into {b}?"]
     out = []
     for a, b in MAKINGS:
-        for x, y in ((a, b), (b, a)):
-            q1 = f"How do I turn {x} into {y}?"
-            out += pairs_of("making", q1, [f"What are the steps to make {y} from {x}?",
-                                           f"Can you explain how to convert {x} into {y}?"],
-                            [("swap", f"How do I turn {y} into {x}?")])
+        for first, second in ((a, b), (b, a)):
+            out += mirrored("making", "swap", "How do I turn {a} into {b}?", rewordings, first, second)
     return out
 
 
