@@ -118,3 +118,23 @@ def test_the_pair_model_scores_through_the_calibration_its_file_stores(tmp_path)
     pm.info = {**pm.info, "calibration": pm.calibration.__dict__}
     pm.save(tmp_path / "pm.safetensors")
     assert PairModel.load(tmp_path / "pm.safetensors").calibration == pm.calibration
+
+
+def test_tuning_without_the_test_report_chooses_the_same_point_and_leaves_the_test_files_unread(tmp_path):
+    """`train-verifier --tune-only --no-test-report`: choosing among trained files on tune alone."""
+    import shutil
+
+    from cache.pair_model import stored_info
+    from ops.core.settings import Settings
+    from ops.training.pair_model.pairs import read_pairs
+    from ops.training.pair_model.tuning import tune
+
+    shipped = stored_info()
+    pm_file = tmp_path / "pm.safetensors"
+    shutil.copy(Path(__file__).resolve().parents[1] / "cache" / "pair_model.safetensors", pm_file)
+    files = {"chat": {"tune": read_pairs(DATA / "chat_adversaries_tune.jsonl", limit=40),
+                      "test": read_pairs(DATA / "chat_adversaries_test.jsonl", limit=40)}}
+    reports = [tune(Settings(), pm_file, files, save=False, report_test=report_test) for report_test in (False, True)]
+    assert "test_chat" not in reports[0] and reports[1]["test_chat"]["default"]["different_lookups"] > 0
+    assert reports[0]["operating_point"] == reports[1]["operating_point"]
+    assert stored_info(pm_file)["operating_point"] == shipped["operating_point"]  # save=False wrote nothing

@@ -221,7 +221,8 @@ def run(args, settings: Settings) -> int:
                                 chat_pairs_files=args.chat_pairs or [], resume=Path(args.resume) if args.resume else None,
                                 checkpoint_every=args.checkpoint_every, max_duplicates=args.max_duplicates,
                                 train_only=args.train_only, chat_repeats=args.chat_repeats,
-                                calibrate=not args.no_length_calibration, base=args.base, threads=args.threads)
+                                calibrate=not args.no_length_calibration, base=args.base, threads=args.threads,
+                                report_test=not args.no_test_report)
         print(json.dumps(report, indent=2))
     return 0
 
@@ -289,6 +290,8 @@ def add_parser(sub) -> None:
     t.add_argument("--no-length-calibration", action="store_true", help="keep the pair model's scores as they are "
                    "(default: fit its length calibration on the tune sets before choosing the point)")
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
+    t.add_argument("--no-test-report", action="store_true", help="choose the operating point and leave the "
+                   "test files unread (choosing among several trained files on tune: a third less time)")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
     for leaf in (s, c, f, t):  # t: the hard negatives users reported, when the cache's Redis answers
         add_connection_options(leaf, redis="cache_redis_url")

@@ -195,7 +195,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
                    init: Path | None = None, lr: float = 5e-5, chat_pairs_files: list[str] = (),
                    resume: Path | None = None, checkpoint_every: int = 500, max_duplicates: int | None = None,
                    train_only: bool = False, chat_repeats: int = 4, calibrate: bool = True,
-                   base: str | None = None) -> dict:
+                   base: str | None = None, report_test: bool = True) -> dict:
     """The whole of `brigade cache train-verifier`: examples, fine-tuning, operating point, report.
     `base`: a local Hugging Face BERT folder to start from instead of the installed all-MiniLM-L6-v2
     (the file records it, so it loads over the same base again)."""
@@ -222,6 +222,6 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
             report["seconds"] = round(time.time() - started, 1)
             return report
     report["operating_point"] = tune(settings, out, tuning_files(files, chat_tune_files, chat_test_files), targets,
-                                     calibrate=calibrate)
+                                     calibrate=calibrate, report_test=report_test)
     report["seconds"] = round(time.time() - started, 1)
     return report
