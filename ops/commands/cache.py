@@ -291,7 +291,7 @@ def add_parser(sub) -> None:
                    "(default: fit its length calibration on the tune sets before choosing the point)")
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")
     t.add_argument("--no-test-report", action="store_true", help="choose the operating point and leave the "
-                   "test files unread (choosing among several trained files on tune: a third less time)")
+                   "test files unread (to choose among several trained files on tune alone)")
     t.add_argument("--out", default=str(PAIR_WEIGHTS_DEFAULT))
     for leaf in (s, c, f, t):  # t: the hard negatives users reported, when the cache's Redis answers
         add_connection_options(leaf, redis="cache_redis_url")

@@ -68,11 +68,9 @@ def _grievances(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(PEOPLE, 2):
         for act, worded in rng.sample(ACTS, 4):
-            q1 = f"What should I do if {a} {act} {b}?"
-            out += pairs_of("grievance", q1, [
-                f"How should I handle it when {a} {worded} {b}?",
-                f"{a.capitalize()} {act} {b}. How do I deal with this situation?"],
-                [("role", f"What should I do if {b} {act} {a}?")])
+            out += mirrored("grievance", "role", "What should I do if {a} {act} {b}?", [
+                "How should I handle it when {a} {worded} {b}?",
+                "{A} {act} {b}. How do I deal with this situation?"], a, b, act=act, worded=worded)
     return out
 
 
@@ -81,11 +79,9 @@ def _favors(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(PEOPLE, 2):
         for task in rng.sample(TASKS, 2):
-            q1 = f"How do I ask {a} to help {b} with {task}?"
-            out += pairs_of("favor", q1, [
-                f"What is a good way to get {a} to give {b} a hand with {task}?",
-                f"I want {a} to assist {b} with {task}. How should I bring it up?"],
-                [("role", f"How do I ask {b} to help {a} with {task}?")])
+            out += mirrored("favor", "role", "How do I ask {a} to help {b} with {task}?", [
+                "What is a good way to get {a} to give {b} a hand with {task}?",
+                "I want {a} to assist {b} with {task}. How should I bring it up?"], a, b, task=task)
     return out
 
 

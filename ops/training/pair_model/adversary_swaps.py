@@ -38,33 +38,27 @@ def _substitutes(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for (a, b), dish in itertools.product(itertools.permutations(INGREDIENTS, 2), range(2)):
         dish = DISHES[(INGREDIENTS.index(a) + 3 * INGREDIENTS.index(b) + 5 * dish) % len(DISHES)]
-        q1 = f"Can I use {a} instead of {b} in {dish}?"
-        out += pairs_of("substitute", q1, [
-            f"Instead of {b}, can I use {a} in {dish}?",
-            f"In {dish}, is it possible to replace {b} with {a}?"],
-            [("swap", f"Can I use {b} instead of {a} in {dish}?")])
+        out += mirrored("substitute", "swap", "Can I use {a} instead of {b} in {dish}?", [
+            "Instead of {b}, can I use {a} in {dish}?",
+            "In {dish}, is it possible to replace {b} with {a}?"], a, b, dish=dish)
     return out
 
 
 def _learning_order(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(PROGRAMMING, 2):
-        q1 = f"Should I learn {a} before {b}?"
-        out += pairs_of("learn_order", q1, [
-            f"Before {b}, should I learn {a}?",
-            f"Is it better to study {a} first and {b} after?"],
-            [("swap", f"Should I learn {b} before {a}?")])
+        out += mirrored("learn_order", "swap", "Should I learn {a} before {b}?", [
+            "Before {b}, should I learn {a}?",
+            "Is it better to study {a} first and {b} after?"], a, b)
     return out
 
 
 def _causes(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(CONDITIONS, 2):
-        q1 = f"Can {a} cause {b}?"
-        out += pairs_of("cause", q1, [
-            f"Is {b} something that {a} can lead to?",
-            f"Could {b} be a result of {a}?"],
-            [("swap", f"Can {b} cause {a}?")])
+        out += mirrored("cause", "swap", "Can {a} cause {b}?", [
+            "Is {b} something that {a} can lead to?",
+            "Could {b} be a result of {a}?"], a, b)
     return out
 
 
@@ -98,11 +92,9 @@ def _kinds_of(rng: random.Random) -> list[AdversaryPair]:
 def _moving_data(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for a, b in itertools.permutations(TOOLS, 2):
-        q1 = f"How do I move my data from {a} into {b}?"
-        out += pairs_of("move_data", q1, [
-            f"What is the way to transfer everything I have in {a} over to {b}?",
-            f"Into {b}, how can I bring my data from {a}?"],
-            [("swap", f"How do I move my data from {b} into {a}?")])
+        out += mirrored("move_data", "swap", "How do I move my data from {a} into {b}?", [
+            "What is the way to transfer everything I have in {a} over to {b}?",
+            "Into {b}, how can I bring my data from {a}?"], a, b)
     return out
 
 

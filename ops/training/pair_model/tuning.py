@@ -213,7 +213,7 @@ def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = T
     False keeps the identity), score them with the pair model at `pair_model_path`, choose the
     operating point, write both into the file's info (what serving reads) and report the test splits
     (unless `report_test` is False: when choosing among several files on tune, the test splits of
-    those not chosen are never looked at, and the run takes about a third less time).
+    those not chosen are never looked at, and the run is shorter by their scoring).
 
     `files` maps a kind to its pairs: chat (rewordings and look-alikes of chat questions; their
     tune and test files are split by source question), duplicates (Quora), lookalikes (PAWS),
@@ -248,6 +248,7 @@ def tune(settings, pair_model_path, files: dict[str, list], targets: Targets = T
     test_kinds = {"chat": "lookalikes", "duplicates": "duplicates", "lookalikes": "lookalikes",
                   "paraphrases": "paraphrases"}
     report = {"operating_point": point.__dict__, "calibration": calibrated, "tune": tuned}
-    for kind, pairs in test_sets.items() if report_test else ():
-        report[f"test_{kind}"] = evaluate(cache, {test_kinds[kind]: pairs})[test_kinds[kind]]
+    if report_test:
+        for kind, pairs in test_sets.items():
+            report[f"test_{kind}"] = evaluate(cache, {test_kinds[kind]: pairs})[test_kinds[kind]]
     return report
