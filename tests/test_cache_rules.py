@@ -250,6 +250,11 @@ def test_chat_adversaries_are_thousands_of_each_kind_split_whole_by_source_and_a
     for p in pairs:
         sides.setdefault(p.source, set()).add(split_of(p.source))
     assert all(len(s) == 1 for s in sides.values())  # no filled question on two sides
+    # Every q1 is its source's, the one its rewordings are of: the siblings (adversary_siblings.py)
+    # set a source question against another's and store no question a split did not hold before.
+    reworded = {(p.q1, p.source) for p in pairs if p.duplicate}
+    assert all((p.q1, p.source) in reworded for p in pairs)
+    assert any(p.kind == "frame" and p.q2 in {q for q, _ in reworded} for p in pairs)  # against a stored sibling
     for side in ("train", "tune", "test"):  # the committed files are the generator's, side by side
         committed = [json.loads(line) for line in (DATA / f"chat_adversaries_{side}.jsonl").read_text().splitlines()]
         assert committed == [p.to_json() for p in pairs if split_of(p.source) == side]
@@ -312,3 +317,27 @@ def test_the_operating_point_is_chosen_by_the_bound_of_each_rate_not_by_the_rate
     # Ten look-alikes cannot show any bound under 5%, even with none served: no point is kept.
     point, tuned = choose_operating_point(_tune_outcomes(10, 0, 200), None, None, None, targets)
     assert not tuned["targets_kept"] and tuned["upper95"]["kind_role"] > 0.05, tuned  # said, with its bound
+
+
+def test_a_kept_point_serves_the_share_of_long_reworded_statements_the_targets_ask():
+    from cache.hit_rule import Candidate
+    from ops.training.pair_model.evaluation import Outcome
+    from ops.training.pair_model.tuning import Targets, choose_operating_point
+
+    def with_long_rewordings(score: float) -> list[Outcome]:
+        """The short look-ups above, and 100 rewordings of 20-word statements at cosine 0.93."""
+        long = [Outcome([Candidate(f"l{i}", f"long {i}", 0.93, score=score, answer=f"la{i}")], f"l{i}", True,
+                        "rewording", 20) for i in range(100)]
+        return _tune_outcomes(200, 0, 200) + long
+
+    asks = Targets(max_lookalikes_bound=0.02, max_kind_bound=0.05, min_long_recall=0.5)
+    # The pair model tells the long rewordings (0.6) from the look-alikes (0.3): kept, serving them.
+    point, tuned = choose_operating_point(with_long_rewordings(0.6), None, None, None, asks)
+    assert tuned["targets_kept"] and tuned["long_recall"] == 1.0 and 0.3 < point.agree <= 0.6, (point, tuned)
+    # It cannot (both 0.3): serving them serves the look-alikes too, so no point is kept, and said so;
+    # without the goal the same look-ups keep a point that serves only the short rewordings.
+    point, tuned = choose_operating_point(with_long_rewordings(0.3), None, None, None, asks)
+    assert not tuned["targets_kept"], tuned
+    point, tuned = choose_operating_point(with_long_rewordings(0.3), None, None, None,
+                                          Targets(max_lookalikes_bound=0.02, max_kind_bound=0.05, min_long_recall=0))
+    assert tuned["targets_kept"] and tuned["long_recall"] == 0.0 and abs(tuned["chat_recall"] - 2 / 3) < 1e-3, tuned

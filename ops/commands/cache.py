@@ -213,7 +213,7 @@ def run(args, settings: Settings) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
         targets = Targets(args.max_lookalikes_bound, args.max_kind_bound, args.max_paws_bound,
-                          args.max_paraphrase_wrong_bound)
+                          args.max_paraphrase_wrong_bound, args.min_long_recall)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
                                 chat_tune_files=args.chat_tune, chat_test_files=args.chat_test,
@@ -287,6 +287,9 @@ def add_parser(sub) -> None:
     t.add_argument("--max-paws-bound", type=float, default=targets.max_paws_bound,
                    help="95%% upper bound the PAWS pairs that mean something else served may reach (tune split)")
     t.add_argument("--max-paraphrase-wrong-bound", type=float, default=targets.max_paraphrase_wrong_bound)
+    t.add_argument("--min-long-recall", type=float, default=targets.min_long_recall,
+                   help="share of the chat tune files' long reworded statements (15+ words) a point must serve "
+                   "their own answer (0: no such goal)")
     t.add_argument("--no-length-calibration", action="store_true", help="keep the pair model's scores as they are "
                    "(default: fit its length calibration on the tune sets before choosing the point)")
     t.add_argument("--tune-only", action="store_true", help="keep --out's weights; choose the operating point again")

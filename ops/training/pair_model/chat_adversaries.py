@@ -12,11 +12,14 @@ named by its kind:
 - role: who does what to whom swapped;
 - scope: all against some, a day against a year;
 - antonym: the opposite asked (increase and decrease, advantages and disadvantages);
-- swap: two words of the question change places (PAWS-style; adversary_swaps.py).
+- swap: two words of the question change places (PAWS-style; adversary_swaps.py);
+- frame: another question over the same facts ("What should I do if ..." against "Is it normal
+  that ..."; adversary_siblings.py).
 
 The families here are the first ones; adversary_kinds.py adds more of the kinds these had few of,
 adversary_swaps.py word swaps (and swaps that keep the meaning, as rewordings) and
-adversary_statements.py long statements (15 words and more).
+adversary_statements.py long statements (15 words and more), and adversary_siblings.py sets
+questions against siblings from other sources (after every family).
 
 Sources are split whole into train, tune and test (by a hash of the source, 60/20/20), so no filled
 question is on two sides; the test split is for reporting only, never for choosing.
@@ -32,10 +35,10 @@ import json
 import random
 from pathlib import Path
 
-from ops.training.pair_model import adversary_kinds, adversary_statements, adversary_swaps
+from ops.training.pair_model import adversary_kinds, adversary_siblings, adversary_statements, adversary_swaps
 from ops.training.pair_model.adversary_pair import AdversaryPair, others, pairs_of
 
-KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym", "swap")
+KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym", "swap", "frame")
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Lisbon", "Vienna", "Prague", "Dublin", "Oslo", "Tokyo",
@@ -317,6 +320,7 @@ def generate(seed: int = 0) -> list[AdversaryPair]:
     out: list[AdversaryPair] = []
     for family in FAMILIES:
         out += family(rng)
+    out += adversary_siblings.siblings(out, rng, CURRENCIES)  # last: every family's rows stay as they were
     seen, unique = set(), []
     for pair in out:  # a look-alike may land on another source's question: one line, the first
         if (pair.q1, pair.q2) not in seen and pair.q1 != pair.q2:
