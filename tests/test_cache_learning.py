@@ -90,7 +90,7 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
 
     async def main():
         cache = AnswerCache(settings, embedder)
-        # The shipped pair model's floor is its own tuned point's (serve 0.92): this test's point is
+        # The shipped pair model's floor is its own tuned point's: this test's point is
         # another, so evidence may move it anywhere.
         cache.thresholds.floor = Floor()
         original = await stored(cache, ask(renderer, stored_q), answer)
