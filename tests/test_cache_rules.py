@@ -255,6 +255,12 @@ def test_chat_adversaries_are_thousands_of_each_kind_split_whole_by_source_and_a
     reworded = {(p.q1, p.source) for p in pairs if p.duplicate}
     assert all((p.q1, p.source) in reworded for p in pairs)
     assert any(p.kind == "frame" and p.q2 in {q for q, _ in reworded} for p in pairs)  # against a stored sibling
+    # each kind of sibling is made (its templates are the families'): the money and substitute
+    # families have no entity look-alike, nor a swap into another dish, of their own
+    assert {p.source.split(":")[0] for p in pairs if p.kind == "frame"} == {"grievance", "people_role"}
+    assert any(p.kind == "entity" and p.source.startswith("money:") for p in pairs)
+    assert any(p.kind == "swap" and p.source.startswith("substitute:")
+               and p.q1.rsplit(" in ", 1)[1] != p.q2.rsplit(" in ", 1)[1] for p in pairs)
     for side in ("train", "tune", "test"):  # the committed files are the generator's, side by side
         committed = [json.loads(line) for line in (DATA / f"chat_adversaries_{side}.jsonl").read_text().splitlines()]
         assert committed == [p.to_json() for p in pairs if split_of(p.source) == side]

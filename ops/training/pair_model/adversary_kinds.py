@@ -63,12 +63,15 @@ PLACES = ["on a plane", "into the United States", "into a concert", "into a hosp
 MONTHS = ["January", "March", "April", "June", "July", "August", "October", "December"]
 
 
+GRIEVANCE = "What should I do if {a} {act} {b}?"  # the grievances' frame; _people_roles puts three more
+
+
 def _grievances(rng: random.Random) -> list[AdversaryPair]:
     """Role: who did what to whom."""
     out = []
     for a, b in itertools.permutations(PEOPLE, 2):
         for act, worded in rng.sample(ACTS, 4):
-            out += mirrored("grievance", "role", "What should I do if {a} {act} {b}?", [
+            out += mirrored("grievance", "role", GRIEVANCE, [
                 "How should I handle it when {a} {worded} {b}?",
                 "{A} {act} {b}. How do I deal with this situation?"], a, b, act=act, worded=worded)
     return out
@@ -342,17 +345,20 @@ def _deeds(rng: random.Random) -> list[AdversaryPair]:
     return out
 
 
+# The other frames over the grievances' people and acts: (question, its rewordings).
+PEOPLE_FRAMES = [("Is it normal that {a} {act} {b}?", ["Should I worry that {a} {worded} {b}?",
+                                                        "{A} {act} {b}: is that normal?"]),
+                 ("What does it mean when {a} {act} {b}?", ["Why might it be that {a} {worded} {b}?",
+                                                             "{A} {act} {b}. What could that say?"]),
+                 ("Who is at fault when {a} {act} {b}?", ["Whose fault is it that {a} {worded} {b}?",
+                                                           "{A} {act} {b}: who is to blame?"])]
+
+
 def _people_roles(rng: random.Random) -> list[AdversaryPair]:
     """Role: the same people and acts as the grievances, asked about in other frames."""
-    frames = [("Is it normal that {a} {act} {b}?", ["Should I worry that {a} {worded} {b}?",
-                                                     "{A} {act} {b}: is that normal?"]),
-              ("What does it mean when {a} {act} {b}?", ["Why might it be that {a} {worded} {b}?",
-                                                          "{A} {act} {b}. What could that say?"]),
-              ("Who is at fault when {a} {act} {b}?", ["Whose fault is it that {a} {worded} {b}?",
-                                                        "{A} {act} {b}: who is to blame?"])]
     out = []
     for (a, b), (i, (question, rewordings)) in itertools.product(itertools.permutations(PEOPLE, 2),
-                                                                  enumerate(frames)):
+                                                                  enumerate(PEOPLE_FRAMES)):
         act, worded = ACTS[(PEOPLE.index(a) * 5 + PEOPLE.index(b) * 3 + i) % len(ACTS)]
         out += mirrored("people_role", "role", question, rewordings, a, b, act=act, worded=worded)
     return out

@@ -23,10 +23,10 @@ from ops.training.pair_model import adversary_kinds, adversary_swaps
 from ops.training.pair_model.adversary_pair import AdversaryPair
 
 # The frames adversary_kinds puts over two people and an act (_grievances, _people_roles).
-FRAMES = ("What should I do if {a} {act} {b}?", "Is it normal that {a} {act} {b}?",
-          "What does it mean when {a} {act} {b}?", "Who is at fault when {a} {act} {b}?")
-MONEY = "How many {y} do I get for {n} {x}?"  # chat_adversaries._money
-SUBSTITUTE = "Can I use {a} instead of {b} in {dish}?"  # adversary_swaps._substitutes
+FRAMES = (adversary_kinds.GRIEVANCE, *(question for question, _ in adversary_kinds.PEOPLE_FRAMES))
+# chat_adversaries._money's question (that module imports this one, so its text is repeated here;
+# the data test fails if the two part and no currency sibling is made).
+MONEY = "How many {y} do I get for {n} {x}?"
 PER_SOURCE = {"frame": 3, "entity": 2, "swap": 1}  # siblings drawn for each source q1, by kind
 
 
@@ -49,8 +49,8 @@ def _substitutes() -> Iterator[tuple[str, str, list[str]]]:
     """The substitution the other way round, in another dish."""
     for (a, b), dish in itertools.product(itertools.permutations(adversary_swaps.INGREDIENTS, 2),
                                           adversary_swaps.DISHES):
-        yield "swap", SUBSTITUTE.format(a=a, b=b, dish=dish), [
-            SUBSTITUTE.format(a=b, b=a, dish=other) for other in adversary_swaps.DISHES if other != dish]
+        yield "swap", adversary_swaps.SUBSTITUTE.format(a=a, b=b, dish=dish), [
+            adversary_swaps.SUBSTITUTE.format(a=b, b=a, dish=other) for other in adversary_swaps.DISHES if other != dish]
 
 
 def siblings(pairs: list[AdversaryPair], rng: random.Random, currencies: list[str]) -> list[AdversaryPair]:

@@ -34,11 +34,14 @@ TOOLS = ["Excel", "Google Sheets", "Notion", "Trello", "Slack", "Microsoft Teams
          "Evernote", "Asana", "OneDrive", "Jira"]
 
 
+SUBSTITUTE = "Can I use {a} instead of {b} in {dish}?"
+
+
 def _substitutes(rng: random.Random) -> list[AdversaryPair]:
     out = []
     for (a, b), dish in itertools.product(itertools.permutations(INGREDIENTS, 2), range(2)):
         dish = DISHES[(INGREDIENTS.index(a) + 3 * INGREDIENTS.index(b) + 5 * dish) % len(DISHES)]
-        out += mirrored("substitute", "swap", "Can I use {a} instead of {b} in {dish}?", [
+        out += mirrored("substitute", "swap", SUBSTITUTE, [
             "Instead of {b}, can I use {a} in {dish}?",
             "In {dish}, is it possible to replace {b} with {a}?"], a, b, dish=dish)
     return out
