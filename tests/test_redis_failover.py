@@ -67,6 +67,9 @@ def ha(model_dir, tmp_path_factory):
         s.start_worker("w2@ha")
         s.start_gateway()
         s.wait_ready()
+        # Made before any kill, for every test here (`brigade batch` sends it from the environment):
+        # no test depends on another having run first.
+        s.env["BRIGADE_API_KEY"] = create_key(redis_ha.url, "before-the-kills")
         yield s
 
 
@@ -129,8 +132,7 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
 
 
 def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):
-    key = create_key(ha.redis.url, "before-the-kill")
-    ha.env["BRIGADE_API_KEY"] = key  # `brigade batch` sends it; the test after this one uses it too
+    key = ha.env["BRIGADE_API_KEY"]  # made before the kill (the fixture)
     requests = [line(i, max_tokens=16) for i in range(30)]
     job_id = ha.submit(write_lines(tmp_path / "ha.jsonl", requests))
     killed: dict = {}
