@@ -30,19 +30,22 @@ MONEY = "How many {y} do I get for {n} {x}?"
 PER_SOURCE = {"frame": 3, "entity": 2, "swap": 1}  # siblings drawn for each source q1, by kind
 
 
+def _each_against_the_rest(kind: str, questions: list[str]) -> Iterator[tuple[str, str, list[str]]]:
+    """(kind, question, its siblings) for each question of a group that all ask about the same facts."""
+    yield from ((kind, q, [o for o in questions if o != q]) for q in questions)
+
+
 def _frames() -> Iterator[tuple[str, str, list[str]]]:
     """(kind, question, its siblings): the other frames over the same two people and act."""
     for (a, b), (act, _) in itertools.product(itertools.permutations(adversary_kinds.PEOPLE, 2),
                                               adversary_kinds.ACTS):
-        questions = [f.format(a=a, b=b, act=act) for f in FRAMES]
-        yield from (("frame", q, [o for o in questions if o != q]) for q in questions)
+        yield from _each_against_the_rest("frame", [f.format(a=a, b=b, act=act) for f in FRAMES])
 
 
 def _currencies(currencies: list[str]) -> Iterator[tuple[str, str, list[str]]]:
     """Another currency got for the same amount of the same one."""
     for x, n in itertools.product(currencies, (20, 100, 500)):
-        questions = [MONEY.format(x=x, y=y, n=n) for y in currencies if y != x]
-        yield from (("entity", q, [o for o in questions if o != q]) for q in questions)
+        yield from _each_against_the_rest("entity", [MONEY.format(x=x, y=y, n=n) for y in currencies if y != x])
 
 
 def _substitutes() -> Iterator[tuple[str, str, list[str]]]:
