@@ -4,7 +4,9 @@ facts that asks something else.
 The families set a question only against its own rewordings and look-alikes. In the cache, a
 stored question's nearest neighbours are as often a sibling from another source: "Is it normal
 that my friend keeps ignoring my doctor?" beside "What should I do if my friend keeps ignoring my
-doctor?" (another frame over the same people and act), "How many kronor do I get for 100 pesos?"
+doctor?" (another frame over the same people and act), "What should I do if my friend is
+avoiding my doctor?" beside "... keeps ignoring my doctor?" (another act between the same people,
+either way round), "How many kronor do I get for 100 pesos?"
 beside "How many dollars do I get for 100 pesos?" (another currency), or the same substitution in
 another dish. The shipped pair model served such siblings (docs/cache.md, "What the role
 look-alikes served are"), having never seen one marked different.
@@ -27,7 +29,7 @@ FRAMES = (adversary_kinds.GRIEVANCE, *(question for question, _ in adversary_kin
 # chat_adversaries._money's question (that module imports this one, so its text is repeated here;
 # the data test fails if the two part and no currency sibling is made).
 MONEY = "How many {y} do I get for {n} {x}?"
-PER_SOURCE = {"frame": 3, "entity": 2, "swap": 1}  # siblings drawn for each source q1, by kind
+PER_SOURCE = {"frame": 3, "entity": 2, "swap": 1, "act": 3}  # siblings drawn for each source q1, by kind
 
 
 def _each_against_the_rest(kind: str, questions: list[str]) -> Iterator[tuple[str, str, list[str]]]:
@@ -40,6 +42,17 @@ def _frames() -> Iterator[tuple[str, str, list[str]]]:
     for (a, b), (act, _) in itertools.product(itertools.permutations(adversary_kinds.PEOPLE, 2),
                                               adversary_kinds.ACTS):
         yield from _each_against_the_rest("frame", [f.format(a=a, b=b, act=act) for f in FRAMES])
+
+
+def _acts() -> Iterator[tuple[str, str, list[str]]]:
+    """(kind, question, its siblings): another act between the same two people, either way round,
+    in the same frame. The acts are adversary_kinds.ACTS, each its own (ignoring someone is not
+    avoiding them); the same act the other way round is the families' own role look-alike."""
+    for frame, (a, b) in itertools.product(FRAMES, itertools.combinations(adversary_kinds.PEOPLE, 2)):
+        people = ((a, b), (b, a))
+        for (x, y), (act, _) in itertools.product(people, adversary_kinds.ACTS):
+            yield "act", frame.format(a=x, b=y, act=act), [
+                frame.format(a=p, b=q, act=other) for p, q in people for other, _ in adversary_kinds.ACTS if other != act]
 
 
 def _currencies(currencies: list[str]) -> Iterator[tuple[str, str, list[str]]]:
@@ -63,7 +76,7 @@ def siblings(pairs: list[AdversaryPair], rng: random.Random, currencies: list[st
     for p in pairs:
         sources.setdefault(p.q1, p.source)
     out = []
-    for kind, q1, candidates in itertools.chain(_frames(), _currencies(currencies), _substitutes()):
+    for kind, q1, candidates in itertools.chain(_frames(), _currencies(currencies), _substitutes(), _acts()):
         if q1 not in sources:
             continue
         stored = [q for q in candidates if q in sources]

@@ -14,7 +14,9 @@ named by its kind:
 - antonym: the opposite asked (increase and decrease, advantages and disadvantages);
 - swap: two words of the question change places (PAWS-style; adversary_swaps.py);
 - frame: another question over the same facts ("What should I do if ..." against "Is it normal
-  that ..."; adversary_siblings.py).
+  that ..."; adversary_siblings.py);
+- act: another act between the same two people ("keeps ignoring" against "is avoiding", either
+  way round; adversary_siblings.py).
 
 The families here are the first ones; adversary_kinds.py adds more of the kinds these had few of,
 adversary_swaps.py word swaps (and swaps that keep the meaning, as rewordings) and
@@ -38,7 +40,7 @@ from pathlib import Path
 from ops.training.pair_model import adversary_kinds, adversary_siblings, adversary_statements, adversary_swaps
 from ops.training.pair_model.adversary_pair import AdversaryPair, others, pairs_of
 
-KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym", "swap", "frame")
+KINDS = ("direction", "negation", "entity", "number", "role", "scope", "antonym", "swap", "frame", "act")
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Lisbon", "Vienna", "Prague", "Dublin", "Oslo", "Tokyo",
