@@ -258,6 +258,7 @@ def test_chat_adversaries_are_thousands_of_each_kind_split_whole_by_source_and_a
     # each kind of sibling is made (its templates are the families'): the money and substitute
     # families have no entity look-alike, nor a swap into another dish, of their own
     assert {p.source.split(":")[0] for p in pairs if p.kind == "frame"} == {"grievance", "people_role"}
+    assert {p.source.split(":")[0] for p in pairs if p.kind == "act"} == {"grievance", "people_role"}
     assert any(p.kind == "entity" and p.source.startswith("money:") for p in pairs)
     assert any(p.kind == "swap" and p.source.startswith("substitute:")
                and p.q1.rsplit(" in ", 1)[1] != p.q2.rsplit(" in ", 1)[1] for p in pairs)
@@ -323,6 +324,19 @@ def test_the_operating_point_is_chosen_by_the_bound_of_each_rate_not_by_the_rate
     # Ten look-alikes cannot show any bound under 5%, even with none served: no point is kept.
     point, tuned = choose_operating_point(_tune_outcomes(10, 0, 200), None, None, None, targets)
     assert not tuned["targets_kept"] and tuned["upper95"]["kind_role"] > 0.05, tuned  # said, with its bound
+
+
+def test_a_kept_point_holds_the_look_alikes_rate_beside_its_bound():
+    from ops.training.pair_model.tuning import Targets, choose_operating_point
+
+    # 45 of 3,045 look-alikes the pair model cannot tell from the rewordings: serving the rewordings
+    # serves them, a rate of 1.5% whose bound (1.9%) is under 2%.
+    lookups = _tune_outcomes(3000, 45, 200)
+    point, tuned = choose_operating_point(lookups, None, None, None, Targets(max_lookalikes_rate=1.0))
+    assert tuned["targets_kept"] and tuned["chat_recall"] == 1.0 and tuned["upper95"]["chat_lookalikes"] < 0.02, tuned
+    # Under 1% asked as well: no point serves the rewordings without them, so the kept one serves neither.
+    point, tuned = choose_operating_point(lookups, None, None, None, Targets(max_lookalikes_rate=0.01))
+    assert tuned["targets_kept"] and tuned["chat_recall"] == 0.0 and tuned["chat_lookalikes_served"] == 0.0, tuned
 
 
 def test_a_kept_point_serves_the_share_of_long_reworded_statements_the_targets_ask():

@@ -213,7 +213,7 @@ def run(args, settings: Settings) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
         targets = Targets(args.max_lookalikes_bound, args.max_kind_bound, args.max_paws_bound,
-                          args.max_paraphrase_wrong_bound, args.min_long_recall)
+                          args.max_paraphrase_wrong_bound, args.min_long_recall, args.max_lookalikes_rate)
         report = train_verifier(settings, args.duplicates, args.lookalikes, args.steps, Path(args.out),
                                 args.paraphrases, args.hard_negatives, targets, skip_training=args.tune_only,
                                 chat_tune_files=args.chat_tune, chat_test_files=args.chat_test,
@@ -282,6 +282,8 @@ def add_parser(sub) -> None:
     targets = Targets()
     t.add_argument("--max-lookalikes-bound", type=float, default=targets.max_lookalikes_bound,
                    help="95%% upper bound the chat look-alikes served may reach (all kinds, tune files)")
+    t.add_argument("--max-lookalikes-rate", type=float, default=targets.max_lookalikes_rate,
+                   help="share of the chat look-alikes (all kinds, tune files) a point may serve, beside its bound")
     t.add_argument("--max-kind-bound", type=float, default=targets.max_kind_bound,
                    help="95%% upper bound each kind of chat look-alike served may reach on its own")
     t.add_argument("--max-paws-bound", type=float, default=targets.max_paws_bound,

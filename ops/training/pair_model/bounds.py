@@ -42,12 +42,15 @@ def upper_bound(wrong: int, looked_up: int, confidence: float = 0.95) -> float:
 
 @dataclass(frozen=True)
 class Targets:
-    """One-sided 95% upper bounds, on the tune files, that a kept point's rates must stay under, and
-    the share of long reworded statements it must serve (a goal of its own: a point can buy Quora
-    recall with long statements' and still raise the objective)."""
+    """One-sided 95% upper bounds, on the tune files, that a kept point's rates must stay under, the
+    chat look-alikes' rate itself, and the share of long reworded statements it must serve (a goal
+    of its own: a point can buy Quora recall with long statements' and still raise the objective)."""
 
     max_lookalikes_bound: float = 0.02  # chat look-alikes (all kinds) served any answer
     max_kind_bound: float = 0.05  # each kind of chat look-alike on its own (about 150 of each: 2 served bound at 4.2%)
-    max_paws_bound: float = 0.04  # PAWS pairs that mean something else, served any answer
+    max_paws_bound: float = 0.03  # PAWS pairs that mean something else, served any answer (the goal is 3%)
     max_paraphrase_wrong_bound: float = 0.05  # paraphrase look-ups served another entry's answer
     min_long_recall: float = 0.5  # chat rewordings of long statements (15+ words) served their own answer
+    # The rate itself, beside its bound: the issue asks both (under 1%, bound under 2%), and a bound
+    # under 2% on 2,600 look-ups still lets the rate reach about 1.5%.
+    max_lookalikes_rate: float = 0.01
