@@ -180,13 +180,15 @@ def learn(observations: list[Observation], trained: OperatingPoint, delta: float
                 and (o.score is None or o.score >= trained.objection)]
         serve, serve_why = lowest_safe(np.array([o.cosine for o in high]), np.array([not o.agreed for o in high]),
                                        delta, trained.serve_cosine)
-        if serve < floor.serve_cosine:
+        # The floor stops a threshold the evidence lowers; one it raises stays raised, even under a
+        # floor that an operator's trained point (BRIGADE_CACHE_SERVE_COSINE) already sits below.
+        if serve < min(floor.serve_cosine, trained.serve_cosine):
             serve, serve_why = min(floor.serve_cosine, trained.serve_cosine), "floor"
     serve = max(serve, trained.band_cosine)
     band = [o for o in observations if o.score is not None and trained.band_cosine <= o.cosine < serve]
     agree, agree_why = lowest_safe(np.array([o.score for o in band]), np.array([not o.agreed for o in band]),
                                    delta, trained.agree)
-    if agree < floor.agree:
+    if agree < min(floor.agree, trained.agree):
         agree, agree_why = min(floor.agree, trained.agree), "floor"
     return Learned(replace(trained, serve_cosine=round(serve, 6), agree=round(agree, 6)),
                    {"serve_cosine": serve_why, "agree": agree_why}, len(observations))

@@ -185,6 +185,9 @@ def test_thresholds_move_only_where_the_evidence_bounds_the_error():
     good = seen([0.97 + i * 0.0001 for i in range(300)], source="audit")
     high = learn(bad + good, trained, 0.01)
     assert high.why["serve_cosine"] == "evidence_higher" and 0.929 < high.point.serve_cosine <= 0.97
+    # A floor above the trained point (an operator set a lower one) holds only what the evidence
+    # lowers: a threshold it raises stays raised, not put back to the trained one.
+    assert learn(bad + good, trained, 0.01, Floor(serve_cosine=0.96)).point == high.point
     # The band's pair-model bar moves the same way, on the probabilities of band observations
     # (here the pair model objects to them at 0.3, so serving on the cosine alone does not move).
     band = learn(seen([0.85] * 300, score=0.3), OperatingPoint(0.9, 0.8, agree=0.6, objection=0.4), 0.01)
