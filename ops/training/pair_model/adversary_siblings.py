@@ -51,8 +51,9 @@ def _acts() -> Iterator[tuple[str, str, list[str]]]:
     for frame, (a, b) in itertools.product(FRAMES, itertools.combinations(adversary_kinds.PEOPLE, 2)):
         people = ((a, b), (b, a))
         for (x, y), (act, _) in itertools.product(people, adversary_kinds.ACTS):
-            yield "act", frame.format(a=x, b=y, act=act), [
-                frame.format(a=p, b=q, act=other) for p, q in people for other, _ in adversary_kinds.ACTS if other != act]
+            others = [other for other, _ in adversary_kinds.ACTS if other != act]
+            siblings = [frame.format(a=p, b=q, act=o) for p, q in people for o in others]
+            yield "act", frame.format(a=x, b=y, act=act), siblings
 
 
 def _currencies(currencies: list[str]) -> Iterator[tuple[str, str, list[str]]]:

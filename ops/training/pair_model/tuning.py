@@ -146,7 +146,8 @@ def overshoot(m: dict, targets: Targets) -> float:
 
 def keeps(m: dict, targets: Targets) -> bool:
     """Every bound under its target; the cheap point rates first (a rate over a target fails its bound too)."""
-    if (m["chat_lookalikes_served"] > min(targets.max_lookalikes_bound, targets.max_lookalikes_rate) or m.get("paws_served", 0.0) > targets.max_paws_bound
+    if (m["chat_lookalikes_served"] > min(targets.max_lookalikes_bound, targets.max_lookalikes_rate)
+            or m.get("paws_served", 0.0) > targets.max_paws_bound
             or m.get("paraphrase_wrong", 0.0) > targets.max_paraphrase_wrong_bound
             or m.get("long_recall", 1.0) < targets.min_long_recall):
         return False
