@@ -182,14 +182,16 @@ def learn(observations: list[Observation], trained: OperatingPoint, delta: float
                                        delta, trained.serve_cosine)
         # The floor stops a threshold the evidence lowers; one it raises stays raised, even under a
         # floor that an operator's trained point (BRIGADE_CACHE_SERVE_COSINE) already sits below.
-        if serve < min(floor.serve_cosine, trained.serve_cosine):
-            serve, serve_why = min(floor.serve_cosine, trained.serve_cosine), "floor"
+        lowest = min(floor.serve_cosine, trained.serve_cosine)
+        if serve < lowest:
+            serve, serve_why = lowest, "floor"
     serve = max(serve, trained.band_cosine)
     band = [o for o in observations if o.score is not None and trained.band_cosine <= o.cosine < serve]
     agree, agree_why = lowest_safe(np.array([o.score for o in band]), np.array([not o.agreed for o in band]),
                                    delta, trained.agree)
-    if agree < min(floor.agree, trained.agree):
-        agree, agree_why = min(floor.agree, trained.agree), "floor"
+    lowest = min(floor.agree, trained.agree)
+    if agree < lowest:
+        agree, agree_why = lowest, "floor"
     return Learned(replace(trained, serve_cosine=round(serve, 6), agree=round(agree, 6)),
                    {"serve_cosine": serve_why, "agree": agree_why}, len(observations))
 

@@ -8,8 +8,8 @@ doctor?" (another frame over the same people and act), "What should I do if my f
 avoiding my doctor?" beside "... keeps ignoring my doctor?" (another act between the same people,
 either way round), "How many kronor do I get for 100 pesos?"
 beside "How many dollars do I get for 100 pesos?" (another currency), or the same substitution in
-another dish. The shipped pair model served such siblings (docs/cache.md, "What the role
-look-alikes served are"), having never seen one marked different.
+another dish. The pair models before them served such siblings (docs/cache.md, "A fifth round,
+adopted" and "A sixth round, adopted"), having never seen one marked different.
 
 Each sibling pair takes its q1's source, so it falls in that source's split; only questions that
 are already a source's q1 are q1 here, so no split stores a question it did not store before.
@@ -66,8 +66,9 @@ def _substitutes() -> Iterator[tuple[str, str, list[str]]]:
     """The substitution the other way round, in another dish."""
     for (a, b), dish in itertools.product(itertools.permutations(adversary_swaps.INGREDIENTS, 2),
                                           adversary_swaps.DISHES):
-        yield "swap", adversary_swaps.SUBSTITUTE.format(a=a, b=b, dish=dish), [
-            adversary_swaps.SUBSTITUTE.format(a=b, b=a, dish=other) for other in adversary_swaps.DISHES if other != dish]
+        other_way = [adversary_swaps.SUBSTITUTE.format(a=b, b=a, dish=other)
+                     for other in adversary_swaps.DISHES if other != dish]
+        yield "swap", adversary_swaps.SUBSTITUTE.format(a=a, b=b, dish=dish), other_way
 
 
 def siblings(pairs: list[AdversaryPair], rng: random.Random, currencies: list[str]) -> list[AdversaryPair]:
