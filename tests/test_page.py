@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from urllib.parse import urlencode
@@ -201,8 +202,6 @@ def test_the_page_streams_each_answer_token_by_token_with_its_stats(page):
 
 def test_stop_keeps_the_text_so_far_and_frees_the_request_in_the_worker(page, stack):
     page.open(cache="off")
-    # Far more tokens than the answer can reach before Stop: the tiny model writes 400 in about a
-    # second on a fast core, which ended the answer before the click on one CI run.
     page.set_field("max-tokens", 3000)
     page.ask(LONG_QUESTION)
     streaming = page.wait_answer(lambda a: a["state"] == "streaming" and a["text"] and a["requestId"], 60,
@@ -210,9 +209,19 @@ def test_stop_keeps_the_text_so_far_and_frees_the_request_in_the_worker(page, st
     rid = streaming["requestId"]
     # The heartbeat is a snapshot refreshed every second.
     wait_until(lambda: rid in worker_requests(stack)[1], 10, what="the request in the worker's heartbeat")
-    assert page.element("stop").is_enabled() and not page.element("send").is_enabled()
-    page.element("stop").click()
-    stopped = page.wait_ended(30)
+    # The worker is held still while Stop is clicked: the tiny model writes 3,000 tokens in about 7 s,
+    # and a page drawing each one can still show "streaming" after the answer ended (twice on CI).
+    # Held with its answer unfinished, it cannot end it before the click.
+    worker = stack.workers["w1@page"].proc
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        [(_, last)] = stack.redis.client.xrevrange(keys.stream(rid), count=1)
+        assert json.loads(last["event"])["type"] != "done", "the answer ended before the worker was held"
+        assert page.element("stop").is_enabled() and not page.element("send").is_enabled()
+        page.element("stop").click()
+        stopped = page.wait_ended(30)
+    finally:
+        worker.send_signal(signal.SIGCONT)
     assert stopped["state"] == "stopped" and stopped["stopped"], stopped
     assert stopped["text"].startswith(streaming["text"]), stopped
     [generate] = page.frames("generate")
