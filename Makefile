@@ -24,7 +24,7 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not long and not peers"
 
 test-long: install
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "long and not peers"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --no-loadscope-reorder -m "long and not peers"
 
 # The whole `bench serve --versus llama-server` run in small (pytest marker `peers`): it needs
 # llama.cpp built, which takes minutes, so neither suite above waits on it.

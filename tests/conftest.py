@@ -12,6 +12,17 @@ from tests.services import RedisServer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The long modules that take longest, to be handed out first (`make test-long` keeps this order with
+# --no-loadscope-reorder). pytest-xdist hands each module whole to the first free process; by its
+# default order (most tests first) the 90-second chaos run, a module of one test, came late and
+# ran alone at the end while the other process waited.
+LONGEST_FIRST = ("test_chaos.py", "test_redis_failover.py", "test_failover.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
