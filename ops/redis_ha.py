@@ -10,7 +10,10 @@ Settings, and why (Redis's own Sentinel and replication documentation is the ref
 - `down-after-milliseconds` 1000 (the default is 30 s): on one machine a primary that does not answer
   for a second is dead, and every second here is a second of every stream stalling;
 - every data node keeps an append-only file, fsynced every second, so a node restarted after a
-  crash comes back with its data and the sentinels make it a replica of the new primary;
+  crash comes back with its data, as a replica of the new primary (`replica_of`);
+- `repl-diskless-sync-delay` 0 (the default is 5 s): a replica that (re)joins is sent the data at
+  once, not after five seconds spent waiting for others to join the same transfer; here at most
+  two replicas ever join, and until one has the data the set has no replica to fail over to;
 - `replica-serve-stale-data yes` (the default) and no `min-replicas-to-write`: Brigade asks for the
   writes whose loss matters to be confirmed with WAIT (workers/claims.py), instead of refusing every
   write while a replica is away;
@@ -24,6 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import redis
 
@@ -114,7 +118,8 @@ class RedisHA:
             data.mkdir(exist_ok=True)
             argv = [server, "--port", str(port), "--bind", *self.addresses, "--protected-mode", self.protected_mode,
                     "--save", "", "--appendonly", "yes",
-                    "--appendfsync", "everysec", "--dir", str(data), "--logfile", str(data / "redis.log")]
+                    "--appendfsync", "everysec", "--repl-diskless-sync-delay", "0",
+                    "--dir", str(data), "--logfile", str(data / "redis.log")]
             if self.password:
                 # replicas authenticate to whichever node is primary: every node has the same password
                 argv += ["--requirepass", self.password, "--masterauth", self.password]
@@ -161,6 +166,37 @@ class RedisHA:
         i = self.data_ports.index(port)
         return "redis-primary" if i == 0 else f"redis-replica{i}"
 
+    def start(self, launch: Callable[[str, list[str]], object], wait: Callable[[Callable[[], bool], float], bool],
+              server: str | None = None, timeout_s: float = 60.0) -> bool:
+        """Start the set through `launch(name, argv)` (a supervisor's start): the data nodes, and once
+        every replica is linked, the sentinels, whose first look at the primary then finds the whole
+        set (started with the data nodes, they found the replicas only at their next look, 10 s later).
+        `wait(condition, timeout_s)` waits out each stage; False when it gave up."""
+        parts = self.parts(server)
+        data = {name: argv for name, argv in parts.items() if not name.startswith("redis-sentinel")}
+        sentinels = {name: argv for name, argv in parts.items() if name not in data}
+        for stage, ready in ((data, self.replicas_linked), (sentinels, self.healthy)):
+            for name, argv in stage.items():
+                launch(name, argv)
+            if not wait(ready, timeout_s):
+                return False
+        return True
+
+    def _linked(self, port: int) -> tuple[str | None, int]:
+        """A data node's role and how many replicas it has online (what `INFO replication` says)."""
+        node = redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
+        info = node.info("replication")
+        online = sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+        return info.get("role"), online
+
+    def replicas_linked(self) -> bool:
+        """The first data node, primary at the start, has every replica online."""
+        try:
+            role, online = self._linked(self.data_ports[0])
+        except redis.RedisError:
+            return False
+        return role == "master" and online >= len(self.data_ports) - 1
+
     def healthy(self) -> bool:
         """Every sentinel sees the primary, its two replicas linked, and the other two sentinels;
         the primary answers writes. A set that is not healthy yet cannot fail over cleanly."""
@@ -174,10 +210,9 @@ class RedisHA:
                         or int(state["num-slaves"]) < len(self.data_ports) - 1
                         or int(state["num-other-sentinels"]) < len(self.sentinel_ports) - 1):
                     return False
+            role, online = self._linked(port)
             node = redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
-            info = node.info("replication")
-            linked = sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
-            return info.get("role") == "master" and linked >= len(self.data_ports) - 1 and bool(node.set("brigade:ha:probe", "1", ex=10))
+            return role == "master" and online >= len(self.data_ports) - 1 and bool(node.set("brigade:ha:probe", "1", ex=10))
         except (redis.RedisError, KeyError, ValueError):
             return False
 
@@ -189,3 +224,16 @@ class RedisHA:
                                    f"(logs: {self.folder})")
             time.sleep(0.2)
 
+
+def replica_of(argv: list[str], host: str, primary: int | None) -> list[str]:
+    """A killed data node's argv (`RedisHA.parts`) to start it again: a replica of `primary`, the
+    node the sentinels promoted, at once; left to them, it comes back as a primary of its own until
+    their next INFO look at it (every 10 s) tells them to turn it. With no other primary (None, or
+    this node's own port: no failover happened) it starts without `--replicaof`, for the sentinels
+    to take back as primary (as a replica of the node it replaced, a node whose failover never
+    happened replicated the other, which replicated it: no primary at all)."""
+    if "--replicaof" in argv:
+        at = argv.index("--replicaof")
+        argv = argv[:at] + argv[at + 3:]
+    own = int(argv[argv.index("--port") + 1])
+    return argv if primary in (None, own) else [*argv, "--replicaof", host, str(primary)]

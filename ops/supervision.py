@@ -179,14 +179,14 @@ class Supervisor:
         self.parts[name].process.kill()
         return self.restart(name)
 
-    def restart(self, name: str) -> subprocess.Popen:
-        """Start a part that ended (or is ending) again, as it was started."""
+    def restart(self, name: str, argv: list[str] | None = None) -> subprocess.Popen:
+        """Start a part that ended (or is ending) again, as it was started (or with `argv`)."""
         part = self.parts[name]
         part.process.wait(10)
         if part.log is not None:
             part.log.close()
         log = Path(part.log.name) if part.log is not None else None
-        return self.start(name, part.argv, env=part.env, cwd=part.cwd, log=log, death_signal=part.death_signal)
+        return self.start(name, argv or part.argv, env=part.env, cwd=part.cwd, log=log, death_signal=part.death_signal)
 
     def exited(self) -> tuple[str, int] | None:
         """The first part found ended, with its exit code; None while all run."""

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
-from ops.redis_ha import TLSFiles
+from ops.redis_ha import TLSFiles, replica_of
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -129,9 +129,13 @@ class RedisHAServer:
         if shutil.which("redis-server") is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
         self.ha = RedisHA(tmp, data_ports=[free_port() for _ in range(1 + replicas)], tls=tls)
-        self.procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-                      for name, argv in self.ha.parts().items()}
-        self.ha.wait_healthy(60)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+        def launch(name: str, argv: list[str]) -> None:
+            self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+        self.ha.start(launch, lambda ready, timeout_s: wait_until(ready, timeout_s, interval=0.05,
+                                                                   what=f"the Redis HA set in {tmp} to come up"))
         self.url = self.ha.url
         self.client = client(self.url)
 
@@ -145,8 +149,11 @@ class RedisHAServer:
         return name
 
     def restart(self, name: str) -> None:
-        """Start a killed node again: the sentinels make it a replica of the new primary."""
-        self.procs[name] = subprocess.Popen(self.ha.parts()[name], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        """Start a killed node again, as a replica of the primary the sentinels promoted (as the
+        benchmark fleet does, ops/bench/fleet.py): left to the sentinels, it came back as a primary
+        of its own until their next look at it, 10-15 s, which every following test waited out."""
+        self.procs[name] = subprocess.Popen(replica_of(self.ha.parts()[name], self.ha.host, self.ha.primary_port()),
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         for proc in self.procs.values():

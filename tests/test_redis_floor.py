@@ -343,6 +343,22 @@ def test_a_failed_tls_handshake_says_which_setting_to_change():
     assert redis_clients.one_line(RedisError("Connection refused")) == "Connection refused"
 
 
+def test_a_killed_data_node_starts_again_as_the_replica_of_the_node_promoted_in_its_place(tmp_path):
+    from ops.redis_ha import RedisHA, replica_of
+
+    ha = RedisHA(tmp_path, data_ports=[7001, 7002, 7003], sentinel_ports=[7011, 7012, 7013])
+    parts = ha.parts(server="redis-server")
+    first, replica = parts["redis-primary"], parts["redis-replica1"]  # replica1: --replicaof 7001
+    assert replica_of(first, ha.host, 7002)[-3:] == ["--replicaof", ha.host, "7002"]
+    moved = replica_of(replica, ha.host, 7003)
+    assert moved.count("--replicaof") == 1 and moved[-3:] == ["--replicaof", ha.host, "7003"]
+    # No other node was promoted (none named, or the killed node itself): started without
+    # `--replicaof`, for the sentinels to take back as primary, not as a replica of a replica.
+    for argv, port in ((first, 7001), (replica, 7002), (replica, None)):
+        assert "--replicaof" not in replica_of(argv, ha.host, port)
+    assert replica_of(first, ha.host, 7002)[:len(first)] == first  # the rest of the command line kept
+
+
 def test_the_factory_follows_a_sentinel_url_to_the_primary(tmp_path):
     """A real primary, two replicas and three sentinels: the sync and async clients of a
     redis+sentinel:// URL write to the primary and read back; a redis:// client of the primary sees it."""

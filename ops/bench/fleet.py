@@ -27,7 +27,7 @@ from ops.core import redis_clients
 from ops.core.fleet import live_workers
 from ops.core.ports import free_port
 from ops.core.settings import get_settings
-from ops.redis_ha import RedisHA
+from ops.redis_ha import RedisHA, replica_of
 from ops.supervision import Supervisor, stop_graces
 
 
@@ -47,13 +47,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     values = sorted(values)
     return round(values[min(len(values) - 1, int(q * len(values)))], 4)
-
-
-def _without_replicaof(argv: list[str]) -> list[str]:
-    if "--replicaof" not in argv:
-        return argv
-    at = argv.index("--replicaof")
-    return argv[:at] + argv[at + 3:]
 
 
 class Fleet:
@@ -78,9 +71,8 @@ class Fleet:
             host, also = (cut_link.host_ip, ("127.0.0.1",)) if cut_link else ("127.0.0.1", ())
             self.ha = RedisHA(workdir / "redis-ha", host=host, also_bind=also,
                               data_ports=[free_port() for _ in range(1 + redis_replicas)])
-            for name, argv in self.ha.parts(server).items():
-                self.supervisor.start(name, argv, death_signal=signal.SIGTERM)
-            self.supervisor.wait_for(self.ha.healthy, 60)
+            self.ha.start(lambda name, argv: self.supervisor.start(name, argv, death_signal=signal.SIGTERM),
+                          self.supervisor.wait_for, server)
             redis_url = self.ha.url
         else:
             port, host = free_port(), cut_link.host_ip if cut_link else "127.0.0.1"
@@ -196,11 +188,9 @@ class Fleet:
         promoted_s = round(time.monotonic() - killed, 2)
         part = self.supervisor.parts[name]
         part.process.wait(10)
-        # Started as it was, less the replica's `--replicaof` of its first start: the sentinels make it
-        # a replica of whoever is primary now, or take it back as primary if none was promoted. (As a
-        # replica of the node it replaced, a node whose failover never happened replicated the other,
-        # which replicated it: no primary at all.)
-        argv = _without_replicaof(part.argv)
+        # A replica of the promoted node at once, or, if none was promoted, for the sentinels to take
+        # back as primary (redis_ha.replica_of).
+        argv = replica_of(part.argv, self.ha.host, new)
         self.supervisor.start(name, argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
         self.restarts[name] += 1
         return {"killed": old, "promoted": new if new != old else None, "promoted_after_s": promoted_s}

@@ -199,9 +199,8 @@ def _start_redis_ha(supervisor, settings, stopping):
     shutil.rmtree(folder, ignore_errors=True)  # its ports are new every run: old sentinel files would mislead
     ha = RedisHA(folder)
     try:
-        for name, argv in ha.parts().items():
-            supervisor.start(name, argv, death_signal=signal.SIGTERM)
-        if not supervisor.wait_for(ha.healthy, 60, stopping=stopping, interval_s=0.2):
+        if not ha.start(lambda name, argv: supervisor.start(name, argv, death_signal=signal.SIGTERM),
+                        lambda ready, timeout_s: supervisor.wait_for(ready, timeout_s, stopping=stopping)):
             return None
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
@@ -220,16 +219,20 @@ def _rejoin_redis_node(supervisor, ha, ended: tuple[str, int], stopping) -> None
     """A node of `up --redis-ha`'s set ended (killed to try a failover, say): the rest serve on.
     A data node is started again once the sentinels name another primary (started at once, the
     old primary would come back as primary with its last second of writes lost, and no failover
-    would have happened); it rejoins as a replica. A sentinel is started again at once."""
+    would have happened), as that primary's replica (redis_ha.replica_of). A sentinel is started
+    again at once."""
+    from ops.redis_ha import replica_of
     from ops.supervision import say
 
     name, code = ended
     say(f"Redis HA: {name} exited (code {code}); the others serve on", sys.stdout)
+    argv = None
     if not name.startswith("redis-sentinel"):
         port = next(p for p in ha.data_ports if ha.node_name(p) == name)
         deadline = time.monotonic() + 30
         while ha.primary_port() in (port, None) and time.monotonic() < deadline and not stopping():
             time.sleep(0.2)
+        argv = replica_of(supervisor.parts[name].argv, ha.host, ha.primary_port())
     if not stopping():
-        supervisor.restart(name)
+        supervisor.restart(name, argv)
         say(f"Redis HA: {name} started again; primary port now {ha.primary_port()}", sys.stdout)
