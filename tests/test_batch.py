@@ -64,6 +64,9 @@ def stack(tiny_model_dir, tmp_path_factory):
                     BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
                     BRIGADE_HEARTBEAT_TTL_S="3", BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3",
                     BRIGADE_BATCH_POLL_S="0.5", BRIGADE_CACHE_ENABLED="0", BRIGADE_DRAIN_SECONDS="1",
+                    # A killed worker's lines it had received but not claimed are sent again after
+                    # this (30 s by default, which the SIGKILL test waited out), as in the failover fleet.
+                    BRIGADE_UNCLAIMED_AFTER_S="3",
                     BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("batch-files")),
                     # float32: every batch line is compared with the same request answered
                     # interactively, token for token, whatever else shared its engine steps.
