@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
 from tests.clients import Answer, absorb
-from tests.services import Stack, worker_statuses
+from tests.services import Stack
 
 PROMPTS = [
     "Write a long story about a dragon who learns to bake bread.",
@@ -85,7 +85,20 @@ def assert_complete(clients: list[Client], expected: dict[str, str], stack: Stac
         assert a.text == expected[c.id], f"{c.id}: {a.text!r} != {expected[c.id]!r}"
 
 
+def claimed(stack: Stack, clients: list[Client]) -> bool:
+    """Every client's request claimed by a worker of the stack, or already ended."""
+    return all(c.answer.end is not None or stack.claimant(c.answer.request_id) for c in clients)
+
+
 def busiest(stack: Stack, rids: list[str]) -> dict:
-    """The heartbeat of the stack's worker that holds the most of these requests."""
-    statuses = [s for s in worker_statuses(stack.redis.client) if s["worker"] in stack.workers]
-    return max(statuses, key=lambda s: len(set(s["requests"]) & set(rids)))
+    """The stack's worker whose claims hold the most of these requests: {"worker", "requests"}.
+    Claims, not heartbeats: a claim is written when a worker takes a request, a heartbeat lists it
+    up to a second later, by when a short answer on the tiny model can have ended."""
+    held: dict[str, list[str]] = {}
+    for rid in rids:
+        status = stack.claimant(rid)
+        if status is not None and status["worker"] in stack.workers:
+            held.setdefault(status["worker"], []).append(rid)
+    assert held, "no worker of the stack claims any of these requests"
+    worker = max(held, key=lambda w: len(held[w]))
+    return {"worker": worker, "requests": held[worker]}

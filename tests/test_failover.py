@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 from ops.core import keys
 from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, queued_params, wait_until
-from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
+from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
 from tests.streams import stream_clients as streams
 
 pytestmark = pytest.mark.long
@@ -68,7 +68,7 @@ async def stream_clients(url: str, fault, **options):
 def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expected):
     def fault(clients):
         rids = [c.answer.request_id for c in clients]
-        wait_until(lambda: all(fleet.holder(r) for r in rids), 10, what="every request in a heartbeat")
+        wait_until(lambda: claimed(fleet, clients), 10, what="every request claimed")
         victim = busiest(fleet, rids)
         affected = [c for c in clients if c.answer.request_id in victim["requests"] and c.answer.end is None]
         killed_at = time.monotonic()
@@ -98,7 +98,7 @@ def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expe
 def test_sigterm_drains_the_worker_and_its_requests_continue_elsewhere(fleet, expected):
     def fault(clients):
         rids = [c.answer.request_id for c in clients]
-        wait_until(lambda: all(fleet.holder(r) for r in rids), 10, what="every request in a heartbeat")
+        wait_until(lambda: claimed(fleet, clients), 10, what="every request claimed")
         victim = busiest(fleet, rids)
         code = fleet.kill(fleet.workers[victim["worker"]], signal.SIGTERM, timeout=60)
         return victim["worker"], code

@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 from ops.core import keys
 from tests.clients import Answer, absorb
 from tests.services import RedisHAServer, create_key, queued_params, wait_until, wait_until_async
-from tests.streams import PROMPTS, assert_complete, busiest, uninterrupted
+from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.test_batch import BatchStack, line, text_of, write_lines
 
@@ -186,7 +186,11 @@ def test_a_demoted_primary_answering_readonly_sends_every_part_to_the_new_one(ha
     assert ha.redis.ha.primary_port() != before
     for proc in ha.started:
         assert proc.proc.poll() is None, f"{proc.log_path.name} exited ({proc.proc.returncode}):\n{proc.tail()}"
-    # and the workers take new work from the new primary's queue
+    # and the workers take new work from the new primary's queue, once the sentinels have turned
+    # the demoted node into a replica. Until their next look at it (up to 10 s) it is a primary of
+    # its own that keeps the writes of clients still connected to it, and drops them when turned:
+    # Sentinel's failover reconfigures the replicas, not the old primary.
+    ha.redis.ha.wait_healthy(60)
     fresh, _ = asyncio.run(stream_clients(ha.url, lambda clients: None, n=2,
                                           headers={"Authorization": f"Bearer {ha.env['BRIGADE_API_KEY']}"}))
     assert_complete(fresh, expected, ha)  # done, indexes whole, the uninterrupted text
@@ -283,7 +287,7 @@ def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_mo
 
     def fault(clients):
         rids = [c.answer.request_id for c in clients]
-        wait_until(lambda: all(ha.holder(r) for r in rids), 10, what="every request in a heartbeat")
+        wait_until(lambda: claimed(ha, clients), 10, what="every request claimed")
         victim = busiest(ha, rids)
         affected = [c for c in clients if c.answer.request_id in victim["requests"] and c.answer.end is None]
         ha.kill(ha.workers[victim["worker"]])
