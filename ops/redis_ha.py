@@ -182,20 +182,21 @@ class RedisHA:
                 return False
         return True
 
-    def _linked(self, port: int) -> tuple[str | None, int]:
-        """A data node's role and how many replicas it has online (what `INFO replication` says)."""
-        node = redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
+    def _node(self, port: int) -> redis.Redis:
+        return redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
+
+    def _primary_of_all(self, node: redis.Redis) -> bool:
+        """This node is a primary with every replica online (what its `INFO replication` says)."""
         info = node.info("replication")
         online = sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
-        return info.get("role"), online
+        return info.get("role") == "master" and online >= len(self.data_ports) - 1
 
     def replicas_linked(self) -> bool:
         """The first data node, primary at the start, has every replica online."""
         try:
-            role, online = self._linked(self.data_ports[0])
+            return self._primary_of_all(self._node(self.data_ports[0]))
         except redis.RedisError:
             return False
-        return role == "master" and online >= len(self.data_ports) - 1
 
     def healthy(self) -> bool:
         """Every sentinel sees the primary, its two replicas linked, and the other two sentinels;
@@ -210,9 +211,8 @@ class RedisHA:
                         or int(state["num-slaves"]) < len(self.data_ports) - 1
                         or int(state["num-other-sentinels"]) < len(self.sentinel_ports) - 1):
                     return False
-            role, online = self._linked(port)
-            node = redis_clients.client(self.node_url(port), timeout_s=1, connect_timeout_s=1)
-            return role == "master" and online >= len(self.data_ports) - 1 and bool(node.set("brigade:ha:probe", "1", ex=10))
+            node = self._node(port)
+            return self._primary_of_all(node) and bool(node.set("brigade:ha:probe", "1", ex=10))
         except (redis.RedisError, KeyError, ValueError):
             return False
 
