@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The long modules that take longest, to be handed out first (`make test-long` keeps this order with
 # --no-loadscope-reorder). pytest-xdist hands each module whole to the first free process; by its
-# default order (most tests first) the two-minute chaos run, a module of one test, came late and
+# default order (most tests first) the chaos run, a module of one test, came late and
 # ran alone at the end while the other process waited.
 LONGEST_FIRST = ("test_chaos.py", "test_redis_failover.py", "test_failover.py")
 

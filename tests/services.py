@@ -356,13 +356,9 @@ class Stack:
         return {s["worker"]: s for s in worker_statuses(self.redis.client)
                 if s["worker"] in names and s["pid"] == self.workers[s["worker"]].proc.pid}
 
-    def holder(self, request_id: str) -> dict | None:
-        """The heartbeat of the worker that holds this request, if one does."""
-        return next((s for s in worker_statuses(self.redis.client) if request_id in s["requests"]), None)
-
     def claimant(self, request_id: str) -> dict | None:
-        """The heartbeat of the worker whose claim this request is: written when the worker takes
-        it, so known before the worker's next beat lists it (`holder`)."""
+        """The heartbeat of the worker whose claim this request is: the claim is written when the
+        worker takes it, so it is known before the worker's next beat lists the request."""
         from ops.core import keys
 
         owner = self.redis.client.hget(keys.CLAIMS, request_id)

@@ -306,7 +306,7 @@ def test_a_worker_sigkilled_mid_stream_costs_every_client_nothing_of_the_real_mo
 # ---- a worker SIGKILLed mid-stream of a sampled request with n = 2 and logprobs ------------------
 
 SAMPLED = {"type": "generate", "id": "s", "messages": [{"role": "user", "content": PROMPTS[1]}], "n": 2,
-           "temperature": 1.0, "seed": 11, "logprobs": 2, "ignore_eos": True, "max_tokens": 160}
+           "temperature": 1.0, "seed": 11, "logprobs": 2, "ignore_eos": True, "max_tokens": 96}
 
 
 async def sampled_events(url: str, headers: dict, frame: dict, fault=None, tokens_first: int = 8):
@@ -351,7 +351,7 @@ def test_a_sigkilled_workers_sampled_n2_answer_with_logprobs_goes_on_token_for_t
     assert all(len(x[1]["top"]) == 2 for c in expected.values() for x in c)
 
     def fault(rid: str):
-        victim = wait_until(lambda: ha.holder(rid), 10, what="the request in a heartbeat")["worker"]
+        victim = wait_until(lambda: ha.claimant(rid), 10, what="the request claimed")["worker"]
         ha.kill(ha.workers[victim])
         return victim
 

@@ -177,7 +177,7 @@ def test_the_reaper_continues_a_killed_workers_request_over_tls(stack):
         async with connect(stack.url) as ws:
             answers = await start_long_request(ws, "tls-kill", "Write a long story about a dragon.", tokens_first=4)
             rid = answers["tls-kill"].request_id
-            holder = wait_until(lambda: stack.holder(rid), 10, what="the request in a worker's heartbeat")
+            holder = wait_until(lambda: stack.claimant(rid), 10, what="the request claimed")
             stack.kill(stack.workers[holder["worker"]])
             await collect(ws, answers, [], {"tls-kill"}, timeout=60)
             return answers["tls-kill"]
