@@ -35,6 +35,32 @@ def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
     assert lookalike_metrics(kinds, point)["by_kind"] == {"number": {"served": 1, "of": 1, "rate": 1.0, "upper95": 1.0}}
 
 
+def test_precision_by_labels_counts_a_hit_on_a_question_the_files_labels_join_to_the_asked_one():
+    from cache.hit_rule import Candidate, OperatingPoint
+    from ops.training.pair_model.evaluation import Outcome, duplicate_groups, duplicate_metrics
+    from ops.training.pair_model.pairs import Pair
+
+    labels = [Pair("How do I lose weight?", "How can I lose weight?", True),
+              Pair("How can I lose weight?", "What helps me lose weight?", True),  # joined through the one above
+              Pair("How do I gain weight?", "How do I lose weight?", False)]
+    groups = duplicate_groups(labels)
+    assert groups["how do i lose weight"] == groups["what helps me lose weight"] != groups["how do i gain weight"]
+
+    def seen(asked: str, own: str, duplicate: bool, served: str) -> Outcome:
+        return Outcome([Candidate("e", served, 0.9, score=0.9)], own, duplicate, asked=asked)
+
+    outcomes = [
+        seen("What helps me lose weight?", "own", True, "How do I lose weight?"),  # joined by the labels
+        seen("How do I gain weight?", "own", False, "How do I lose weight?"),  # labelled different
+        seen("Can I make money online?", "own", True, "can I make money online"),  # the same words folded
+        seen("Who wrote Hamlet?", "e", True, "Who wrote Hamlet"),  # its own q1: right by both counts
+    ]
+    point = OperatingPoint(serve_cosine=0.95, band_cosine=0.8, agree=0.5)
+    m = duplicate_metrics(outcomes, point, groups)
+    assert (m["hits"], m["precision"], m["precision_by_labels"]) == (4, 0.25, 0.75)
+    assert "precision_by_labels" not in duplicate_metrics(outcomes, point)  # without labels: strict only
+
+
 def test_a_rates_upper_bound_is_clopper_pearsons_and_what_a_few_pairs_cannot_rule_out():
     from ops.training.pair_model.bounds import upper_bound
 
@@ -66,7 +92,7 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     assert report["semantic"] == "pair"
     d = report["duplicates"]["default"]
     # The two rewordings are served their own q1; the mirror image and the unrelated one are not.
-    assert (d["hits"], d["precision"], d["recall"]) == (2, 1.0, 1.0)
+    assert (d["hits"], d["precision"], d["recall"], d["precision_by_labels"]) == (2, 1.0, 1.0, 1.0)
     assert report["lookalikes"]["default"]["served_when_different"] == 0.0
     assert report["duplicates"]["decision_ms_p50"] > 0
 

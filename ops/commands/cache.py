@@ -158,11 +158,12 @@ def evaluate(settings: Settings, args) -> int:
         print("brigade cache eval needs at least one labelled file: --duplicates, --lookalikes, --paraphrases "
               'or --judge (JSONL lines {"q1": ..., "q2": ..., "duplicate": true|false})', file=sys.stderr)
         return 2
-    pairs = {}
+    pairs, labels = {}, {}
     for kind, path in files.items():
-        chosen = [p for p in read_pairs(path) if args.split == "all" or split_for(kind)(p) == args.split]
+        labels[kind] = read_pairs(path)  # every split's labels group the questions (precision by labels)
+        chosen = [p for p in labels[kind] if args.split == "all" or split_for(kind)(p) == args.split]
         pairs[kind] = chosen[:args.limit] if args.limit else chosen
-    report = run_eval(AnswerCache(settings, connect=False), pairs)
+    report = run_eval(AnswerCache(settings, connect=False), pairs, labels)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -6,7 +6,11 @@ guards, the pair model, `hit_rule.choose`). No Redis and no gateway are needed.
 
 Three kinds of file, three questions (strict counting throughout: a hit is correct only when a
 q2 returns its own q1; a stored rewording labelled nowhere cannot be shown to be right):
-- duplicates (QQP): precision and recall of hits;
+- duplicates (QQP): precision and recall of hits; beside the strict precision, the precision by
+  the file's own labels (`precision_by_labels`): a hit on another stored question also counts when
+  the file's duplicate labels join it to the asked one, directly or through others, texts compared
+  with case and punctuation folded. Quora asks the same question many times over, so a strict
+  count calls wrong a hit on another stored copy of the question, even one of the same words;
 - look-alikes (PAWS): the share of look-ups whose pair means something else that were served a
   stored answer at all;
 each wrong rate with its one-sided 95% upper bound beside it (bounds.py), and precision with its
@@ -21,9 +25,11 @@ then a miss, as it would be live.
 """
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 from cache.answer_cache import reusable_for_rewordings
 from cache.hit_rule import Candidate, OperatingPoint, choose
@@ -44,6 +50,7 @@ class Outcome:
     duplicate: bool  # the pair's label
     kind: str | None = None  # a generated look-alike's kind (direction, negation, ...), when the file says
     words: int = 0  # the stored text's length in words (long statements are reported apart)
+    asked: str = ""  # the q2 looked up
 
     def served(self, point: OperatingPoint) -> Candidate | None:
         return choose(self.candidates, point)
@@ -85,7 +92,8 @@ def score_pairs(cache, pairs: list[Pair], point: OperatingPoint | None = None) -
         cache.embedder.embed_one(p.q2)  # timed as live: the asked question is embedded on the path
         candidates = cache.scored(p.q2, cache.candidates(index, p.q2, vectors[p.q2]), point)
         times.append((time.perf_counter() - started) * 1000)
-        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate, p.kind, len(p.q1.split())))
+        outcomes.append(Outcome(score_all(cache, p.q2, candidates), ids[p.q1], p.duplicate, p.kind, len(p.q1.split()),
+                                p.q2))
     return Scored(outcomes, times, len(index))
 
 
@@ -98,10 +106,46 @@ def score_all(cache, question: str, candidates: list[Candidate]) -> list[Candida
     return [replace(c, score=scores[c.entry_id]) if c.entry_id in scores else c for c in candidates]
 
 
-def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
+def _folded(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def duplicate_groups(pairs: list[Pair]) -> dict[str, str]:
+    """Each question (folded) to its group: the questions the pairs' duplicate labels join, directly
+    or through others (union-find). A question in no duplicate pair is a group of its own."""
+    parent: dict[str, str] = {}
+
+    def root(q: str) -> str:
+        parent.setdefault(q, q)
+        while parent[q] != q:
+            parent[q] = parent[parent[q]]
+            q = parent[q]
+        return q
+
+    for p in pairs:
+        a, b = root(_folded(p.q1)), root(_folded(p.q2))
+        if p.duplicate:
+            parent[a] = b
+    return {q: root(q) for q in parent}
+
+
+def _same_group(groups: dict[str, str], a: str, b: str) -> bool:
+    a, b = _folded(a), _folded(b)
+    return a == b or (a in groups and groups.get(a) == groups.get(b))
+
+
+def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: dict[str, str] | None = None) -> dict:
+    """`groups` (duplicate_groups) adds the precision by labels; recall stays strict."""
     served = [(o, o.served(point)) for o in outcomes]
     hits = [(o, c) for o, c in served if c is not None]
     correct = sum(o.duplicate and c.entry_id == o.own_id for o, c in hits)
+    by_labels = {}
+    if groups is not None and hits:
+        # A hit on its own q1: the pair's own label decides. On another stored question: the groups.
+        right = sum(o.duplicate if c.entry_id == o.own_id else _same_group(groups, c.question, o.asked)
+                    for o, c in hits)
+        by_labels = {"precision_by_labels": round(right / len(hits), 4),
+                     "precision_by_labels_lower95": round(1 - upper_bound(len(hits) - right, len(hits)), 4)}
     duplicates = sum(o.duplicate for o in outcomes)
     precision = correct / len(hits) if hits else 1.0
     recall = correct / duplicates if duplicates else 0.0
@@ -113,6 +157,7 @@ def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
         # equally good rewording), or a pair labelled different.
         "false_hits_on_duplicates": sum(o.duplicate and c.entry_id != o.own_id for o, c in hits),
         "false_hits_on_non_duplicates": sum(not o.duplicate for o, _ in hits),
+        **by_labels,
     }
 
 
@@ -169,13 +214,17 @@ def latency(ms: list[float]) -> dict:
 METRICS = {"duplicates": duplicate_metrics, "lookalikes": lookalike_metrics, "paraphrases": paraphrase_metrics}
 
 
-def evaluate(cache, files: dict[str, list[Pair]]) -> dict:
-    """`files` maps a kind (duplicates, lookalikes, paraphrases) to its pairs."""
+def evaluate(cache, files: dict[str, list[Pair]], labels: dict[str, list[Pair]] | None = None) -> dict:
+    """`files` maps a kind (duplicates, lookalikes, paraphrases) to its pairs; `labels`, a kind to
+    the pairs whose labels group its questions (the whole file, every split: by default the pairs
+    evaluated)."""
     point = cache.operating_point
     report: dict = {"semantic": cache.semantic_mode, "operating_point": point.__dict__ if point else None}
     for kind, pairs in files.items():
         scored = score_pairs(cache, pairs, point)
         measure = METRICS[kind]
+        if kind == "duplicates":
+            measure = partial(duplicate_metrics, groups=duplicate_groups((labels or {}).get(kind, pairs)))
         section = {"default": measure(scored.outcomes, point) if point else None, "stored": scored.stored,
                    **latency(scored.decision_ms)}
         if point is not None:
