@@ -37,14 +37,15 @@ def test_eval_counts_a_hit_correct_only_when_a_q2_returns_its_own_q1():
 
 def test_precision_by_labels_counts_a_hit_on_a_question_the_files_labels_join_to_the_asked_one():
     from cache.hit_rule import Candidate, OperatingPoint
-    from ops.training.pair_model.evaluation import Outcome, duplicate_groups, duplicate_metrics
-    from ops.training.pair_model.pairs import Pair
+    from ops.training.pair_model.evaluation import Outcome, folded, duplicate_metrics
+    from ops.training.pair_model.pairs import Pair, duplicate_groups
 
     labels = [Pair("How do I lose weight?", "How can I lose weight?", True),
               Pair("How can I lose weight?", "What helps me lose weight?", True),  # joined through the one above
               Pair("How do I gain weight?", "How do I lose weight?", False)]
-    groups = duplicate_groups(labels)
-    assert groups["how do i lose weight"] == groups["what helps me lose weight"] != groups["how do i gain weight"]
+    groups = duplicate_groups(labels, fold=folded)
+    assert groups["how do i lose weight"] == groups["what helps me lose weight"]
+    assert "how do i gain weight" not in groups  # a label "different" joins nothing
 
     def seen(asked: str, own: str, duplicate: bool, served: str) -> Outcome:
         return Outcome([Candidate("e", served, 0.9, score=0.9)], own, duplicate, asked=asked)

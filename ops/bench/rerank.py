@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE, Pair, read_pairs, split_of
+from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE, Pair, duplicate_groups, read_pairs, split_of
 
 POOLS = ("lexical", "embedding")
 # The model is chosen on the chat set's lexical pool: neither model was trained on those pairs and
@@ -100,24 +100,6 @@ def qqp_set(pairs: list[Pair]) -> LabelledSet:
 def chat_set(paths: tuple[str, ...] = (HAND_TUNE, HAND_TEST)) -> LabelledSet:
     pairs = [p for path in paths for p in read_pairs(path)]
     return LabelledSet(sources_of(pairs, pairs), sorted({text for p in pairs for text in (p.q1, p.q2)}), pairs)
-
-
-def duplicate_groups(pairs: list[Pair]) -> dict[str, int]:
-    """Each question's group: questions joined by duplicate labels, directly or through others."""
-    parent: dict[str, str] = {}
-
-    def root(text: str) -> str:
-        parent.setdefault(text, text)
-        while parent[text] != text:
-            parent[text] = parent[parent[text]]
-            text = parent[text]
-        return text
-
-    for p in pairs:
-        if p.duplicate:
-            parent[root(p.q1)] = root(p.q2)
-    names: dict[str, int] = {}
-    return {text: names.setdefault(root(text), len(names)) for text in parent}
 
 
 def _words(text: str) -> str:

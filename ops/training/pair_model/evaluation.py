@@ -36,7 +36,7 @@ from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import Item, VectorIndex
 from cache.store import answer_digest
 from ops.training.pair_model.bounds import upper_bound
-from ops.training.pair_model.pairs import Pair
+from ops.training.pair_model.pairs import Pair, duplicate_groups
 
 SWEEP = [0.8, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98]  # serve_cosine, the rest as tuned
 
@@ -106,36 +106,18 @@ def score_all(cache, question: str, candidates: list[Candidate]) -> list[Candida
     return [replace(c, score=scores[c.entry_id]) if c.entry_id in scores else c for c in candidates]
 
 
-def _folded(text: str) -> str:
+def folded(text: str) -> str:
+    """A question as the precision by labels compares it: lower case, words and numbers only."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
-def duplicate_groups(pairs: list[Pair]) -> dict[str, str]:
-    """Each question (folded) to its group: the questions the pairs' duplicate labels join, directly
-    or through others (union-find). A question in no duplicate pair is a group of its own."""
-    parent: dict[str, str] = {}
-
-    def root(q: str) -> str:
-        parent.setdefault(q, q)
-        while parent[q] != q:
-            parent[q] = parent[parent[q]]
-            q = parent[q]
-        return q
-
-    for p in pairs:
-        a, b = root(_folded(p.q1)), root(_folded(p.q2))
-        if p.duplicate:
-            parent[a] = b
-    return {q: root(q) for q in parent}
-
-
-def _same_group(groups: dict[str, str], a: str, b: str) -> bool:
-    a, b = _folded(a), _folded(b)
+def _same_group(groups: dict[str, int], a: str, b: str) -> bool:
+    a, b = folded(a), folded(b)
     return a == b or (a in groups and groups.get(a) == groups.get(b))
 
 
-def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: dict[str, str] | None = None) -> dict:
-    """`groups` (duplicate_groups) adds the precision by labels; recall stays strict."""
+def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: dict[str, int] | None = None) -> dict:
+    """`groups` (pairs.duplicate_groups over folded texts) adds the precision by labels; recall stays strict."""
     served = [(o, o.served(point)) for o in outcomes]
     hits = [(o, c) for o, c in served if c is not None]
     correct = sum(o.duplicate and c.entry_id == o.own_id for o, c in hits)
@@ -224,7 +206,8 @@ def evaluate(cache, files: dict[str, list[Pair]], labels: dict[str, list[Pair]] 
         scored = score_pairs(cache, pairs, point)
         measure = METRICS[kind]
         if kind == "duplicates":
-            measure = partial(duplicate_metrics, groups=duplicate_groups((labels or {}).get(kind, pairs)))
+            groups = duplicate_groups((labels or {}).get(kind, pairs), fold=folded)
+            measure = partial(duplicate_metrics, groups=groups)
         section = {"default": measure(scored.outcomes, point) if point else None, "stored": scored.stored,
                    **latency(scored.decision_ms)}
         if point is not None:

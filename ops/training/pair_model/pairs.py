@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import Callable
 
 from ops.core.jsonl import numbered_rows
 
@@ -57,3 +58,23 @@ def paraphrase_split_of(pair: Pair) -> str:
 
 def split_for(kind: str):
     return paraphrase_split_of if kind == "paraphrases" else split_of
+
+
+def duplicate_groups(pairs: list[Pair], fold: Callable[[str], str] = lambda text: text) -> dict[str, int]:
+    """Each question of a duplicate pair (as `fold` writes it) to its group: the questions the
+    duplicate labels join, directly or through others (union-find). A label "different" joins
+    nothing, and a question in no duplicate pair has no group."""
+    parent: dict[str, str] = {}
+
+    def root(text: str) -> str:
+        parent.setdefault(text, text)
+        while parent[text] != text:
+            parent[text] = parent[parent[text]]
+            text = parent[text]
+        return text
+
+    for p in pairs:
+        if p.duplicate:
+            parent[root(fold(p.q1))] = root(fold(p.q2))
+    names: dict[str, int] = {}
+    return {text: names.setdefault(root(text), len(names)) for text in parent}
