@@ -187,12 +187,9 @@ class Fleet:
             if new not in (None, old):
                 break
         promoted_s = round(time.monotonic() - killed, 2)
-        part = self.supervisor.parts[name]
-        part.process.wait(10)
         # A replica of the promoted node at once, or, if none was promoted, for the sentinels to take
         # back as primary (redis_ha.replica_of).
-        argv = replica_of(part.argv, self.ha.host, new)
-        self.supervisor.start(name, argv, env=part.env, cwd=part.cwd, death_signal=part.death_signal)
+        self.supervisor.restart(name, replica_of(self.supervisor.parts[name].argv, self.ha.host, new))
         self.restarts[name] += 1
         return {"killed": old, "promoted": new if new != old else None, "promoted_after_s": promoted_s}
 
