@@ -62,6 +62,26 @@ def test_precision_by_labels_counts_a_hit_on_a_question_the_files_labels_join_to
     assert "precision_by_labels" not in duplicate_metrics(outcomes, point)  # without labels: strict only
 
 
+def test_precision_by_reading_takes_a_persons_verdict_on_each_hit_either_way_and_counts_those_without():
+    from cache.hit_rule import Candidate, OperatingPoint
+    from ops.training.pair_model.evaluation import Outcome, duplicate_metrics, verdict_key
+
+    def seen(asked: str, duplicate: bool, served: str) -> Outcome:
+        return Outcome([Candidate("own", served, 0.9, score=0.9)], "own", duplicate, asked=asked)
+
+    outcomes = [seen("How do I convert kJ to kcal?", False, "How do you convert kj to kcal?"),  # labelled different
+                seen("Is a hot dog a sandwich?", True, "Is a hotdog a sandwich?"),
+                seen("Why do I forget things easily?", True, "Why do I forget what I read?")]  # labelled duplicate
+    # Keys fold case and punctuation, as the labels' groups do; a verdict overrules the label both ways.
+    verdicts = {verdict_key("how do I convert KJ to kcal", "How do you convert kj to kcal?"): True,
+                verdict_key(outcomes[2].asked, "Why do I forget what I read?"): False}
+    point = OperatingPoint(serve_cosine=0.95, band_cosine=0.8, agree=0.5)
+    m = duplicate_metrics(outcomes, point, verdicts=verdicts)
+    assert (m["precision"], m["precision_by_reading"], m["hits_without_verdict"]) == (0.6667, 0.5, 1)
+    assert m["precision_by_reading_lower95"] == 0.0253  # 1 right of 2
+    assert "precision_by_reading" not in duplicate_metrics(outcomes[1:2], point, verdicts=verdicts)  # none read
+
+
 def test_a_rates_upper_bound_is_clopper_pearsons_and_what_a_few_pairs_cannot_rule_out():
     from ops.training.pair_model.bounds import upper_bound
 
@@ -85,21 +105,30 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
             ("Who wrote Hamlet?", "What is the boiling point of water?", False)]
     pairs.write_text("".join(json.dumps({"q1": a, "q2": b, "duplicate": d}) + "\n" for a, b, d in rows))
     env = {**os.environ, "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    from ops.training.pair_model.evaluation import verdict_key
+
+    verdicts = tmp_path / "verdicts.jsonl"  # a person read one of the two hits: right
+    verdicts.write_text(json.dumps({"key": verdict_key(rows[0][1], rows[0][0]), "same": True}) + "\n")
     out = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
-                          "--lookalikes", str(pairs), "--paraphrases", str(pairs), "--json"],
-                         env=env, capture_output=True, text=True, timeout=300)
+                          "--lookalikes", str(pairs), "--paraphrases", str(pairs), "--verdicts", str(verdicts),
+                          "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["semantic"] == "pair"
     d = report["duplicates"]["default"]
     # The two rewordings are served their own q1; the mirror image and the unrelated one are not.
     assert (d["hits"], d["precision"], d["recall"], d["precision_by_labels"]) == (2, 1.0, 1.0, 1.0)
+    assert (d["precision_by_reading"], d["hits_without_verdict"]) == (1.0, 1)
     assert report["lookalikes"]["default"]["served_when_different"] == 0.0
     assert report["duplicates"]["decision_ms_p50"] > 0
 
     missing = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval"], env=env, capture_output=True,
                              text=True, timeout=120)
     assert missing.returncode == 2 and "--duplicates" in missing.stderr
+    verdicts.write_text('{"same": true}\n')  # no key: refused before any model loads, saying what a line holds
+    bad = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
+                          "--verdicts", str(verdicts)], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and '"key"' in bad.stderr and "--verdicts" in bad.stderr
 
 
 def test_a_request_that_asks_what_a_stored_answer_lacks_is_not_cached():

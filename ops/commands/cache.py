@@ -148,7 +148,7 @@ async def forget(settings: Settings, entries: list[str], asked: str | None) -> i
 
 def evaluate(settings: Settings, args) -> int:
     from cache.answer_cache import AnswerCache
-    from ops.training.pair_model.evaluation import evaluate as run_eval
+    from ops.training.pair_model.evaluation import evaluate as run_eval, read_verdicts
     from ops.training.pair_model.pairs import read_pairs, split_for
 
     files = {k: getattr(args, k) for k in ("duplicates", "lookalikes", "paraphrases") if getattr(args, k)}
@@ -163,7 +163,13 @@ def evaluate(settings: Settings, args) -> int:
         labels[kind] = read_pairs(path)  # every split's labels group the questions (precision by labels)
         chosen = [p for p in labels[kind] if args.split == "all" or split_for(kind)(p) == args.split]
         pairs[kind] = chosen[:args.limit] if args.limit else chosen
-    report = run_eval(AnswerCache(settings, connect=False), pairs, labels)
+    try:
+        verdicts = read_verdicts(args.verdicts) if args.verdicts else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"brigade cache eval --verdicts {args.verdicts}: {exc!r}; each line is "
+              '{"key": ..., "same": true|false} (ops/data/README.md)', file=sys.stderr)
+        return 2
+    report = run_eval(AnswerCache(settings, connect=False), pairs, labels, verdicts)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -253,6 +259,8 @@ def add_parser(sub) -> None:
                    "ops.answer_pairs): how the evidence's judge reads each kind at BRIGADE_CACHE_JUDGE_MARGIN "
                    "(rewordings read as not fitting, look-alikes caught)")
     e.add_argument("--limit", type=int, help="at most this many pairs per file")
+    e.add_argument("--verdicts", help="a person's verdicts on the --duplicates hits (JSONL, e.g. "
+                                      "ops/data/qqp_test_verdicts.jsonl): adds the precision by reading")
     e.add_argument("--json", action="store_true")
     t = cs.add_parser("train-verifier", help="fine-tune the pair model and tune the hit rule (offline; hours on CPU)")
     t.add_argument("--duplicates", required=True, help="JSONL duplicate-question pairs (e.g. QQP)")

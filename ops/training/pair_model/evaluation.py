@@ -11,6 +11,10 @@ q2 returns its own q1; a stored rewording labelled nowhere cannot be shown to be
   the file's duplicate labels join it to the asked one, directly or through others, texts compared
   with case and punctuation folded. Quora asks the same question many times over, so a strict
   count calls wrong a hit on another stored copy of the question, even one of the same words;
+  and, given a person's verdicts (`--verdicts`: one on each hit, keyed by `verdict_key`), the
+  precision by reading (`precision_by_reading`) over the hits with a verdict, and how many had none.
+  Quora's labels cover the pair asked, not every stored question a hit can land on, and a few of
+  its "duplicate" labels join questions that ask different things; a reading judges both;
 - look-alikes (PAWS): the share of look-ups whose pair means something else that were served a
   stored answer at all;
 each wrong rate with its one-sided 95% upper bound beside it (bounds.py), and precision with its
@@ -25,6 +29,8 @@ then a miss, as it would be live.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import statistics
 import time
@@ -116,8 +122,26 @@ def _same_group(groups: dict[str, int], a: str, b: str) -> bool:
     return a == b or (a in groups and groups.get(a) == groups.get(b))
 
 
-def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: dict[str, int] | None = None) -> dict:
-    """`groups` (pairs.duplicate_groups over folded texts) adds the precision by labels; recall stays strict."""
+def verdict_key(asked: str, served: str) -> str:
+    """A hit's name in a verdicts file: a digest of the two folded texts, so the file holds no text."""
+    return hashlib.sha256(f"{folded(asked)}\t{folded(served)}".encode()).hexdigest()[:16]
+
+
+def read_verdicts(path) -> dict[str, bool]:
+    """A verdicts file: JSONL {"key": verdict_key(asked, served), "same": whether the served stored
+    question's answer answers the asked one, "why": when not} (ops/data/README.md)."""
+    with open(path, encoding="utf-8") as lines:
+        return {row["key"]: bool(row["same"]) for row in map(json.loads, filter(str.strip, lines))}
+
+
+def _precision(name: str, right: int, of: int) -> dict:
+    return {name: round(right / of, 4), f"{name}_lower95": round(1 - upper_bound(of - right, of), 4)}
+
+
+def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: dict[str, int] | None = None,
+                      verdicts: dict[str, bool] | None = None) -> dict:
+    """`groups` (pairs.duplicate_groups over folded texts) adds the precision by labels, `verdicts`
+    (read_verdicts) the precision by reading; recall stays strict."""
     served = [(o, o.served(point)) for o in outcomes]
     hits = [(o, c) for o, c in served if c is not None]
     correct = sum(o.duplicate and c.entry_id == o.own_id for o, c in hits)
@@ -126,8 +150,12 @@ def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: di
         # A hit on its own q1: the pair's own label decides. On another stored question: the groups.
         right = sum(o.duplicate if c.entry_id == o.own_id else _same_group(groups, c.question, o.asked)
                     for o, c in hits)
-        by_labels = {"precision_by_labels": round(right / len(hits), 4),
-                     "precision_by_labels_lower95": round(1 - upper_bound(len(hits) - right, len(hits)), 4)}
+        by_labels = _precision("precision_by_labels", right, len(hits))
+    if verdicts is not None:
+        read = [verdicts[key] for o, c in hits if (key := verdict_key(o.asked, c.question)) in verdicts]
+        by_labels["hits_without_verdict"] = len(hits) - len(read)
+        if read:
+            by_labels.update(_precision("precision_by_reading", sum(read), len(read)))
     duplicates = sum(o.duplicate for o in outcomes)
     precision = correct / len(hits) if hits else 1.0
     recall = correct / duplicates if duplicates else 0.0
@@ -196,10 +224,11 @@ def latency(ms: list[float]) -> dict:
 METRICS = {"duplicates": duplicate_metrics, "lookalikes": lookalike_metrics, "paraphrases": paraphrase_metrics}
 
 
-def evaluate(cache, files: dict[str, list[Pair]], labels: dict[str, list[Pair]] | None = None) -> dict:
+def evaluate(cache, files: dict[str, list[Pair]], labels: dict[str, list[Pair]] | None = None,
+             verdicts: dict[str, bool] | None = None) -> dict:
     """`files` maps a kind (duplicates, lookalikes, paraphrases) to its pairs; `labels`, a kind to
     the pairs whose labels group its questions (the whole file, every split: by default the pairs
-    evaluated)."""
+    evaluated); `verdicts`, a person's verdicts on the duplicates' hits (read_verdicts)."""
     point = cache.operating_point
     report: dict = {"semantic": cache.semantic_mode, "operating_point": point.__dict__ if point else None}
     for kind, pairs in files.items():
@@ -207,7 +236,7 @@ def evaluate(cache, files: dict[str, list[Pair]], labels: dict[str, list[Pair]] 
         measure = METRICS[kind]
         if kind == "duplicates":
             groups = duplicate_groups((labels or {}).get(kind, pairs), fold=folded)
-            measure = partial(duplicate_metrics, groups=groups)
+            measure = partial(duplicate_metrics, groups=groups, verdicts=verdicts)
         section = {"default": measure(scored.outcomes, point) if point else None, "stored": scored.stored,
                    **latency(scored.decision_ms)}
         if point is not None:
