@@ -1,6 +1,7 @@
 """Deterministic attention in one kernel call (engine/csrc/attention.cpp): each query over exactly
-the keys it sees, the same bits however its prompt was cut and whatever shares the pass, and the
-same attention as SDPA's up to float32 rounding."""
+the keys it sees, the same bits however its prompt was cut and whatever shares the pass, the same
+attention as SDPA's up to float32 rounding, and 16 keys at a time (AVX-512) the bits of one key at
+a time (`attend_key_by_key`, the order that defines them)."""
 from __future__ import annotations
 
 import torch
@@ -70,3 +71,55 @@ def test_the_thread_count_does_not_change_a_bit():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
+
+
+def test_sixteen_keys_at_a_time_give_the_bits_of_one_key_at_a_time():
+    """Every head size and group the blocked path takes (and one it leaves to the other), blocks cut
+    anywhere (a key count of 1, 15, 16, 17, ...), decode rows beside prefill chunks, and scores
+    peaked enough that exp underflows."""
+    k = kernels()
+    for d, kv_heads, group in ((64, 3, 3), (32, 1, 4), (128, 2, 1), (16, 2, 3), (48, 2, 2)):
+        for scale_up in (0.1, 1.0, 40.0, 400.0):
+            g = torch.Generator().manual_seed(d * 1000 + int(scale_up * 10))
+            lengths = [1, 15, 16, 17, 40, 5]
+            starts = [0, 0, 3, 16, 0, 57]
+            caches = [torch.randn(2, kv_heads, 70, 2 * d, generator=g) for _ in lengths]
+            rows = sum(lengths)
+            q = torch.randn(rows, kv_heads * group, d, generator=g) * scale_up
+            new = torch.randn(rows, kv_heads, 2 * d, generator=g)
+            args = (q, new, None, starts, lengths, 1, d ** -0.5, group)
+            fast = k.attend(*args[:2], [c.clone() for c in caches], *args[3:])
+            one_by_one = k.attend_key_by_key(*args[:2], [c.clone() for c in caches], *args[3:])
+            assert torch.equal(fast, one_by_one), (d, group, scale_up)
+
+
+def test_exp_has_glibcs_bits_where_it_underflows_and_everywhere_between():
+    """Each of 16 keys per sequence scores a chosen s (key 0 scores 0, the top), and its value
+    carries exp(s) alone into one output column, scaled so a one-ulp (or one-subnormal) change shows:
+    glibc's expf (one key at a time) and the blocked path's own must agree on every s, from 0 down
+    past where exp(s) leaves the normal floats (-87.3), reaches the least subnormal (-103.28) and 0
+    (-103.97)."""
+    k = kernels()
+    d, top_scale = 64, 8.0  # q = 8 e_0 and scale 1/8: a key k scores exactly k[0]
+    wanted = torch.cat([torch.linspace(-110.0, 0.0, 1100), torch.tensor(
+        [-103.9721, -103.9720, -103.2790, -103.2789, -88.0, -87.34, -87.33, -0.0, -1e-30, -1e-7])])
+    wanted = torch.cat([wanted, torch.zeros((-len(wanted)) % 16)])
+    chunks = len(wanted) // 16
+    q = torch.zeros(chunks, 1, d)
+    q[:, 0, 0] = top_scale
+    new = torch.zeros(chunks, 1, 2 * d)
+    caches, starts = [], []
+    for c in range(chunks):
+        cache_c = torch.zeros(1, 1, 18, 2 * d)
+        keys = torch.zeros(17, 2 * d)
+        keys[1:, 0] = wanted[16 * c:16 * c + 16]  # key 0 scores 0: the top
+        keys[1:, d + 1 + torch.arange(16)] = torch.eye(16) * 3e38  # value column 1 + j carries exp(s_j)
+        cache_c[0, 0, :17] = keys
+        caches.append(cache_c)
+        starts.append(17)
+    args = (q, new, None, starts, [1] * chunks, 0, 1.0 / top_scale, 1)
+    fast = k.attend(q, new, [c.clone() for c in caches], *args[3:])
+    one_by_one = k.attend_key_by_key(q, new, [c.clone() for c in caches], *args[3:])
+    assert torch.equal(fast, one_by_one)
+    carried = one_by_one[:, 1:17].reshape(-1)
+    assert (carried[wanted < -103.98] == 0).all() and (carried[(wanted > -103.97) & (wanted < -103.28)] > 0).all()

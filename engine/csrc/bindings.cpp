@@ -25,4 +25,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &brigade::Decoder::forward, py::call_guard<py::gil_scoped_release>(),
            "hidden after every decoder layer, in one call");
   m.def("attend", &brigade::attend, "a pass's attention, each query over exactly its keys, in a fixed order");
+  m.def("attend_key_by_key", &brigade::attend_key_by_key, "attend's numbers, one key at a time (what it is held to)");
 }

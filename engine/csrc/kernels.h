@@ -51,6 +51,10 @@ std::string isa();
 at::Tensor attend(const at::Tensor& q, const at::Tensor& new_kv, const std::vector<at::Tensor>& caches,
                      const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
                      double scale, int64_t group);
+// The same numbers one key at a time, the order that defines them: what `attend` is held to.
+at::Tensor attend_key_by_key(const at::Tensor& q, const at::Tensor& new_kv, const std::vector<at::Tensor>& caches,
+                             const std::vector<int64_t>& starts, const std::vector<int64_t>& lengths, int64_t layer,
+                             double scale, int64_t group);
 
 // A matrix read from its grid: q4 when `low` is defined, q8 when `scale` is, else halves (bf16 or
 // f16, by the codes' type); `bias` added when defined.
