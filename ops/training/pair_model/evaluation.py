@@ -145,17 +145,17 @@ def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: di
     served = [(o, o.served(point)) for o in outcomes]
     hits = [(o, c) for o, c in served if c is not None]
     correct = sum(o.duplicate and c.entry_id == o.own_id for o, c in hits)
-    by_labels = {}
+    beyond_strict = {}  # the precision by labels and by reading, when asked for
     if groups is not None and hits:
         # A hit on its own q1: the pair's own label decides. On another stored question: the groups.
         right = sum(o.duplicate if c.entry_id == o.own_id else _same_group(groups, c.question, o.asked)
                     for o, c in hits)
-        by_labels = _precision("precision_by_labels", right, len(hits))
+        beyond_strict = _precision("precision_by_labels", right, len(hits))
     if verdicts is not None:
         read = [verdicts[key] for o, c in hits if (key := verdict_key(o.asked, c.question)) in verdicts]
-        by_labels["hits_without_verdict"] = len(hits) - len(read)
+        beyond_strict["hits_without_verdict"] = len(hits) - len(read)
         if read:
-            by_labels.update(_precision("precision_by_reading", sum(read), len(read)))
+            beyond_strict.update(_precision("precision_by_reading", sum(read), len(read)))
     duplicates = sum(o.duplicate for o in outcomes)
     precision = correct / len(hits) if hits else 1.0
     recall = correct / duplicates if duplicates else 0.0
@@ -167,7 +167,7 @@ def duplicate_metrics(outcomes: list[Outcome], point: OperatingPoint, groups: di
         # equally good rewording), or a pair labelled different.
         "false_hits_on_duplicates": sum(o.duplicate and c.entry_id != o.own_id for o, c in hits),
         "false_hits_on_non_duplicates": sum(not o.duplicate for o, _ in hits),
-        **by_labels,
+        **beyond_strict,
     }
 
 
