@@ -111,9 +111,11 @@ inline __m512d exp8(__m512d x) {
 }
 
 inline __m512 exp16(__m512 x) {
-  __m512 y = _mm512_insertf32x8(
-      _mm512_castps256_ps512(_mm512_cvtpd_ps(exp8(_mm512_cvtps_pd(_mm512_castps512_ps256(x))))),
-      _mm512_cvtpd_ps(exp8(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)))), 1);
+  // AVX-512F's own moves between halves (no AVX512DQ needed).
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+  __m512 y = _mm512_castpd_ps(_mm512_insertf64x4(
+      _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(exp8(_mm512_cvtps_pd(_mm512_castps512_ps256(x)))))),
+      _mm256_castps_pd(_mm512_cvtpd_ps(exp8(_mm512_cvtps_pd(high)))), 1));
   // glibc's own cases for |x| >= 88 and for what is not a number, as it takes them.
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i top = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(0x7ff));
