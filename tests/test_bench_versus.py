@@ -43,6 +43,28 @@ def test_the_build_downloads_nothing_at_build_time_and_builds_static_binaries_fo
     assert TARGETS == ("llama-server", "llama-bench")
 
 
+def test_a_build_is_kept_only_once_its_llama_bench_runs_and_an_amx_cpus_second_build_turns_amx_off(tmp_path):
+    """`smoke` runs a built llama-bench on a few tokens: real processes standing in for a build whose
+    AMX path dies at its first tile configuration (SIGSEGV), one that fails, and one that runs."""
+    from ops.bench.llama_cpp_build import CMAKE_FLAGS, NO_AMX, built_with, smoke
+
+    def program(name: str, body: str) -> Path:
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+        return path
+
+    assert smoke(program("dies", "kill -SEGV $$")) == "died of signal 11"
+    assert smoke(program("fails", "echo 'no model' >&2; exit 3")) == "exited 3: no model\n"
+    assert smoke(program("runs", "exit 0")) is None
+    # The second build is the first's flags with AMX's instructions off, for C and C++ alike.
+    assert [f.split("=", 1)[0] for f in NO_AMX] == ["-DCMAKE_C_FLAGS", "-DCMAKE_CXX_FLAGS"]
+    assert all(f.endswith("-mno-amx-tile -mno-amx-int8 -mno-amx-bf16") for f in NO_AMX)
+    assert not set(NO_AMX) & set(CMAKE_FLAGS)
+    (tmp_path / "built-with.txt").write_text(" ".join(CMAKE_FLAGS + NO_AMX) + "\n")
+    assert built_with(tmp_path).endswith("-mno-amx-bf16") and built_with(tmp_path / "elsewhere") == ""
+
+
 def test_without_cmake_the_build_says_what_to_install_and_downloads_nothing(tmp_path):
     """A real subprocess whose PATH has no cmake (nor a compiler): exit 2, the missing tools named, the
     make target that installs them, and no sdist fetched."""

@@ -10,6 +10,13 @@ fetched during the build: no OpenSSL (no HTTPS client), and no web UI (llama-ser
 otherwise download a prebuilt one from Hugging Face). LLAMA_CURL is no longer an option of this
 llama.cpp (it only warns), so it is not passed.
 
+A build is kept only once its llama-bench has run a few tokens of the default model. On a CPU that
+reports AMX, GGML_NATIVE compiles llama.cpp's AMX path, and under some hypervisors that path dies
+at its first tile configuration (`ldtilecfg`, a general protection fault: found 2026-12-06 on a
+2-core Intel Xeon whose own AMX test program runs), so every run of llama-bench or llama-server
+crashed. Such a build is made again with AMX's instructions turned off (NO_AMX), which `built_with`
+records in the bin folder; a CPU whose AMX path runs keeps it.
+
 Cached like Brigade's own kernels (engine/kernels.py): `<peers>/<key>/bin`, in the settings'
 peers' folder (`~/.cache/brigade/peers`; BRIGADE_PEER_DIR moves it), the key made of the version,
 the sdist's hash, the cmake flags, the compiler and the CPU's flags, so that a home shared between
@@ -30,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.build_lock import held
+from engine.model_files import default_gguf_path
 from engine.placement import cpu_flags
 from ops.core.settings import Settings
 
@@ -42,6 +50,9 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
 )
+# For a CPU whose AMX path does not run here: the native build without AMX's instructions.
+NO_AMX = tuple(f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for lang in ("C", "CXX"))
+SMOKE_S = 120  # llama-bench's few tokens of the default model, as a build's check
 TOOLS = {"cmake": "cmake", "c++": "g++", "cc": "gcc", "make": "make"}  # command: the apt package that has it
 INSTALL_HINT = "`make bench-peers` builds them (about 6 minutes on 2 cores; it installs cmake and g++ when missing)"
 WAIT_SAY_EVERY_S = 30.0
@@ -63,7 +74,10 @@ def compiler_version() -> str:
 def build_key(flags: frozenset[str] | set[str], compiler: str) -> str:
     """`llama.cpp-<version>-<16 hex>`: what the binaries were built from, with, and for."""
     digest = hashlib.sha256()
-    for part in (PACKAGE, VERSION, PINNED_SHA256, " ".join(CMAKE_FLAGS), compiler, " ".join(sorted(flags))):
+    # NO_AMX: builds kept before a build was checked by running it (and rebuilt without AMX when it
+    # died there) are not reused.
+    for part in (PACKAGE, VERSION, PINNED_SHA256, " ".join(CMAKE_FLAGS), " ".join(NO_AMX), compiler,
+                 " ".join(sorted(flags))):
         digest.update(part.encode() + b"\0")
     return f"llama.cpp-{VERSION}-{digest.hexdigest()[:16]}"
 
@@ -141,18 +155,53 @@ def _build(key_dir: Path, say) -> None:
         archive.extractall(work, members=members, filter="data")
     source = work / f"{PACKAGE.replace('-', '_')}-{VERSION}" / "vendor" / "llama.cpp"
     build = work / "build"
-    jobs = str(os.cpu_count() or 1)
-    say(f"llama.cpp: cmake {' '.join(CMAKE_FLAGS)}")
-    _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS], "cmake (configure)", work / "cmake.log")
-    say(f"llama.cpp: cmake --build -j{jobs} --target {' '.join(TARGETS)} (log: {work / 'build.log'})")
-    _run(["cmake", "--build", str(build), "-j", jobs, "--target", *TARGETS], "cmake --build", work / "build.log")
+    flags = CMAKE_FLAGS
+    _configure_and_build(source, build, flags, say)
+    failure = smoke(build / "bin" / "llama-bench")
+    if failure and "amx_tile" in cpu_flags():
+        say(f"llama.cpp: its llama-bench {failure} on this AMX CPU; building again without AMX's instructions")
+        shutil.rmtree(build)
+        flags = CMAKE_FLAGS + NO_AMX
+        _configure_and_build(source, build, flags, say)
+        failure = smoke(build / "bin" / "llama-bench")
+    if failure:
+        raise PeerUnavailable(f"llama.cpp built, but its llama-bench {failure} on the default model "
+                              f"({work}); nothing kept")
     partial = key_dir / f"bin.{os.getpid()}"
     partial.mkdir()
     for name in TARGETS:
         shutil.copy2(build / "bin" / name, partial / name)
+    (partial / "built-with.txt").write_text(" ".join(flags) + "\n")
     os.replace(partial, key_dir / "bin")  # whole or absent
     shutil.rmtree(work)
     say(f"llama.cpp: built {key_dir / 'bin'}")
+
+
+def _configure_and_build(source: Path, build: Path, flags: tuple[str, ...], say) -> None:
+    work = build.parent
+    jobs = str(os.cpu_count() or 1)
+    say(f"llama.cpp: cmake {' '.join(flags)}")
+    _run(["cmake", "-S", str(source), "-B", str(build), *flags], "cmake (configure)", work / "cmake.log")
+    say(f"llama.cpp: cmake --build -j{jobs} --target {' '.join(TARGETS)} (log: {work / 'build.log'})")
+    _run(["cmake", "--build", str(build), "-j", jobs, "--target", *TARGETS], "cmake --build", work / "build.log")
+
+
+def smoke(llama_bench: Path) -> str | None:
+    """None when `llama_bench` runs a few tokens of the default model; else what happened."""
+    argv = [str(llama_bench), "-m", str(default_gguf_path()), "-t", "1", "-p", "8", "-n", "2", "-r", "1"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SMOKE_S)
+    except subprocess.TimeoutExpired:
+        return f"did not finish a few tokens in {SMOKE_S} s"
+    if done.returncode < 0:
+        return f"died of signal {-done.returncode}"
+    return None if done.returncode == 0 else f"exited {done.returncode}: {done.stderr[-500:]}"
+
+
+def built_with(folder: Path) -> str:
+    """The cmake flags the binaries in `folder` (a `bin_dir`) were built with ('' before this was recorded)."""
+    record = folder / "built-with.txt"
+    return record.read_text().strip() if record.exists() else ""
 
 
 def _run(argv: list[str], what: str, log: Path) -> None:

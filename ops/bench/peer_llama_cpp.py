@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from engine.model_files import default_gguf_path
+from ops.bench.llama_cpp_build import built_with
 
 PROMPT_TOKENS = 512
 GENERATED_TOKENS = 128
@@ -61,7 +62,8 @@ def run(binary: Path, threads: int, prompt_tokens: int = PROMPT_TOKENS,
     if prompt not in tests or generated not in tests:
         raise PeerOutputUnreadable(f"llama-bench reported {sorted(tests)}, not {prompt} and {generated}")
     return {"name": "llama-bench", "command": " ".join([binary.name, *argv[1:]]), "gguf": gguf.name, "threads": threads,
-            "prompt_tok_s": tests[prompt]["tok_s"], "generation_tok_s": tests[generated]["tok_s"], "tests": tests}
+            "prompt_tok_s": tests[prompt]["tok_s"], "generation_tok_s": tests[generated]["tok_s"], "tests": tests,
+            "built_with": built_with(binary.parent)}  # the cmake flags: whether AMX was turned off here
 
 
 def beside(peer: dict, results: list[dict], prefix_reuse: dict) -> dict:
