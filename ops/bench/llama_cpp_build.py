@@ -188,7 +188,9 @@ def _configure_and_build(source: Path, build: Path, flags: tuple[str, ...], say)
 
 def smoke(llama_bench: Path) -> str | None:
     """None when `llama_bench` runs a few tokens of the default model; else what happened."""
-    argv = [str(llama_bench), "-m", str(default_gguf_path()), "-t", "1", "-p", "8", "-n", "2", "-r", "1"]
+    from ops.bench.peer_llama_cpp import bench_argv  # here: that module reads `built_with` from this one
+
+    argv = [*bench_argv(llama_bench, default_gguf_path(), threads=1, prompt_tokens=8, generated_tokens=2), "-r", "1"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SMOKE_S)
     except subprocess.TimeoutExpired:
