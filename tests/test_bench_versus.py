@@ -46,7 +46,8 @@ def test_the_build_downloads_nothing_at_build_time_and_builds_static_binaries_fo
 def test_a_build_is_kept_only_once_its_llama_bench_runs_and_an_amx_cpus_second_build_turns_amx_off(tmp_path):
     """`smoke` runs a built llama-bench on a few tokens: real processes standing in for a build whose
     AMX path dies at its first tile configuration (SIGSEGV), one that fails, and one that runs."""
-    from ops.bench.llama_cpp_build import CMAKE_FLAGS, NO_AMX, built_with, smoke
+    from ops.bench.llama_cpp_build import CMAKE_FLAGS, NO_AMX, smoke
+    from ops.bench.peer_llama_cpp import built_with
 
     def program(name: str, body: str) -> Path:
         path = tmp_path / name

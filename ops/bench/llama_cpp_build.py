@@ -14,8 +14,8 @@ A build is kept only once its llama-bench has run a few tokens of the default mo
 reports AMX, GGML_NATIVE compiles llama.cpp's AMX path, and under some hypervisors that path dies
 at its first tile configuration (`ldtilecfg`, a general protection fault: found 2026-12-06 on a
 2-core Intel Xeon whose own AMX test program runs), so every run of llama-bench or llama-server
-crashed. Such a build is made again with AMX's instructions turned off (NO_AMX), which `built_with`
-records in the bin folder; a CPU whose AMX path runs keeps it.
+crashed. Such a build is made again with AMX's instructions turned off (NO_AMX), recorded in the
+bin folder (peer_llama_cpp.built_with reads it); a CPU whose AMX path runs keeps it.
 
 Cached like Brigade's own kernels (engine/kernels.py): `<peers>/<key>/bin`, in the settings'
 peers' folder (`~/.cache/brigade/peers`; BRIGADE_PEER_DIR moves it), the key made of the version,
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from engine.build_lock import held
 from engine.model_files import default_gguf_path
+from ops.bench.peer_llama_cpp import BUILT_WITH, bench_argv
 from engine.placement import cpu_flags
 from ops.core.settings import Settings
 
@@ -171,7 +172,7 @@ def _build(key_dir: Path, say) -> None:
     partial.mkdir()
     for name in TARGETS:
         shutil.copy2(build / "bin" / name, partial / name)
-    (partial / "built-with.txt").write_text(" ".join(flags) + "\n")
+    (partial / BUILT_WITH).write_text(" ".join(flags) + "\n")
     os.replace(partial, key_dir / "bin")  # whole or absent
     shutil.rmtree(work)
     say(f"llama.cpp: built {key_dir / 'bin'}")
@@ -188,8 +189,6 @@ def _configure_and_build(source: Path, build: Path, flags: tuple[str, ...], say)
 
 def smoke(llama_bench: Path) -> str | None:
     """None when `llama_bench` runs a few tokens of the default model; else what happened."""
-    from ops.bench.peer_llama_cpp import bench_argv  # here: that module reads `built_with` from this one
-
     argv = [*bench_argv(llama_bench, default_gguf_path(), threads=1, prompt_tokens=8, generated_tokens=2), "-r", "1"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SMOKE_S)
@@ -198,12 +197,6 @@ def smoke(llama_bench: Path) -> str | None:
     if done.returncode < 0:
         return f"died of signal {-done.returncode}"
     return None if done.returncode == 0 else f"exited {done.returncode}: {done.stderr[-500:]}"
-
-
-def built_with(folder: Path) -> str:
-    """The cmake flags the binaries in `folder` (a `bin_dir`) were built with ('' before this was recorded)."""
-    record = folder / "built-with.txt"
-    return record.read_text().strip() if record.exists() else ""
 
 
 def _run(argv: list[str], what: str, log: Path) -> None:

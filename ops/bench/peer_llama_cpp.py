@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 from engine.model_files import default_gguf_path
-from ops.bench.llama_cpp_build import built_with
 
 PROMPT_TOKENS = 512
 GENERATED_TOKENS = 128
@@ -23,6 +22,15 @@ GENERATED_TOKENS = 128
 
 class PeerOutputUnreadable(ValueError):
     """llama-bench's JSON lacks a test this benchmark asked for."""
+
+
+BUILT_WITH = "built-with.txt"  # in a peer's bin folder: the cmake flags it was built with (llama_cpp_build)
+
+
+def built_with(folder: Path) -> str:
+    """The cmake flags the binaries in `folder` were built with ('' before this was recorded)."""
+    record = folder / BUILT_WITH
+    return record.read_text().strip() if record.exists() else ""
 
 
 def bench_argv(binary: Path, gguf: Path, threads: int, prompt_tokens: int = PROMPT_TOKENS,
