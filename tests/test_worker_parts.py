@@ -5,9 +5,12 @@ the engine loop's clock (`EngineProgress`), which these tests turn by hand."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,7 @@ from workers.inflight import InFlight
 from workers.publisher import ReplyPublisher, TokenPublisher
 
 INSTANCE = "parts@test#1"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -181,3 +185,36 @@ def test_a_request_queued_without_its_sampling_fields_is_refused_never_run_with_
     with pytest.raises(RequestRejected) as refused:
         sampling_params(bare)
     assert refused.value.code == "invalid_request" and "temperature" in refused.value.message
+
+
+# Run in a fresh process: OpenMP's pools belong to the process. Prints the process's threads once
+# their count has held still for half a second (a finished thread's pool leaves a moment after it).
+_THREADS_AFTER_LOADING = """
+import os, sys, time
+from ops.core.settings import Settings
+from workers import engine_loading
+load = engine_loading.load_engine if sys.argv[2] == "load_engine" else engine_loading._load
+engine = load(Settings(model=sys.argv[1], torch_threads=2))
+counts, deadline = [], time.monotonic() + 20
+while time.monotonic() < deadline and (len(counts) < 6 or len(set(counts[-6:])) > 1):
+    counts.append(len(os.listdir("/proc/self/task")))
+    time.sleep(0.1)
+print(counts[-1])
+"""
+
+
+def test_loading_the_engine_leaves_no_openmp_pool_behind(tiny_model_dir):
+    # libgomp keeps a pool for every thread that ran a parallel region, and once the pools' threads
+    # outnumber the cores it barely spins before sleeping, so every region of a step pays a futex
+    # wake (a worker's one-stream decode ran at two thirds of the engine's own speed). Loaded on the
+    # main thread, the load's pool stays; loaded by load_engine, it ends with the loader's thread.
+    runs = {how: subprocess.Popen([sys.executable, "-c", _THREADS_AFTER_LOADING, str(tiny_model_dir), how], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for how in ("main", "load_engine")}  # side by side: each is mostly imports
+    threads = {}
+    for how, run in runs.items():
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err[-3000:]
+        threads[how] = int(out.split()[-1])
+    on_the_main_thread, by_load_engine = threads["main"], threads["load_engine"]
+    assert on_the_main_thread - by_load_engine == 1, (on_the_main_thread, by_load_engine)  # 2 threads: one worker

@@ -5,6 +5,7 @@ must exit before it joins the queue, saying which setting or which part of the m
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -46,7 +47,22 @@ class EngineUnavailable(Exception):
 
 def load_engine(settings: Settings) -> Engine:
     """The worker's engine, or EngineUnavailable. Called before the worker consumes anything: a
-    worker without an engine must not join the queue (it would take requests it cannot run)."""
+    worker without an engine must not join the queue (it would take requests it cannot run).
+
+    Loaded on a thread of its own that ends with the load, so that the engine's thread is the only
+    one in the process that has run OpenMP (torch's and the kernels' parallel regions). OpenMP keeps
+    a pool of threads for each thread that has run a parallel region; once the pools' threads
+    outnumber the cores, libgomp shortens its spin-wait to almost nothing, and each of a step's
+    hundreds of regions then pays a futex wake. Loaded on the main thread, the main thread's pool
+    stayed for the process's life and a worker's one-stream decode ran at about 64 tok/s where the
+    same engine stepped on a single thread makes about 100 (2 cores, docs/architecture.md). A pool
+    ends with its thread."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-load") as loader:
+        # Leaving the block joins the loader's thread, and its OpenMP pool goes with it.
+        return loader.submit(_load, settings).result()
+
+
+def _load(settings: Settings) -> Engine:
     try:
         config = engine_config(settings)
         _check_model_folder(Path(config.model))
