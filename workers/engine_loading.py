@@ -54,9 +54,9 @@ def load_engine(settings: Settings) -> Engine:
     a pool of threads for each thread that has run a parallel region; once the pools' threads
     outnumber the cores, libgomp shortens its spin-wait to almost nothing, and each of a step's
     hundreds of regions then pays a futex wake. Loaded on the main thread, the main thread's pool
-    stayed for the process's life and a worker's one-stream decode ran at about 64 tok/s where the
-    same engine stepped on a single thread makes about 100 (2 cores, docs/architecture.md). A pool
-    ends with its thread."""
+    stayed for the process's life, and a worker's one-stream decode ran at about 64 tok/s where the
+    same engine stepped on the thread that loaded it makes about 100 (2 cores, docs/architecture.md).
+    A pool ends with its thread."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-load") as loader:
         # Leaving the block joins the loader's thread, and its OpenMP pool goes with it.
         return loader.submit(_load, settings).result()
