@@ -5,6 +5,7 @@ the engine loop's clock (`EngineProgress`), which these tests turn by hand."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -218,3 +219,26 @@ def test_loading_the_engine_leaves_no_openmp_pool_behind(tiny_model_dir):
         threads[how] = int(out.split()[-1])
     on_the_main_thread, by_load_engine = threads["main"], threads["load_engine"]
     assert on_the_main_thread - by_load_engine == 1, (on_the_main_thread, by_load_engine)  # 2 threads: one worker
+
+
+_SPIN_BEFORE_TORCH = """
+import os, sys
+from ops.cli import build_parser
+from ops.core.settings import Settings, openmp_spin
+args = build_parser().parse_args(["worker"])
+loaded_first = "torch" in sys.modules  # the worker command's spin would come too late for libgomp
+openmp_spin(Settings())
+print(loaded_first, os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+@pytest.mark.parametrize("env, expected", [({}, "1000"), ({"GOMP_SPINCOUNT": "50000"}, "50000"),
+                                           ({"BRIGADE_OPENMP_SPIN_COUNT": "0"}, "None")])
+def test_the_worker_command_sets_openmp_spin_before_anything_loads_torch(env, expected):
+    # libgomp reads GOMP_SPINCOUNT once, when torch loads it: the worker command must set it before
+    # anything on its way imports torch. A value already in the environment wins; 0 leaves libgomp's.
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "BRIGADE_OPENMP_SPIN_COUNT")}
+    done = subprocess.run([sys.executable, "-c", _SPIN_BEFORE_TORCH], cwd=ROOT, env={**clean, **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", expected]

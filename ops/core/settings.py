@@ -186,6 +186,14 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     # 0 means: the cores this process may run on.
     torch_threads: int = 0
+    # How long a worker's OpenMP threads spin at a barrier before they sleep (libgomp's
+    # GOMP_SPINCOUNT, in spins; 0: libgomp's own, 300,000, several milliseconds of a core). Short, so
+    # that a worker sharing its cores (its gateway and Redis, other workers, a test suite) hands
+    # them back instead of spinning while the thread it waits for is put aside: two engines on
+    # two cores made about 10 tok/s each with libgomp's own and about 42 with 1,000, one alone
+    # about 95 and 85, a served stream the same (docs/architecture.md). Set in the worker command
+    # before torch loads; a GOMP_SPINCOUNT already in the environment wins.
+    openmp_spin_count: int = 1000
 
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
     # 0: twice max_batch, so that finished rows refill at once from requests already held.
@@ -403,6 +411,13 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def openmp_spin(settings: Settings) -> None:
+    """Put the settings' OpenMP spin count in this process's environment, where libgomp reads it
+    once, as torch loads it: call before anything imports torch (a later call changes nothing)."""
+    if settings.openmp_spin_count > 0:
+        os.environ.setdefault("GOMP_SPINCOUNT", str(settings.openmp_spin_count))
 
 
 def torch_threads(settings: Settings) -> int:
