@@ -12,7 +12,7 @@ from ops.commands.up import cmd_up
 from ops.commands.worker import cmd_worker
 from ops.core.logs import setup_logging
 from ops.core.redis_address import tls_options
-from ops.core.settings import Settings
+from ops.core.settings import Settings, openmp_spin
 
 
 def cmd_prepare(args, settings: Settings) -> int:
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     # One settings object, from the environment and the connection flags, handed to the command.
     settings = resolve_connection(args, Settings())
     setup_logging(settings.log_level)
+    openmp_spin(settings)  # before any command loads torch (tests/test_worker_parts.py checks)
     if args.command in ("up", "worker", "gateway", "reaper"):
         _name_process(f"brigade-{args.command}")
     try:

@@ -11,6 +11,11 @@ from tests.services import RedisServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The engines these processes run themselves spin as briefly as every brigade process's (the two
+# test processes and their stacks share the cores; ops/core/settings.py, openmp_spin_count).
+from ops.core.settings import Settings, openmp_spin  # noqa: E402
+
+openmp_spin(Settings())
 
 # The long modules that take longest, to be handed out first (`make test-long` keeps this order with
 # --no-loadscope-reorder). pytest-xdist hands each module whole to the first free process; by its

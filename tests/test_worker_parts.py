@@ -226,7 +226,7 @@ import os, sys
 from ops.cli import build_parser
 from ops.core.settings import Settings, openmp_spin
 args = build_parser().parse_args(["worker"])
-loaded_first = "torch" in sys.modules  # the worker command's spin would come too late for libgomp
+loaded_first = "torch" in sys.modules  # main's spin would come too late for libgomp
 openmp_spin(Settings())
 print(loaded_first, os.environ.get("GOMP_SPINCOUNT"))
 """
@@ -234,9 +234,10 @@ print(loaded_first, os.environ.get("GOMP_SPINCOUNT"))
 
 @pytest.mark.parametrize("env, expected", [({}, "1000"), ({"GOMP_SPINCOUNT": "50000"}, "50000"),
                                            ({"BRIGADE_OPENMP_SPIN_COUNT": "0"}, "None")])
-def test_the_worker_command_sets_openmp_spin_before_anything_loads_torch(env, expected):
-    # libgomp reads GOMP_SPINCOUNT once, when torch loads it: the worker command must set it before
-    # anything on its way imports torch. A value already in the environment wins; 0 leaves libgomp's.
+def test_brigade_commands_set_the_openmp_spin_before_anything_loads_torch(env, expected):
+    # libgomp reads GOMP_SPINCOUNT once, when torch loads it: `brigade`'s main sets it after building
+    # its parser (every command's), before any command runs, so nothing on the way may import torch.
+    # A value already in the environment wins; 0 leaves libgomp's own.
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "BRIGADE_OPENMP_SPIN_COUNT")}
     done = subprocess.run([sys.executable, "-c", _SPIN_BEFORE_TORCH], cwd=ROOT, env={**clean, **env},
                           capture_output=True, text=True, timeout=60)

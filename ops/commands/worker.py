@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from ops.core.redaction import redact_url
-from ops.core.settings import Settings, openmp_spin
+from ops.core.settings import Settings
 
 
 def served_settings(model: str | None, settings: Settings) -> Settings | str:
@@ -41,7 +41,6 @@ def served_settings(model: str | None, settings: Settings) -> Settings | str:
 
 
 def cmd_worker(args, settings: Settings) -> int:
-    openmp_spin(settings)  # first: torch is not loaded yet (tests/test_worker_parts.py checks)
     settings = served_settings(args.model, settings)
     if isinstance(settings, str):
         print(f"brigade worker: {settings}", file=sys.stderr)

@@ -186,13 +186,13 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     # 0 means: the cores this process may run on.
     torch_threads: int = 0
-    # How long a worker's OpenMP threads spin at a barrier before they sleep (libgomp's
-    # GOMP_SPINCOUNT, in spins; 0: libgomp's own, 300,000, several milliseconds of a core). Short, so
-    # that a worker sharing its cores (its gateway and Redis, other workers, a test suite) hands
+    # How long OpenMP threads spin at a barrier before they sleep (libgomp's GOMP_SPINCOUNT, in
+    # spins; 0: libgomp's own, 300,000, several milliseconds of a core). Short, so that a process
+    # sharing its cores (a worker beside its gateway and Redis, other workers, a test suite) hands
     # them back instead of spinning while the thread it waits for is put aside: two engines on
     # two cores made about 10 tok/s each with libgomp's own and about 42 with 1,000, one alone
-    # about 95 and 85, a served stream the same (docs/architecture.md). Set in the worker command
-    # before torch loads; a GOMP_SPINCOUNT already in the environment wins.
+    # about 95 and 85, a served stream the same (docs/architecture.md). Every brigade command sets
+    # it before torch loads; a GOMP_SPINCOUNT already in the environment wins.
     openmp_spin_count: int = 1000
 
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
