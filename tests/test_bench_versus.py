@@ -153,6 +153,37 @@ def test_llama_server_gets_a_slot_per_request_in_flight_each_with_room_for_a_lon
     assert "--cont-batching" in argv and "--no-webui" in argv
 
 
+# A stand-in llama-server: writes the environment it was given, then answers /health.
+_STAND_IN_SERVER = """
+import http.server, json, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with open(os.environ["STAND_IN_ENV_OUT"], "w") as f:
+    json.dump(dict(os.environ), f)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_the_peer_runs_at_its_own_openmp_defaults_not_the_spin_brigade_sets_for_itself(tmp_path, monkeypatch):
+    # llama.cpp uses libgomp too: the GOMP_SPINCOUNT every brigade command puts in its environment
+    # (ops/core/settings.py, openmp_spin) must not reach the program measured beside it.
+    from ops.bench.llama_server import LlamaServer
+
+    stand_in = tmp_path / "llama-server"
+    stand_in.write_text(f"#!{sys.executable}\n{_STAND_IN_SERVER}")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    monkeypatch.setenv("STAND_IN_ENV_OUT", str(tmp_path / "env.json"))
+    with LlamaServer(stand_in, Path("/m/model.gguf"), slots=1, context_per_slot=512, threads=1, log=tmp_path / "log"):
+        given = json.loads((tmp_path / "env.json").read_text())
+    assert "GOMP_SPINCOUNT" not in given and given["STAND_IN_ENV_OUT"] == str(tmp_path / "env.json")
+
+
 def test_both_programs_get_the_same_streamed_greedy_load_with_ignore_eos_and_no_answer_cache(tmp_path):
     from ops.bench.serve_config import LoadConfig
     from ops.bench.serve_workload import load_dataset

@@ -11,6 +11,7 @@ import signal
 import urllib.request
 from pathlib import Path
 
+from ops.bench.peer_llama_cpp import peer_environment
 from ops.core.ports import free_port
 from ops.supervision import PartExited, Supervisor
 
@@ -54,7 +55,7 @@ class LlamaServer:
             return False
 
     def __enter__(self) -> "LlamaServer":
-        self.supervisor.start("llama", self.argv, log=self.log, death_signal=signal.SIGTERM)
+        self.supervisor.start("llama", self.argv, env=peer_environment(), log=self.log, death_signal=signal.SIGTERM)
         try:
             self.supervisor.wait_for(self.healthy, START_TIMEOUT_S, interval_s=0.25)
         except (PartExited, TimeoutError) as exc:

@@ -11,6 +11,7 @@ and llama.cpp serving many streams at once is `brigade bench serve --versus llam
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -57,12 +58,19 @@ def parse(text: str) -> dict:
     return tests
 
 
+def peer_environment() -> dict[str, str]:
+    """The environment a peer (llama-bench, llama-server) runs in: this one without GOMP_SPINCOUNT,
+    which every brigade command sets for its own OpenMP (ops/core/settings.py, openmp_spin). llama.cpp
+    uses libgomp too, and it is measured at its own defaults, as its users run it."""
+    return {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+
+
 def run(binary: Path, threads: int, prompt_tokens: int = PROMPT_TOKENS,
         generated_tokens: int = GENERATED_TOKENS) -> dict:
     """llama-bench (`binary`, as llama_cpp_build.ensure_built made it) at `threads` threads."""
     gguf = default_gguf_path()
     argv = bench_argv(binary, gguf, threads, prompt_tokens, generated_tokens)
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=peer_environment())
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed (exit {done.returncode}): {done.stderr[-2000:]}")
     tests = parse(done.stdout)
