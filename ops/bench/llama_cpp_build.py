@@ -38,8 +38,8 @@ from pathlib import Path
 
 from engine.build_lock import held
 from engine.model_files import default_gguf_path
-from ops.bench.peer_llama_cpp import BUILT_WITH, bench_argv
 from engine.placement import cpu_flags
+from ops.bench.peer_llama_cpp import BUILT_WITH, bench_argv, peer_environment
 from ops.core.settings import Settings
 
 PACKAGE = "llama-cpp-python"
@@ -191,7 +191,7 @@ def smoke(llama_bench: Path) -> str | None:
     """None when `llama_bench` runs a few tokens of the default model; else what happened."""
     argv = [*bench_argv(llama_bench, default_gguf_path(), threads=1, prompt_tokens=8, generated_tokens=2), "-r", "1"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=SMOKE_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SMOKE_S, env=peer_environment())
     except subprocess.TimeoutExpired:
         return f"did not finish a few tokens in {SMOKE_S} s"
     if done.returncode < 0:
