@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.batch.batch_jobs import JobStore, new_id
-from gateway.batch.batch_lease import JobLease
+from gateway.batch.batch_lease import JobLease, LeaseLost
 from gateway.batch.batch_lines import IdenticalLines
 from gateway.batch.batch_output import BLANK, LineResult
 from gateway.batch.batch_runner import LinesInFlight
@@ -44,6 +44,13 @@ async def started_job(store: JobStore) -> dict:
     return await store.get(job["id"])
 
 
+async def lease_on(store: JobStore, job: dict, holder: str = "gw-a") -> JobLease:
+    """The job's lease, taken by `holder` (not kept: these tests last well under its TTL)."""
+    lease = JobLease(store, job["id"], holder, store.settings)
+    assert await lease.take()
+    return lease
+
+
 def on_store(redis_server, tmp_path, test):
     async def main():
         client = async_client(redis_server.url)
@@ -59,7 +66,7 @@ def test_results_finishing_out_of_order_are_written_in_input_order_and_recorded_
         job = await started_job(store)
         for number in (1, 2, 3):
             await store.record_in_flight(job["id"], number, f"rid-{number}", 60)
-        writer = OrderedWriter.open(store, job, "m")
+        writer = await OrderedWriter.open(store, job, await lease_on(store, job), "m")
         writer.put(3, result(3))
         writer.put(1, result(1))
         await writer.flush(force=True)
@@ -82,7 +89,8 @@ def test_a_writer_continuing_a_job_cuts_what_the_record_does_not_vouch_for_and_w
         redis_server, tmp_path):
     async def test(store: JobStore):
         job = await started_job(store)
-        first = OrderedWriter.open(store, job, "m")
+        lease = await lease_on(store, job)
+        first = await OrderedWriter.open(store, job, lease, "m")
         for number in (1, 2):
             first.put(number, result(number))
         await first.flush(force=True)
@@ -92,7 +100,7 @@ def test_a_writer_continuing_a_job_cuts_what_the_record_does_not_vouch_for_and_w
         died_on = {**result(3).line, "response": {"status_code": 200, "body": "a long answer " * 20}}
         first.output.write((json.dumps(died_on) + "\n" + json.dumps(result(4).line)[:20]).encode())
         first.close()
-        second = OrderedWriter.open(store, await store.get(job["id"]), "m")
+        second = await OrderedWriter.open(store, await store.get(job["id"]), lease, "m")
         assert second.written == 2
         for number in (4, 3):
             second.put(number, result(number))
@@ -105,10 +113,50 @@ def test_a_writer_continuing_a_job_cuts_what_the_record_does_not_vouch_for_and_w
     on_store(redis_server, tmp_path, test)
 
 
+def test_a_runner_that_lost_its_lease_unseen_changes_neither_the_output_nor_the_record(redis_server, tmp_path):
+    """Two runners of one job at once: a failover lost the lease key (or the first stalled past
+    its TTL), so a second gateway took the job while the first still writes. Whatever order
+    their writes come in, the output is the holder's: every line JSON, each once, in order."""
+    async def test(store: JobStore):
+        job = await started_job(store)
+        stale = await lease_on(store, job, "gw-a")
+        first = await OrderedWriter.open(store, job, stale, "m")
+        for number in (1, 2):
+            first.put(number, result(number))
+        await first.flush(force=True)
+        await store.redis.delete(keys.batch_lease(job["id"]))  # what a failover that lost the key leaves
+        holder = await lease_on(store, job, "gw-b")
+        second = await OrderedWriter.open(store, await store.get(job["id"]), holder, "m")
+        second.put(3, result(3))
+        await second.flush(force=True)
+        # The stale runner's answers to 3 and 4 (longer than the holder's): refused at its record
+        # update, after it wrote them to its file.
+        for number in (3, 4):
+            first.put(number, LineResult(number, {**result(number).line, "response": {"status_code": 200,
+                                                                                        "body": "stale " * 30}},
+                                         "completed", 3))
+        with pytest.raises(LeaseLost):
+            await first.flush(force=True)
+        assert stale.lost.is_set()
+        with pytest.raises(LeaseLost):
+            await stale.move("finalizing")
+        first.close()
+        second.put(4, result(4))
+        await second.flush(force=True)
+        second.close()
+        path = store.path_for(job["output_file_id"])
+        assert path.read_text() == "".join(json.dumps(result(n).line) + "\n" for n in (1, 2, 3, 4))
+        record = await store.get(job["id"])
+        assert (record["state"], record["written"], record["completed"]) == ("in_progress", 4, 4)
+        assert record["output_offset"] == path.stat().st_size
+        assert sorted(p.name for p in path.parent.iterdir() if ".part" in p.name) == []
+    on_store(redis_server, tmp_path, test)
+
+
 def test_a_stopping_writer_writes_what_finished_in_order_and_blank_lines_write_nothing(redis_server, tmp_path):
     async def test(store: JobStore):
         job = await started_job(store)
-        writer = OrderedWriter.open(store, job, "m")
+        writer = await OrderedWriter.open(store, job, await lease_on(store, job), "m")
         writer.put(4, result(4))
         writer.put(1, BLANK)
         writer.put(2, result(2))

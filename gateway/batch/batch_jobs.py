@@ -52,6 +52,7 @@ class JobStore:
         self.settings = settings
         self._renew_lease = scripts.register(redis, "renew_lease")
         self._drop_lease = scripts.register(redis, "drop_lease")
+        self._write_held = scripts.register(redis, "write_held")
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -125,20 +126,30 @@ class JobStore:
                 break
         return jobs
 
-    async def update(self, job_id: str, **fields) -> None:
+    async def update(self, job_id: str, held_by: str | None = None, **fields) -> bool:
+        """Fields into the job's record. A runner passes `held_by` (its lease's holder): then the
+        record is written only while that holder has the job's lease, and False says it was not."""
         encoded = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(int(v) if isinstance(v, bool) else v)
                    for k, v in fields.items()}
-        await self.redis.hset(keys.batch_job(job_id), mapping=encoded)
+        if held_by is None:
+            await self.redis.hset(keys.batch_job(job_id), mapping=encoded)
+            return True
+        pairs = [part for item in encoded.items() for part in item]
+        return await self._write_held(keys=[keys.batch_lease(job_id), keys.batch_job(job_id)],
+                                      args=[held_by, *pairs]) == 1
 
-    async def move(self, job_id: str, state: str) -> None:
-        """Into a state, stamping its time; a final state leaves the runners' set."""
+    async def move(self, job_id: str, state: str, held_by: str | None = None) -> bool:
+        """Into a state, stamping its time; a final state leaves the runners' set. With `held_by`,
+        only while that holder has the lease (as `update`)."""
         stamp = f"{state}_at"
         fields = {"state": state}
         if stamp in TIMESTAMPS:
             fields[stamp] = int(time.time())
-        await self.update(job_id, **fields)
+        if not await self.update(job_id, held_by, **fields):
+            return False
         if state in FINAL:
             await self.redis.srem(keys.BATCH_ACTIVE, job_id)
+        return True
 
     async def request_cancel(self, job_id: str) -> dict | None:
         """cancelling, when the job can still stop; the runner finishes the move to cancelled."""

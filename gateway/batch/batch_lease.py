@@ -6,6 +6,12 @@ the end. Renewing and dropping happen only while this gateway still holds it
 (ops/core/lua/{renew,drop}_lease.lua), so a gateway that stalled past its TTL cannot take the job
 back from the one that continued it: its renewal fails and `lost` is set instead. A gateway that
 stops or dies simply stops renewing; the lease lapses and another gateway takes the job.
+
+A lease can also be lost unseen: a stall longer than the TTL, or a Redis failover that dropped
+the key, and two gateways both think they run the job. So a runner writes the job's record only
+through its lease (`update`, `move`: ops/core/lua/write_held.lua checks the holder in the same
+step), and a refusal raises `LeaseLost`: what the record says is only ever the holder's. The
+output file is fenced apart (gateway/batch/batch_writer.py).
 """
 from __future__ import annotations
 
@@ -19,6 +25,10 @@ from ops.core import keys
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.batch")
+
+
+class LeaseLost(Exception):
+    """The job's lease is another gateway's (or nobody's) now: this runner stops, writing nothing more."""
 
 
 class JobLease:
@@ -47,6 +57,18 @@ class JobLease:
             await self.store.drop_lease(self.job_id, self.holder)
         except aioredis.RedisError:
             pass
+
+    async def update(self, **fields) -> None:
+        """Fields into the job's record, while this gateway holds the lease; `LeaseLost` if not."""
+        if not await self.store.update(self.job_id, self.holder, **fields):
+            self.lost.set()
+            raise LeaseLost(self.job_id)
+
+    async def move(self, state: str) -> None:
+        """The job into `state`, while this gateway holds the lease; `LeaseLost` if not."""
+        if not await self.store.move(self.job_id, state, self.holder):
+            self.lost.set()
+            raise LeaseLost(self.job_id)
 
     async def _renew(self) -> None:
         while True:

@@ -34,7 +34,7 @@ from gateway.admission.lifecycle import Caller
 from gateway.admission.load import LoadMonitor
 from gateway.batch.batch_input import MAX_REASONS_SHOWN, BadLine, Checker, read_checked, write_checked
 from gateway.batch.batch_jobs import JobStore, new_id
-from gateway.batch.batch_lease import JobLease
+from gateway.batch.batch_lease import JobLease, LeaseLost
 from gateway.batch.batch_lines import LineRunner, RunningJob
 from gateway.batch.batch_output import BLANK, LineResult, invalid_result
 from gateway.batch.batch_writer import OrderedWriter
@@ -45,10 +45,6 @@ log = logging.getLogger("brigade.batch")
 
 STOP_CHECK_EVERY_S = 0.5  # how often a running job's record is read for a cancel or its expiry
 WAIT_SOME_S = 0.5  # a full window waits this long at most for a line, then looks for a stop again
-
-
-class LeaseLost(Exception):
-    pass
 
 
 class LinesInFlight:
@@ -149,13 +145,13 @@ class BatchRunner:
                 return
             log.info("event=batch_job_taken job=%s state=%s written=%d", job_id, job["state"], job["written"])
             if job["state"] == "validating":
-                await self._validate(job)
+                await self._validate(job, lease)
                 job = await self.store.get(job_id)
             if job["state"] in ("in_progress", "cancelling"):
                 await self._execute(job, lease)
                 job = await self.store.get(job_id)
             if job["state"] == "finalizing":
-                await self._finalize(job)
+                await self._finalize(job, lease)
         except LeaseLost:
             log.warning("event=batch_lease_lost job=%s", job_id)
         except asyncio.CancelledError:
@@ -186,30 +182,29 @@ class BatchRunner:
 
     # ---- validating --------------------------------------------------------------------------------
 
-    async def _validate(self, job: dict) -> None:
+    async def _validate(self, job: dict, lease: JobLease) -> None:
         record = await self.store.get_file(job["input_file_id"])
         if record is None:
-            await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
+            await self._fail(job, lease, [{"code": "input_missing", "message": "the input file is gone (expired?)",
                                     "line": None}])
             return
         valid, bad, count_bad = await asyncio.to_thread(write_checked, record["path"], self.checker(),
                                                         self.store.checked_path(job["id"]))
         if bad and not job["skip_invalid"]:
-            await self.store.update(job["id"], invalid=count_bad)
-            await self._fail(job, bad)
+            await lease.update(invalid=count_bad)
+            await self._fail(job, lease, bad)
             return
         if valid == 0:
-            await self._fail(job, bad or [{"code": "empty_input", "message": "the input has no request lines",
+            await self._fail(job, lease, bad or [{"code": "empty_input", "message": "the input has no request lines",
                                            "line": None}])
             return
-        await self.store.update(job["id"], total=valid, invalid=count_bad, errors=bad,
-                                output_file_id=new_id("file"))
-        await self.store.move(job["id"], "in_progress")
+        await lease.update(total=valid, invalid=count_bad, errors=bad, output_file_id=new_id("file"))
+        await lease.move("in_progress")
         log.info("event=batch_validated job=%s lines=%d invalid=%d", job["id"], valid, count_bad)
 
-    async def _fail(self, job: dict, errors: list[dict]) -> None:
-        await self.store.update(job["id"], errors=errors[:MAX_REASONS_SHOWN])
-        await self.store.move(job["id"], "failed")
+    async def _fail(self, job: dict, lease: JobLease, errors: list[dict]) -> None:
+        await lease.update(errors=errors[:MAX_REASONS_SHOWN])
+        await lease.move("failed")
         self.store.checked_path(job["id"]).unlink(missing_ok=True)
         log.info("event=batch_failed job=%s errors=%d", job["id"], len(errors))
 
@@ -220,11 +215,11 @@ class BatchRunner:
         if not checked.exists():  # begun before checked files were kept, or its folder was replaced
             record = await self.store.get_file(job["input_file_id"])
             if record is None:
-                await self._fail(job, [{"code": "input_missing", "message": "the input file is gone (expired?)",
+                await self._fail(job, lease, [{"code": "input_missing", "message": "the input file is gone (expired?)",
                                         "line": None}])
                 return
             await asyncio.to_thread(write_checked, record["path"], self.checker(), checked)
-        output = OrderedWriter.open(self.store, job, self.settings.model_name)
+        output = await OrderedWriter.open(self.store, job, lease, self.settings.model_name)
         running = RunningJob(job["id"], Caller(await self._owner_key(job), "batch"), bool(job["warm_cache"]),
                              self.store.ttl_s(job["completion_window_s"]))
         run = JobRun(running, LinesInFlight(job["id"]), output)
@@ -263,14 +258,14 @@ class BatchRunner:
                 running.stopping = running.stopping or "lease"
                 run.window.leave()
         if stopping == "lease":
-            raise LeaseLost()
+            raise LeaseLost(run.id)
         if stopping in ("cancelled", "expired"):
-            await self.store.move(run.id, stopping)
+            await lease.move(stopping)
             checked.unlink(missing_ok=True)
             await self._record_output(job, "batch_output")
             log.info("event=batch_%s job=%s written=%d", stopping, run.id, output.written)
             return
-        await self.store.move(run.id, "finalizing")
+        await lease.move("finalizing")
 
     async def _should_stop(self, run: JobRun, lease: JobLease) -> str | None:
         if lease.lost.is_set():
@@ -298,9 +293,9 @@ class BatchRunner:
 
     # ---- finishing --------------------------------------------------------------------------------------
 
-    async def _finalize(self, job: dict) -> None:
+    async def _finalize(self, job: dict, lease: JobLease) -> None:
         await self._record_output(job, "batch_output")
-        await self.store.move(job["id"], "completed")
+        await lease.move("completed")
         self.store.checked_path(job["id"]).unlink(missing_ok=True)
         done = await self.store.get(job["id"])
         log.info("event=batch_completed job=%s completed=%d failed=%d output_tokens=%d", job["id"],

@@ -11,7 +11,7 @@ from importlib import resources
 from redis.commands.core import AsyncScript, Script
 
 NAMES = ("claim", "publish", "release", "reap", "bury", "take_unclaimed", "engage", "admit", "renew_lease", "drop_lease",
-         "record_hit")
+         "write_held", "record_hit")
 
 
 def source(name: str) -> str:
