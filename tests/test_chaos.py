@@ -96,7 +96,7 @@ def test_every_fault_under_load_loses_no_request_token_or_batch_line(tiny_model_
     assert goal["tokens_duplicated"] == 0 and goal["tokens_skipped"] == 0, f"{ws['broken'][:5]} {sse['broken'][:5]}"
     assert set(sse.get("cut_by_gateway_kill", {})) <= {"RemoteProtocolError", "ReadError"}, sse
     assert batch["status"] == "completed" and batch["in_input_order"], batch
-    assert goal["batch_lines_lost_or_doubled"] == 0, batch
+    assert goal["batch_lines_lost_doubled_or_unreadable"] == 0, batch
     # The parts that grew, first (a dict of every part is cut short in pytest's message).
     assert goal["memory_flat"], {part: (m.get("growth_after_warmup_mb"), m["every_10s"])
                                  for part, m in report["memory_mb"].items() if m.get("flat") is False}

@@ -4,7 +4,7 @@ B lines (distinct greedy questions, so none is answered from another's copy: doc
 submitted inline (`POST /v1/batches` with `input`) to whichever gateway answers. It runs in the
 rows the interactive load leaves free and through every fault, and is followed over HTTP at any
 live gateway until it ends. The check: every custom_id exactly once in the output, in input order,
-and each line's outcome.
+every line readable JSON, and each line's outcome.
 """
 from __future__ import annotations
 
@@ -98,13 +98,22 @@ class BatchLoad:
         except NoGateway as exc:
             out.update(lost=None, doubled=None, note=str(exc))
             return out
-        results = [json.loads(x) for x in resp.text.splitlines() if x.strip()]
-        ids = [r["custom_id"] for r in results]
+        if resp.status_code != 200:
+            out.update(lost=None, doubled=None, note=f"the output file answered {resp.status_code}: {resp.text[:200]}")
+            return out
+        results, unreadable = [], []
+        for text in resp.text.splitlines():
+            try:
+                results.append(json.loads(text))
+            except ValueError:  # a corrupt line (two writers, a hole of zero bytes) is a lost line
+                unreadable.append(text[:120])
+        ids = [r["custom_id"] for r in results if isinstance(r, dict) and "custom_id" in r]
         counts = Counter(ids)
         expected = [line["custom_id"] for line in self.lines]
         outcomes = Counter(_outcome(r) for r in results)
         lost, doubled = [i for i in expected if i not in counts], [i for i in expected if counts[i] > 1]
         out.update(lost=len(lost), doubled=len(doubled), unknown=len(set(counts) - set(expected)),
+                   unreadable=len(unreadable), unreadable_lines=unreadable[:5],
                    lost_ids=lost[:20], doubled_ids=doubled[:20],
                    in_input_order=[i for i in ids if i in set(expected)] == [i for i in expected if i in counts],
                    outcomes=dict(outcomes))

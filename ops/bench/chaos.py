@@ -254,14 +254,14 @@ class Chaos:
             "broken_websocket_streams": self.ws.broken_streams,
             "tokens_duplicated": self.ws.duplicated_tokens + self.sse.duplicated_tokens,
             "tokens_skipped": self.ws.skipped_tokens + self.sse.skipped_tokens,
-            "batch_lines_lost_or_doubled": None if batch.get("lost") is None
-            else batch["lost"] + batch["doubled"],
+            "batch_lines_lost_doubled_or_unreadable": None if batch.get("lost") is None
+            else batch["lost"] + batch["doubled"] + batch["unreadable"],
             "batch_completed": batch.get("status") == "completed",
             "memory_flat": flat,
         }
         goal["met"] = (goal["failed_except_sse_cut_by_its_gateway"] == 0 and goal["broken_websocket_streams"] == 0
                        and goal["tokens_duplicated"] == 0 and goal["tokens_skipped"] == 0
-                       and goal["batch_lines_lost_or_doubled"] == 0 and goal["batch_completed"] and flat)
+                       and goal["batch_lines_lost_doubled_or_unreadable"] == 0 and goal["batch_completed"] and flat)
         return {"config": asdict(self.config), "fleet": self.fleet_shape(), "code": code_version(), "goal": goal, "websocket": ws, "sse": sse,
                 "batch": batch, "faults": self.faults, "memory_mb": memory,
                 "log_events": log_events(self.fleet.workdir),
@@ -314,7 +314,8 @@ def summary(report: dict) -> str:
         f"  sse: {sse['requests_completed']} completed, failed {sse['requests_failed'] or 0}, cut by their gateway's "
         f"kill {sse.get('cut_by_gateway_kill', {})}",
         f"  batch: {batch['status']}, {batch['lines']} lines, lost "
-        f"{batch.get('lost', '?')}, doubled {batch.get('doubled', '?')}, outcomes {batch.get('outcomes')}",
+        f"{batch.get('lost', '?')}, doubled {batch.get('doubled', '?')}, unreadable {batch.get('unreadable', '?')}, "
+        f"outcomes {batch.get('outcomes')}",
         f"  goal {'met' if goal['met'] else 'NOT met'}: {goal}",
         f"  logs: {report['logs']}"])
 
