@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -108,7 +109,9 @@ def write_checked(path: str, checker: Checker, checked: Path) -> tuple[int, list
     whole, so a validation cut short leaves no half file): valid lines, the first bad ones (as job
     errors), and how many were bad."""
     valid, bad, count_bad = 0, [], 0
-    partial = checked.with_name(checked.name + ".part")
+    # A name of this call's own: two gateways that both think they validate the job (a lease
+    # lost unseen: gateway/batch/batch_lease.py) must not write one half file between them.
+    partial = checked.with_name(f"{checked.name}.{secrets.token_hex(4)}.part")
     try:
         with open(path, "rb") as source, open(partial, "w", encoding="utf-8") as out:
             for number, raw in enumerate(source, start=1):
