@@ -109,6 +109,8 @@ def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_
     first_claim = claims.claim("r1", "a#1")
     assert first_claim.outcome == "claimed"
     assert client.ttl(keys.claim("r1")) == keys.claim_ttl_s(settings) == 1234
+    again = claims.claim("r1", "a#1")  # its own claim, asked again (a retry whose first reply was lost)
+    assert (again.outcome, again.epoch, again.attempts) == ("mine", first_claim.epoch, 1)
     claims.engage({"r1": first_claim.epoch})  # its engine computes it: a death now costs an attempt
     client.set(keys.worker("a#1"), "{}", px=keys.worker_ttl_ms(settings))
     assert claims.claim("r1", "b#1").outcome == "busy"  # its owner's heartbeat lives

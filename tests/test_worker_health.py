@@ -1,7 +1,7 @@
 """What the reaper and the gateway learn from Redis about the workers, cheaply and truthfully:
 a heartbeat that vouches for progress (a wedged engine stops it), the registry of live workers,
 and the reaper's choice of which unclaimed requests to send again, made without reading the
-queue. A real redis-server; the engine is the tiny random model in this process, wedged by
+queue; and a worker that finds a request's claim already its own. A real redis-server; the engine is the tiny random model in this process, wedged by
 blocking its decode step (the fault, not a stand-in for the model)."""
 from __future__ import annotations
 
@@ -86,6 +86,43 @@ def test_a_wedged_engine_stops_the_heartbeat_and_the_reaper_moves_its_request(
     served.join(10)
     assert not served.is_alive()
     assert "event=fenced request_id=" + queued.request_id in caplog.text
+
+
+def stream_events(client: redis.Redis, rid: str) -> list[dict]:
+    return [json.loads(fields["event"]) for _, fields in client.xrange(keys.stream(rid))]
+
+
+def test_a_claim_whose_reply_a_failover_lost_is_run_by_its_worker_and_a_second_delivery_is_not(
+        settings, redis_server, tiny_engine_factory):
+    """The claim ran on a primary that died before its reply came back; the worker's retry, on the
+    promoted replica, finds the claim already its own. It must run the request (nobody else will:
+    its owner lives), but a request delivered again while one of its threads runs it, only once."""
+    from workers.engine_host import EngineHost
+
+    client = redis_server.client
+    host = EngineHost(settings, "lost-reply@test", tiny_engine_factory(max_batch=2))
+    host.start_threads()
+    try:
+        wait_until(lambda: client.exists(keys.worker(host.instance)), 5, what="the first heartbeat")
+        lost = queued_request(settings, client, max_tokens=6)
+        first = host.claims.claim(lost.request_id, host.instance)  # its reply is what the failover lost
+        assert first.outcome == "claimed"
+        assert host.serve(lost) == "length"
+        tokens = [e for e in stream_events(client, lost.request_id) if e["type"] == "token"]
+        assert len(tokens) == 6 and all(e["epoch"] == first.epoch for e in tokens)
+        assert client.hget(keys.claim(lost.request_id), "state") == "done"
+
+        twice = queued_request(settings, client, max_tokens=40)
+        running = threading.Thread(target=host.serve, args=(twice,), daemon=True)
+        running.start()
+        wait_until(lambda: twice.request_id in host.held, 10, what="the first delivery to be running")
+        assert host.serve(twice) == "busy"  # the second delivery, while the first runs
+        running.join(30)
+        events = stream_events(client, twice.request_id)
+        assert [e["index"] for e in events if e["type"] == "token"] == list(range(40))
+        assert [e["type"] for e in events].count("done") == 1
+    finally:
+        host.close()
 
 
 def test_an_idle_engine_keeps_beating(settings, redis_server, tiny_engine_factory):

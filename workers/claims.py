@@ -5,7 +5,9 @@ process's instance id), a state and the number of attempts. Every change is one 
 that it is atomic against every other worker and reaper:
 
 - claim: a worker takes the request unless it is finished, dead, or held by a live owner; the
-  epoch goes up and the owner is recorded in `keys.CLAIMS` (the reaper's list).
+  epoch goes up and the owner is recorded in `keys.CLAIMS` (the reaper's list). A claim already
+  the caller's comes back as `mine` with its epoch (workers/serving.py tells a claim of its own
+  whose reply a failover lost from a second delivery of a request it runs).
 - publish: a step's events are published and logged only for requests whose claim still carries
   the publisher's epoch; the others come back as fenced, and their worker drops them. So a worker
   that stalled and was taken over can never write into the stream again.
@@ -36,6 +38,7 @@ from ops.core.settings import Settings
 
 QUEUED = "queued"  # claim state of a request sent to the queue again (the others live in the scripts)
 MOVED = "moved"  # claim.lua: the owner changed since the caller read it; read it again
+MINE = "mine"  # claim.lua: the claim is already the caller's (workers/serving.py decides what that means)
 BURY = "bury"  # claim.lua and reap.lua: max_attempts reached; bury.lua buries it
 
 TTL_REFRESH_TOKENS = 32
@@ -51,7 +54,7 @@ class Published:
 
 @dataclass(frozen=True)
 class Claim:
-    outcome: str  # claimed | busy | done | dead | gone
+    outcome: str  # claimed | mine (already this caller's: Serving decides) | busy | done | dead | gone
     epoch: int
     attempts: int
 

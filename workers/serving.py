@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 import redis
 
 from engine import Engine, RequestRejected, SequenceUpdate
 from ops.core import keys, redis_clients
 from ops.core.messages import QueuedRequest, ReplyEvent
-from workers.claims import Claim, ClaimStore
+from workers.claims import MINE, Claim, ClaimStore
 from workers.handover import Handover
 from workers.heartbeat import Heartbeat
 from workers.held import HeldRequests
@@ -45,14 +46,32 @@ class Serving:
         self.heartbeat = heartbeat
         self.metrics = metrics
         self.stop = stop  # the worker is stopping: stop waiting out a Redis outage
+        # Request id -> how many task threads are in `serve` for it (more than one: it was delivered
+        # again while a thread of ours runs it), for telling such a delivery from a lost reply (_adopt).
+        self._serving: Counter[str] = Counter()
+        self._serving_lock = threading.Lock()
 
     def serve(self, queued: QueuedRequest) -> str:
         """Run one request to its end; returns how it ended (finish reason, refusal code or skip)."""
+        rid = queued.request_id
+        with self._serving_lock:
+            self._serving[rid] += 1
+        try:
+            return self._serve(queued)
+        finally:
+            with self._serving_lock:
+                self._serving[rid] -= 1
+                if not self._serving[rid]:
+                    del self._serving[rid]
+
+    def _serve(self, queued: QueuedRequest) -> str:
         rid = queued.request_id
         if self.held.draining:
             self.handover.send_back(queued)
             return "handed_back"
         claim = self._retrying(lambda: self._claim(rid))
+        if claim is not None and claim.outcome == MINE:
+            claim = self._adopt(rid, claim)
         if claim is None:
             # A client following the request (resume) must learn that it ended.
             event = ReplyEvent(type="done", request_id=rid, finish_reason="cancelled")
@@ -112,6 +131,19 @@ class Serving:
             self.engine.cancel(rid)
         entry.finished.wait()
         return entry.finish_reason or "error"
+
+    def _adopt(self, rid: str, claim: Claim) -> Claim:
+        """A claim that is already ours. With another of our task threads in `serve` for the request,
+        this is a second delivery of it: skipped, as a live owner's would be. With none, it is our
+        own claim whose reply was lost (the primary died after running it, and the retry found it
+        done on the replica it promoted): we run it at its epoch, or nobody would, since the reaper
+        takes over only dead owners' claims."""
+        with self._serving_lock:
+            alone = self._serving[rid] == 1
+        if not alone:
+            return Claim("busy", 0, claim.attempts)
+        log.info("event=claim_adopted request_id=%s epoch=%d attempt=%d", rid, claim.epoch, claim.attempts)
+        return Claim("claimed", claim.epoch, claim.attempts)
 
     def note_taken(self, rid: str) -> None:
         """The request's message left the queue for this worker (it may wait in the prefetch)."""

@@ -1,5 +1,7 @@
 -- A worker claims a request: unless it is finished, dead, or held by a live owner, the epoch goes
--- up and the worker becomes its owner. After max_attempts claims that ended in a crash while the
+-- up and the worker becomes its owner. A claim the caller already holds is answered 'mine', with
+-- its epoch: a claim whose reply a failover lost finds itself when it is sent again, and only the
+-- caller knows whether one of its threads runs the request (a second delivery) or none does. After max_attempts claims that ended in a crash while the
 -- request was being computed it is not claimed: the answer is 'bury', with the claim's epoch, for
 -- bury.lua.
 -- KEYS: claim, claims index, request, unclaimed, taken, and the heartbeat key of the owner the
@@ -18,7 +20,8 @@ redis.call('DEL', KEYS[5])
 if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
 if state == 'done' or state == 'dead' then return {state, 0, attempts} end
 if state == 'running' and owner and owner ~= '' then
-  if owner == me or redis.call('EXISTS', KEYS[6]) == 1 then return {'busy', 0, attempts} end
+  if owner == me then return {'mine', c[4] or '0', attempts} end
+  if redis.call('EXISTS', KEYS[6]) == 1 then return {'busy', 0, attempts} end
 end
 -- Taking over from a dead owner whose run never reached the engine's compute (it waited for a
 -- row): that death was not this request's doing, and costs it no attempt (engage.lua).
