@@ -64,7 +64,7 @@ def test_every_fault_under_load_loses_no_request_token_or_batch_line(tiny_model_
     out = tmp_path / "chaos.json"
     argv = [sys.executable, "-m", "ops.cli", "bench", "chaos", "--seconds", "75", "--clients", "40",
             "--sse-clients", "6", "--batch-lines", "200", "--kill-worker-every", "20", "--kill-redis-primary", "2",
-            "--kill-gateway", "1", "--cut-seconds", "10", "--max-tokens", "48", "--batch-wait", "300",
+            "--kill-gateway", "1", "--cut-seconds", "10", "--max-tokens", "48", "--batch-wait", "120",
             "--model", str(tiny_model_dir), "--json", str(out)]
     # At a lower priority (nice 10, its fleet too): the run is bounded by time, not by work, so it
     # carries what load the CPU it gets allows, and leaves the cores first to the tests that

@@ -32,7 +32,8 @@ QUESTIONS = [
     "Translate 'hello' into Spanish.", "What is the largest ocean?", "Suggest a name for a cat.",
     "How many legs does a spider have?",
 ]
-RECV_TIMEOUT_S = 300  # an answer silent this long is a failure ("timeout"), not a hang of the run
+RECV_TIMEOUT_S = 120  # an answer silent this long is a failure ("timeout"), not a hang of the run (nor, in
+# `make test-long`, a test stopped by its timeout before the run could report what it lost)
 MAX_RECONNECTS = 6  # per request: a request that needs more is a failure
 FAILURES_LISTED = 500  # the report lists the first failures one by one (the counts are whole)
 
