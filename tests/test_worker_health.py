@@ -1,8 +1,9 @@
 """What the reaper and the gateway learn from Redis about the workers, cheaply and truthfully:
 a heartbeat that vouches for progress (a wedged engine stops it), the registry of live workers,
 and the reaper's choice of which unclaimed requests to send again, made without reading the
-queue; and a worker that finds a request's claim already its own. A real redis-server; the engine is the tiny random model in this process, wedged by
-blocking its decode step (the fault, not a stand-in for the model)."""
+queue; and a worker that finds a request's claim already its own. A real redis-server; the
+engine is the tiny random model in this process, wedged by blocking its decode step (the fault,
+not a stand-in for the model)."""
 from __future__ import annotations
 
 import json
