@@ -60,6 +60,7 @@ from gateway.batch.batch_http import BatchDoor
 from gateway.batch.batch_jobs import JobStore
 from gateway.batch.batch_lines import IdenticalLines, LineRunner
 from gateway.batch.batch_runner import BatchRunner
+from gateway.batch.batch_sweep import FileSweep
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
@@ -141,6 +142,7 @@ class Gateway:
         lines = LineRunner(self.admission, self.lifecycle, self.router, jobs, IdenticalLines())
         self.batches = BatchRunner(settings, jobs, self.rules, lines, self.load, self.key_store, self.id)
         self.batch_door = BatchDoor(settings, self.auth, jobs)
+        self.batch_files = FileSweep(jobs)
         self.utility = UtilityRoutes(self.readiness)
         self.tokenize_door = TokenizeDoor(settings, self.rules, self.auth, self.catalog)
         # Answered by the cache's models, here: embeddings, rerank and score, listed in /v1/models.
@@ -204,7 +206,8 @@ class Gateway:
 
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
-                 asyncio.create_task(self.batches.run(), name="batch-runner")]
+                 asyncio.create_task(self.batches.run(), name="batch-runner"),
+                 asyncio.create_task(self.batch_files.run(), name="batch-sweep")]
         canaries_stop = threading.Event()
         canaries = threading.Thread(target=self.step_canaries, args=(canaries_stop,), name="brigade-canaries",
                                     daemon=True)

@@ -1,11 +1,13 @@
-"""The parts a batch job runs on, each alone: the ordered writer, the lease, the
-sharing of identical lines' answers and the window of lines in flight. Real files, a real
+"""The parts a batch job runs on, each alone: the ordered writer, the folder's sweep, the lease,
+the sharing of identical lines' answers and the window of lines in flight. Real files, a real
 redis-server where a part keeps state there; no gateway, no worker, no model (tests/test_batch.py
 runs them together, through faults)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from gateway.batch.batch_lease import JobLease, LeaseLost
 from gateway.batch.batch_lines import IdenticalLines
 from gateway.batch.batch_output import BLANK, LineResult
 from gateway.batch.batch_runner import LinesInFlight
+from gateway.batch.batch_sweep import FileSweep
 from gateway.batch.batch_writer import OrderedWriter
 from ops.core import keys
 from ops.core.redis_clients import async_client
@@ -165,6 +168,38 @@ def test_a_stopping_writer_writes_what_finished_in_order_and_blank_lines_write_n
         assert output_numbers(store.path_for(job["output_file_id"])) == [2, 4]
         record = await store.get(job["id"])
         assert record["written"] == 4 and record["completed"] == 2
+    on_store(redis_server, tmp_path, test)
+
+
+# ---- the folder's sweep ---------------------------------------------------------------------------------
+
+
+def test_the_sweep_removes_files_nothing_names_once_old_and_keeps_every_file_a_record_or_a_live_job_names(
+        redis_server, tmp_path):
+    async def test(store: JobStore):
+        folder = store.settings.batch_dir
+        day = store.settings.batch_retention_s
+        running = await started_job(store)  # active, its output being written: no file record yet
+        paths = {name: folder / name for name in (
+            "file_expired.jsonl", "file_recorded.jsonl", f"{running['output_file_id']}.jsonl", "file_fresh.jsonl",
+            "file_x.jsonl.ab12.part", "file_y.jsonl.cd34.part", "batch_gone.checked.jsonl",
+            f"{running['id']}.checked.jsonl", "notes.txt")}
+        for path in paths.values():
+            path.write_text("{}\n")
+        await store.add_file("file_recorded", "in.jsonl", "batch", 3600)
+        old, hour_and_more = time.time() - day - 60, time.time() - 3700
+        for name in paths:
+            if name != "file_fresh.jsonl":
+                os.utime(paths[name], (old, old))
+        os.utime(paths["file_y.jsonl.cd34.part"], (hour_and_more, hour_and_more))
+        os.utime(paths["file_x.jsonl.ab12.part"], (time.time() - 60,) * 2)  # a copy under way
+        removed = await FileSweep(store).sweep()
+        assert sorted(removed) == ["batch_gone.checked.jsonl", "file_expired.jsonl", "file_y.jsonl.cd34.part"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(set(paths) - set(removed))
+        await store.move(running["id"], "completed")  # ended, and its records gone: its files go too
+        await store.redis.delete(keys.batch_job(running["id"]))
+        assert sorted(await FileSweep(store).sweep()) == sorted([f"{running['output_file_id']}.jsonl",
+                                                                  f"{running['id']}.checked.jsonl"])
     on_store(redis_server, tmp_path, test)
 
 
