@@ -39,7 +39,7 @@ class FileSweep:
                 removed = await self.sweep()
                 if removed:
                     log.info("event=batch_files_swept removed=%d", len(removed))
-            except aioredis.RedisError as exc:  # the next sweep tries again
+            except (aioredis.RedisError, OSError) as exc:  # Redis away, a file not ours to remove: next hour
                 log.warning("event=batch_sweep_failed error=%r", exc)
             await asyncio.sleep(SWEEP_EVERY_S)
 
