@@ -39,7 +39,7 @@ class FileSweep:
                 removed = await self.sweep()
                 if removed:
                     log.info("event=batch_files_swept removed=%d", len(removed))
-            except (aioredis.RedisError, OSError) as exc:  # Redis away, a file not ours to remove: next hour
+            except (aioredis.RedisError, OSError) as exc:  # Redis away, the folder unreadable: next hour
                 log.warning("event=batch_sweep_failed error=%r", exc)
             await asyncio.sleep(SWEEP_EVERY_S)
 
@@ -59,9 +59,14 @@ class FileSweep:
                 due = age > PART_AGE_S
             else:
                 due = age > self.retention_s and await self._unnamed(path, named)
-            if due:
+            if not due:
+                continue
+            try:
                 path.unlink(missing_ok=True)
-                removed.append(path.name)
+            except OSError as exc:  # not ours to remove (permissions): said, and the rest still swept
+                log.warning("event=batch_file_not_removed file=%s error=%r", path.name, exc)
+                continue
+            removed.append(path.name)
         return removed
 
     async def _named_by_active_jobs(self) -> set[str]:
