@@ -104,10 +104,14 @@ class BatchLoad:
         results, unreadable = [], []
         for text in resp.text.splitlines():
             try:
-                results.append(json.loads(text))
-            except ValueError:  # a corrupt line (two writers, a hole of zero bytes) is a lost line
+                line = json.loads(text)
+            except ValueError:
+                line = None
+            if isinstance(line, dict) and "custom_id" in line:
+                results.append(line)
+            else:  # a corrupt line (two writers, a hole of zero bytes): unreadable, and its line lost
                 unreadable.append(text[:120])
-        ids = [r["custom_id"] for r in results if isinstance(r, dict) and "custom_id" in r]
+        ids = [r["custom_id"] for r in results]
         counts = Counter(ids)
         expected = [line["custom_id"] for line in self.lines]
         outcomes = Counter(_outcome(r) for r in results)
