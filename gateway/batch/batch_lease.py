@@ -60,13 +60,14 @@ class JobLease:
 
     async def update(self, **fields) -> None:
         """Fields into the job's record, while this gateway holds the lease; `LeaseLost` if not."""
-        if not await self.store.update(self.job_id, self.holder, **fields):
-            self.lost.set()
-            raise LeaseLost(self.job_id)
+        self._written(await self.store.update(self.job_id, self.holder, **fields))
 
     async def move(self, state: str) -> None:
         """The job into `state`, while this gateway holds the lease; `LeaseLost` if not."""
-        if not await self.store.move(self.job_id, state, self.holder):
+        self._written(await self.store.move(self.job_id, state, self.holder))
+
+    def _written(self, written: bool) -> None:
+        if not written:
             self.lost.set()
             raise LeaseLost(self.job_id)
 

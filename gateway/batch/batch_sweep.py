@@ -18,7 +18,6 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from gateway.batch.batch_jobs import JobStore
-from ops.core import keys
 
 log = logging.getLogger("brigade.batch")
 
@@ -50,7 +49,7 @@ class FileSweep:
         named = await self._named_by_active_jobs()
         now = time.time()
         removed = []
-        for path in sorted(self.folder.iterdir()):
+        for path in self.folder.iterdir():
             try:
                 age = now - path.stat().st_mtime
             except FileNotFoundError:  # another gateway's sweep, or a runner's rename
@@ -83,8 +82,8 @@ class FileSweep:
         """Neither an active job nor a record in Redis names the file."""
         if path.name.endswith(CHECKED):
             job_id = path.name[:-len(CHECKED)]
-            return job_id not in named and not await self.store.redis.exists(keys.batch_job(job_id))
+            return job_id not in named and await self.store.get(job_id) is None
         if path.suffix == ".jsonl":
             file_id = path.stem
-            return file_id not in named and not await self.store.redis.exists(keys.batch_file(file_id))
+            return file_id not in named and await self.store.get_file(file_id) is None
         return False  # not a file Brigade writes: left alone
