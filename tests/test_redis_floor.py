@@ -147,7 +147,7 @@ def test_the_claim_script_refuses_to_judge_an_owner_it_was_not_given(client):
     client.set(keys.request("r2"), queued("r2").model_dump_json())
     client.hset(keys.claim("r2"), mapping={"state": "running", "owner": "now#1", "attempts": 1})
     claim = scripts.register(client, "claim")
-    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.UNCLAIMED, keys.taken("r2"),
+    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.UNCLAIMED, keys.TAKEN,
                           keys.worker("before#1")],
                     args=["r2", "me#1", 3, 60, "before#1"])
     assert outcome == ["moved", 0, 1]

@@ -185,6 +185,7 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     fleet.record_beat(pipe, "alive#1", {"instance": "alive#1"}, 60_000, time.time())
     pipe.execute()
     backlog = keys.queue_lists(settings.model_name)[2]
+    # Messages from a sender older than the time stamp (SENT_HEADER): each may be older than anything.
     client.lpush(backlog, *[json.dumps({"body": f"someone else's request {i}"}) for i in range(1000)])
 
     waiting = queued_request(settings, client)  # never received by a worker: still on the (long) queue
@@ -201,19 +202,21 @@ def test_the_reaper_resends_unclaimed_requests_by_who_received_them_not_by_readi
     assert reaper.sweep() == {orphaned.request_id: "unclaimed"}
     assert "cmdstat_lrange" not in client.info("commandstats")
     assert on_queue(client, settings.model_name, orphaned.request_id)
-    assert client.get(keys.taken(orphaned.request_id)) is None  # the dead receiver's mark went with it
+    assert client.hget(keys.TAKEN, orphaned.request_id) is None  # the dead receiver's mark went with it
     assert reaper.sweep() == {}  # the others are looked at again later, not resent
 
     # Once the queue is empty, a request no worker received was lost between a pop and its receipt.
+    client.zadd(keys.UNCLAIMED, {orphaned.request_id: time.time() + 3600})  # (claimed: out of the way)
     client.delete(*keys.queue_lists(settings.model_name))
     client.zadd(keys.UNCLAIMED, {waiting.request_id: 0})
     assert reaper.sweep() == {waiting.request_id: "unclaimed"}
     # A live worker's prefetched request is never resent while it lives.
     client.zadd(keys.UNCLAIMED, {prefetched.request_id: 0})
     assert reaper.sweep() == {}
+    client.zrem(keys.UNCLAIMED, orphaned.request_id)
     # A claim clears the receiver's mark.
     claims.claim(prefetched.request_id, "alive#1")
-    assert client.get(keys.taken(prefetched.request_id)) is None
+    assert client.hget(keys.TAKEN, prefetched.request_id) is None
 
 
 def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(settings, redis_server):
@@ -247,3 +250,92 @@ def test_the_reaper_looks_at_and_refills_the_queue_of_each_requests_own_version(
     client.zadd(keys.UNCLAIMED, {waiting_v3.request_id: 0})
     assert reaper.sweep() == {waiting_v3.request_id: "unclaimed"}
     assert on_queue(client, model, waiting_v3.request_id, "v3")
+
+
+def sent_message(rid: str, sent_at: float) -> str:
+    """A message as QueueSender.send makes it, as far as the reaper reads one: its headers."""
+    from ops.core.queue import RID_HEADER, SENT_HEADER
+    return json.dumps({"body": "...", "headers": {"id": rid, RID_HEADER: rid, SENT_HEADER: sent_at}})
+
+
+def test_a_request_popped_and_never_received_is_sent_again_within_seconds_while_newer_work_fills_its_queue(
+        settings, redis_server):
+    """The chaos run's lost request (shared/evidence/chaos-2026-12-07): a BRPOP answered while the
+    worker's connection was being torn down in a failover, or a worker killed between its pop and
+    its receipt, leaves the request on no list and taken by nobody. Under steady load the queue is
+    never empty, which the reaper used to read as 'still waiting': it waited for ever."""
+    from workers.reaper import Reaper
+
+    client = redis_server.client
+    model = settings.model_name
+    now = time.time()
+    lost = queued_request(settings, client)  # popped at once: its message is on no list
+    client.zadd(keys.UNCLAIMED, {lost.request_id: now - 10})
+    behind = queued_request(settings, client)  # still waits, behind an older message
+    client.zadd(keys.UNCLAIMED, {behind.request_id: now - 10})
+    # The shared queue holds newer requests only; a worker's own queue (of the same version) holds
+    # one sent before `behind`, so `behind` may still wait there, or behind it.
+    client.lpush(keys.queue_lists(model)[2], *[sent_message(f"newer-{i}", now - 1) for i in range(50)])
+    client.hset(keys.WORKER_QUEUES, "busy#1", json.dumps({"model": model, "version": ""}))
+    pipe = client.pipeline()
+    fleet.record_beat(pipe, "busy#1", {"instance": "busy#1"}, 60_000, now)
+    pipe.execute()
+    client.lpush(keys.worker_queue_lists(model, "", "busy#1")[2], sent_message("older", now - 11))
+
+    reaper = Reaper(settings, redis_clients.client(settings.redis_url))
+    assert reaper.queues.sweep() == {}  # a message as old as both still waits: either may be behind it
+    client.delete(*keys.worker_queue_lists(model, "", "busy#1"))  # the busy worker took it
+    assert reaper.queues.sweep() == {lost.request_id: "unclaimed", behind.request_id: "unclaimed"}
+    assert on_queue(client, model, lost.request_id)
+    # Within the clocks' allowed skew a newer message may still be behind one sent a little later.
+    recent = queued_request(settings, client)
+    client.zadd(keys.UNCLAIMED, {recent.request_id: now - 2})
+    client.lpush(keys.queue_lists(model)[2], sent_message("skewed", now - 2 + settings.queue_clock_skew_s / 2))
+    client.delete(keys.queue_lists(model)[0])  # (the resends)
+    assert reaper.queues.sweep() == {}
+
+
+def test_a_request_whose_receiver_died_is_sent_again_as_its_heartbeat_expires_whatever_its_age(
+        settings, redis_server):
+    """The chaos run's other request: received by a worker killed a moment later, it was sent again
+    only once it had waited unclaimed_after_s (30 s then). The receiver's mark is enough."""
+    from workers.reaper import Reaper
+
+    settings = settings.model_copy(update={"unclaimed_after_s": 3600.0})
+    client = redis_server.client
+    claims = ClaimStore.from_settings(redis_clients.client(settings.redis_url), settings)
+    pipe = client.pipeline()
+    fleet.record_beat(pipe, "alive#1", {"instance": "alive#1"}, 60_000, time.time())
+    pipe.execute()
+    orphaned, held = queued_request(settings, client), queued_request(settings, client)  # just queued
+    claims.mark_taken(orphaned.request_id, "killed#1")
+    claims.mark_taken(held.request_id, "alive#1")
+    reaper = Reaper(settings, redis_clients.client(settings.redis_url))
+    assert reaper.queues.sweep() == {orphaned.request_id: "unclaimed"}
+    assert on_queue(client, settings.model_name, orphaned.request_id)
+    assert client.hgetall(keys.TAKEN) == {held.request_id: "alive#1"}
+    assert reaper.queues.sweep() == {}  # once: the mark went with the resend
+
+
+def test_a_dead_workers_own_queue_goes_back_to_the_shared_queue_in_order_and_ahead_of_newer_work(
+        settings, redis_server):
+    from workers.reaper import Reaper
+
+    client = redis_server.client
+    model = settings.model_name
+    now = time.time()
+    own = keys.worker_queue_lists(model, "", "gone#1")
+    client.lpush(own[2], *[sent_message(f"routed-{i}", now - 5 + i) for i in range(3)])  # routed-0 oldest
+    client.lpush(keys.queue_lists(model)[2], sent_message("newer", now))
+    client.hset(keys.WORKER_QUEUES, "gone#1", json.dumps({"model": model, "version": ""}))
+    client.zadd(keys.WORKERS, {"gone#1": now})  # in the registry, its heartbeat expired
+    client.sadd(keys.kombu_bindings(keys.worker_queue(model, "", "gone#1"))[0], "binding")
+    reaper = Reaper(settings, redis_clients.client(settings.redis_url))
+    reaper.queues.sweep()
+    popped = [json.loads(client.rpop(keys.queue_lists(model)[2]))["headers"]["id"] for _ in range(4)]
+    assert popped == ["routed-0", "routed-1", "routed-2", "newer"]
+    assert client.hexists(keys.WORKER_QUEUES, "gone#1")  # kept while the registry remembers it
+    client.zrem(keys.WORKERS, "gone#1")
+    reaper.queues.sweep()
+    assert not client.hexists(keys.WORKER_QUEUES, "gone#1")
+    assert not client.exists(*keys.kombu_bindings(keys.worker_queue(model, "", "gone#1")))

@@ -19,14 +19,19 @@ from ops.core.queue import make_app
 from ops.core.redis_address import is_sentinel
 from ops.core.settings import Settings
 from workers import tasks
+from workers.transport import TAKER_OPTION
 
 TRANSPORT = "workers.transport:Transport"
 SENTINEL_TRANSPORT = "workers.transport:SentinelTransport"
 
 
-def worker_app(settings: Settings) -> Celery:
+def worker_app(settings: Settings, instance: str | None = None) -> Celery:
+    """`instance`: the worker instance that will receive this app's messages; its transport marks
+    each request taken by it as the message arrives (workers/transport.py)."""
     app = make_app(include=["workers.tasks"], settings=settings,
                    transport=SENTINEL_TRANSPORT if is_sentinel(settings.redis_url) else TRANSPORT)
+    if instance:
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options, TAKER_OPTION: instance}
     tasks.register(app)
     return app
 

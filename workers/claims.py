@@ -18,7 +18,7 @@ that it is atomic against every other worker and reaper:
 - bury: after max_attempts claims that ended in a crash while the request was computed, the
   request goes to the dead-letter list.
 
-The scripts are ops/core/lua/{claim,publish,release,reap,bury,take_unclaimed,engage}.lua. A claim or a
+The scripts are ops/core/lua/{claim,publish,release,reap,bury,take_unclaimed,retake,engage}.lua. A claim or a
 reap that finds max_attempts reached answers 'bury' with the claim's epoch, and bury.lua buries
 the request only if the claim is still as it was seen: two deciders bury it once, and a caller
 that dies in between leaves a running claim of a dead owner, which the reaper buries next.
@@ -73,6 +73,7 @@ class ClaimStore:
         self._bury = scripts.register(client, "bury")
         self._take_unclaimed = scripts.register(client, "take_unclaimed")
         self._engage = scripts.register(client, "engage")
+        self._retake = scripts.register(client, "retake")
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> "ClaimStore":
@@ -91,7 +92,7 @@ class ClaimStore:
         while True:
             owner = self.redis.hget(keys.claim(rid), "owner") or ""
             outcome, epoch, attempts = self._claim_confirmed(
-                rid, keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.taken(rid),
+                rid, keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.TAKEN,
                            keys.worker(owner)],
                 args=[rid, me, self.max_attempts, keys.claim_ttl_s(self.settings), owner],
             )
@@ -176,12 +177,23 @@ class ClaimStore:
         return not (state == "running" and owner and owner != me)
 
     def take_unclaimed(self, rid: str, cutoff: float) -> bool:
-        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.taken(rid)],
+        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.TAKEN],
                                          args=[rid, cutoff, time.time()]))
 
+    def retake(self, rid: str, receiver: str) -> bool:
+        """Whether this caller is to send again a request whose receiver died before claiming it."""
+        return bool(self._retake(keys=[keys.TAKEN, keys.claim(rid), keys.UNCLAIMED, keys.request(rid)],
+                                 args=[rid, receiver, time.time()]))
+
     def mark_taken(self, rid: str, me: str) -> None:
-        """This worker received the request's message (it may wait in the prefetch before a claim)."""
-        self.redis.set(keys.taken(rid), me, ex=keys.taken_ttl_s(self.settings))
+        """This worker received the request's message (it may wait in the prefetch before a claim).
+        The transport marked it already as the message arrived (workers/transport.py); this second
+        mark, from Celery's task_received, covers a worker started without Brigade's transport."""
+        self.redis.hset(keys.TAKEN, rid, me)
+
+    def takers(self) -> dict[str, str]:
+        """Every request whose message a worker received and has not claimed: request id -> receiver."""
+        return self.redis.hgetall(keys.TAKEN)
 
     def owners(self) -> dict[str, str]:
         """Every running claim: request id -> owner instance."""

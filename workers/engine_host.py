@@ -46,11 +46,11 @@ JOIN_TIMEOUT_S = 5
 
 
 class EngineHost:
-    def __init__(self, settings: Settings, worker_name: str, engine: Engine):
+    def __init__(self, settings: Settings, worker_name: str, engine: Engine, instance: str | None = None):
         self.settings = settings
         self.worker_name = worker_name
         # Unique per process start: a restarted worker with the same name is a new owner.
-        self.instance = f"{worker_name}#{uuid.uuid4().hex[:8]}"
+        self.instance = instance or f"{worker_name}#{uuid.uuid4().hex[:8]}"
         self.engine = engine
         # A stuck Redis must not freeze the engine thread inside a publish (the client's timeout).
         self.redis = redis_clients.client(settings.redis_url)
@@ -75,8 +75,9 @@ class EngineHost:
                                self._stop)
 
     @classmethod
-    def start(cls, settings: Settings, worker_name: str, engine: Engine | None = None) -> "EngineHost":
-        host = cls(settings, worker_name, engine or load_engine(settings))
+    def start(cls, settings: Settings, worker_name: str, engine: Engine | None = None,
+              instance: str | None = None) -> "EngineHost":
+        host = cls(settings, worker_name, engine or load_engine(settings), instance)
         # Before the first heartbeat, which publishes the address.
         host.metrics_endpoint = serve_metrics(settings.worker_metrics_host, settings.worker_metrics_port,
                                               settings.worker_metrics_advertise_host)

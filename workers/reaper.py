@@ -23,10 +23,10 @@ import redis
 
 from ops.core import keys, redis_clients
 from ops.core.canary import Controller
-from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from ops.core.settings import Settings
 from workers.claims import ClaimStore
+from workers.queue_sweep import QueueSweep
 
 log = logging.getLogger("brigade.reaper")
 
@@ -37,6 +37,7 @@ class Reaper:
         self.redis = client or redis_clients.client(settings.redis_url)
         self.claims = ClaimStore.from_settings(self.redis, settings)
         self.sender = QueueSender(settings)
+        self.queues = QueueSweep(self.redis, self.claims, self.sender, settings)
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
         self._run_id: str | None = None  # the Redis server that answered the last pass
         # Canaries are stepped by whichever controller holds their lease: a gateway's, or this one,
@@ -45,11 +46,12 @@ class Reaper:
         self._canary_at = 0.0
 
     def sweep(self) -> dict[str, str]:
-        """One pass; returns what was done: request id -> requeue | buried | unclaimed."""
+        """One pass; returns what was done: request id -> requeue | buried | unclaimed (a message
+        that left the queue for nobody: workers/queue_sweep.py)."""
         if not self._heartbeats_trustworthy():
             return {}
         done = self._sweep_claims()
-        done.update(self._sweep_unclaimed())
+        done.update(self.queues.sweep())
         return done
 
     def _sweep_claims(self) -> dict[str, str]:
@@ -76,60 +78,6 @@ class Reaper:
                 log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome
         return done
-
-    def _sweep_unclaimed(self) -> dict[str, str]:
-        """Requests queued long ago and never claimed. One whose message a worker received
-        (`taken`, kept in its prefetch) waits while that worker lives and is sent again once it
-        died. One that no worker received is still on the queue, unless the queue is empty: then
-        its message was lost between a worker's pop and its receipt (a SIGKILL in that instant),
-        and it is sent again too. The queue is the request's own version's (from its record), and
-        it is never read, only its length; enqueue sends it back to that version's queue."""
-        cutoff = time.time() - self.settings.unclaimed_after_s
-        stale = self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=500)
-        if not stale:
-            return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in stale:
-            pipe.get(keys.request(rid))
-            pipe.exists(keys.cancelled(rid))
-            pipe.get(keys.taken(rid))
-        replies = pipe.execute()
-        records = [replies[i:i + 3] for i in range(0, len(replies), 3)]
-        takers = {t for _, _, t in records if t}
-        alive = self.claims.alive(takers) if takers else set()
-        queue_empty: dict[str, bool] = {}
-        done: dict[str, str] = {}
-        for rid, (raw, cancelled, taker) in zip(stale, records):
-            if raw is None or cancelled:
-                self.redis.zrem(keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
-                continue
-            queued = QueuedRequest.model_validate_json(raw)
-            if taker is not None:
-                waiting = taker in alive  # in a live worker's prefetch
-            else:
-                # Its own version's queue (the record says which): another version's backlog says
-                # nothing about whether this message is still waiting.
-                served = (queued.model, queued.version)
-                if served not in queue_empty:
-                    queue_empty[served] = self._queue_depth(*served) == 0
-                waiting = not queue_empty[served]
-            if waiting:
-                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()}, xx=True)  # look again later
-                continue
-            if self.claims.take_unclaimed(rid, cutoff):
-                self.sender.send(queued)
-                done[rid] = "unclaimed"
-                log.info("event=unclaimed_requeued request_id=%s served=%s receiver=%s", rid,
-                         keys.served(queued.model, queued.version),
-                         taker or "none")
-        return done
-
-    def _queue_depth(self, model: str, version: str) -> int:
-        """Messages on one model version's queue, every priority step."""
-        pipe = self.redis.pipeline(transaction=False)
-        for name in keys.queue_lists(model, version):
-            pipe.llen(name)
-        return sum(pipe.execute())
 
     def _heartbeats_trustworthy(self) -> bool:
         """Right after Redis (re)started, or after we lost it, a missing heartbeat says nothing:

@@ -157,6 +157,7 @@ class Serving:
         if self.redis.exists(keys.cancelled(rid)):
             log.info("event=skipped_cancelled request_id=%s", rid)
             self.redis.zrem(keys.UNCLAIMED, rid)
+            self.redis.hdel(keys.TAKEN, rid)
             return None
         if self.heartbeat.renew_if_lapsed():
             log.info("event=heartbeat_renewed_before_claim request_id=%s", rid)

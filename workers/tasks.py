@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 
 from celery import Celery
 from celery.signals import task_received, worker_init, worker_shutdown, worker_shutting_down
@@ -29,6 +30,15 @@ log = logging.getLogger("brigade.worker")
 _host: EngineHost | None = None
 _engine: Engine | None = None  # loaded by load_model() before Celery starts
 _settings: Settings | None = None  # the worker's, from load_model()
+_instance: str | None = None  # chosen by the command before Celery starts (new_instance)
+
+
+def new_instance(worker_name: str) -> str:
+    """This process's worker instance, chosen before its Celery app is built: the app's transport
+    marks messages taken by it and consumes its own queue (keys.worker_queue)."""
+    global _instance
+    _instance = f"{worker_name}#{uuid.uuid4().hex[:8]}"
+    return _instance
 
 
 def load_model(settings: Settings) -> None:
@@ -57,7 +67,7 @@ def _load_engine(sender=None, **_):
     global _host
     name = getattr(sender, "hostname", None) or f"brigade-{os.getpid()}@{socket.gethostname()}"
     try:
-        _host = EngineHost.start(_worker_settings(), name, _engine)
+        _host = EngineHost.start(_worker_settings(), name, _engine, instance=_instance)
     except EngineUnavailable as exc:
         # Celery logs and ignores an Exception from a signal handler, and would then consume with
         # no engine; SystemExit ends the worker before its consumer starts.

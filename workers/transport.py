@@ -20,11 +20,17 @@ or held by a live worker) makes the duplicate a no-op.
 from __future__ import annotations
 
 import logging
+import time
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.json import dumps
 
-from ops.core import sentinel_transport
+from ops.core import keys, sentinel_transport
+from ops.core.queue import RID_HEADER
+
+# The transport option that names the worker instance receiving messages (workers/app.py sets it).
+TAKER_OPTION = "brigade_taker"
 
 log = logging.getLogger("brigade.worker")
 
@@ -35,6 +41,23 @@ class QoS(kombu_redis.QoS):
     # Fix 1: closing a channel does not push its unacked messages back; redelivery after the
     # visibility timeout does that, through a live connection.
     restore_at_shutdown = False
+
+    def append(self, message, delivery_tag):
+        """kombu records a delivered message as unacked; in the same transaction this worker marks
+        its request taken (keys.TAKEN), so the reaper learns the moment the message has left the
+        queue for us, and not only once Celery's strategy has run (a kill in between was a request
+        nobody could find for unclaimed_after_s: docs/reliability.md)."""
+        taker = self.channel.connection.client.transport_options.get(TAKER_OPTION)
+        rid = (message.headers or {}).get(RID_HEADER)
+        if not taker or not rid:
+            return super().append(message, delivery_tag)
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:  # kombu's own two writes, and ours, in one MULTI
+            pipe.hset(keys.TAKEN, rid, taker) \
+                .zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag, dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                .execute()
+        virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag):
         if self.channel.connection is None:  # fix 2: the channel was collected after a lost connection

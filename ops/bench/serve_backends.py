@@ -4,7 +4,8 @@ arrival timed as the client sees it.
 
 Every request ends in its RequestResult, failed ones with an error code (`connect_failed`,
 `client_timeout`, `http_503`, the server's own code); only a target that does not answer at all
-raises (CannotReach).
+raises (CannotReach). `ask` returns the answer's text as it streamed in (the chat-turns workload
+sends it back as the next turn's history).
 """
 from __future__ import annotations
 
@@ -41,10 +42,16 @@ class AnswerClock:
         result.start_s = self.started - run_start
         self.last: float | None = None
         self.pieces = 0
+        self.texts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
 
     def piece(self, text: str | None) -> None:
         if not text:
             return
+        self.texts.append(text)
         now = time.perf_counter()
         if self.last is None:
             self.result.ttft_s = now - self.started
@@ -53,10 +60,12 @@ class AnswerClock:
         self.last = now
         self.pieces += 1
 
-    def end(self, error: str | None = None, output_tokens: int | None = None) -> None:
+    def end(self, error: str | None = None, output_tokens: int | None = None,
+            prompt_tokens: int | None = None) -> None:
         self.result.e2e_s = time.perf_counter() - self.started
         self.result.error = error
         self.result.output_tokens = output_tokens if output_tokens else self.pieces
+        self.result.prompt_tokens = prompt_tokens
         if error is None and self.result.ttft_s is None:
             self.result.ttft_s = self.result.e2e_s  # no text at all: the first token never came before the end
 
@@ -100,15 +109,15 @@ class OpenAIBackend:
             body["ignore_eos"] = True  # an extra body field, as vLLM's OpenAI server takes it
         return body
 
-    async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> None:
+    async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> str:
         clock = AnswerClock(result, run_start)
-        tokens = None
+        tokens = prompt_tokens = None
         try:
             async with self.client.stream("POST", self.config.url, json=self.body(request),
                                           headers=self.headers) as r:
                 if r.status_code != 200:
                     clock.end(_http_error_code(r.status_code, await r.aread()))
-                    return
+                    return clock.text
                 error = None
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
@@ -129,17 +138,19 @@ class OpenAIBackend:
                         result.finish_reason = choice.get("finish_reason") or result.finish_reason
                     if chunk.get("usage"):
                         tokens = chunk["usage"].get("completion_tokens")
+                        prompt_tokens = chunk["usage"].get("prompt_tokens")
                     extra = chunk.get("brigade")
                     if isinstance(extra, dict):
                         result.cached = extra.get("cached") or None
                         result.finish_reason = extra.get("finish_reason") or result.finish_reason
-                clock.end(error, tokens)
+                clock.end(error, tokens, prompt_tokens)
         except httpx.ConnectError:
             clock.end("connect_failed")
         except httpx.TimeoutException:
             clock.end("client_timeout")
         except httpx.HTTPError:
             clock.end("connection_closed")
+        return clock.text
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -228,17 +239,17 @@ class WebSocketBackend:
             frame["ignore_eos"] = True
         return frame
 
-    async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> None:
+    async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> str:
         rid = f"{self.run_id}-{request.index}"
         queue: asyncio.Queue = asyncio.Queue()
         try:
             lane = await self._lane()
         except InvalidStatus as exc:
             AnswerClock(result, run_start).end(f"http_{exc.response.status_code}")
-            return
+            return ""
         except (OSError, InvalidHandshake, asyncio.TimeoutError):
             AnswerClock(result, run_start).end("connect_failed")
-            return
+            return ""
         lane.waiting[rid] = queue
         clock = AnswerClock(result, run_start)
         ended = False
@@ -254,16 +265,18 @@ class WebSocketBackend:
                 elif kind == "done":
                     result.cached = event.get("cached") or result.cached
                     result.finish_reason = event.get("finish_reason")
-                    clock.end(None, (event.get("usage") or {}).get("completion_tokens"))
+                    usage = event.get("usage") or {}
+                    clock.end(None, usage.get("completion_tokens"), usage.get("prompt_tokens"))
                     ended = True
-                    return
+                    return clock.text
                 elif kind == "error":
                     clock.end(event.get("code") or "error")
                     ended = True
-                    return
+                    return clock.text
         except ConnectionClosed:
             clock.end(lane.closing_error or "connection_closed")
             ended = True
+            return clock.text
         finally:
             lane.waiting.pop(rid, None)
             if not ended and lane.open:  # the run's hard timeout cut it short: the server may stop too

@@ -1,5 +1,6 @@
 """What a `brigade bench serve` run is aimed at and how hard: the load's configuration, the endpoint
-found from --url (or the settings' gateway), and the flags checked into a LoadConfig.
+found from --url (or the settings' gateway), and the flags checked into a LoadConfig. Two workloads:
+the dataset's questions, each request on its own (the default), and chat-turns (conversations.py).
 
 Pure: flags in, a frozen configuration out; nothing here opens a socket.
 """
@@ -9,7 +10,8 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlparse, urlunparse
 
-from ops.commands.load_flags import DEFAULT_NUM_REQUESTS
+from ops.bench.conversations import ChatTurns
+from ops.commands.load_flags import CHAT_TURNS_FLAGS, DEFAULT_NUM_REQUESTS
 from ops.core.redaction import redact_url
 from ops.core.settings import Settings
 
@@ -35,6 +37,8 @@ class LoadConfig:
     ignore_eos: bool = False  # sent as `ignore_eos: true` on every request (vLLM's field; Brigade's too)
     api_key: str | None = None
     redis_url: str | None = None  # count this Redis's commands during the run (INFO commandstats)
+    chat_turns: ChatTurns | None = None  # the chat-turns workload; None: the dataset's questions
+    workers_redis_url: str | None = None  # chat-turns: the workers' heartbeats, for their prefix-cache counters
 
     def to_json(self) -> dict:
         if self.max_concurrency and math.isinf(self.rate):
@@ -43,13 +47,17 @@ class LoadConfig:
             arrivals = "all at once"
         else:
             arrivals = "poisson" if self.burstiness == 1 else "gamma"
-        return {"backend": self.backend, "url": redact_url(self.url), "model": self.model,
-                "rate": None if math.isinf(self.rate) else self.rate, "arrivals": arrivals,
-                "burstiness": self.burstiness, "max_concurrency": self.max_concurrency,
-                "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
-                "dataset": self.dataset or "shipped:chat_questions.jsonl", "repeat_ratio": self.repeat_ratio,
-                "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s,
-                "ignore_eos": self.ignore_eos}
+        out = {"backend": self.backend, "url": redact_url(self.url), "model": self.model,
+               "rate": None if math.isinf(self.rate) else self.rate, "arrivals": arrivals,
+               "burstiness": self.burstiness, "max_concurrency": self.max_concurrency,
+               "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
+               "dataset": self.dataset or "shipped:chat_questions.jsonl", "repeat_ratio": self.repeat_ratio,
+               "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s,
+               "ignore_eos": self.ignore_eos}
+        if self.chat_turns is not None:  # conversations, not the dataset's questions
+            del out["dataset"], out["repeat_ratio"]
+            out["workload"] = self.chat_turns.to_json()
+        return out
 
 
 def target_urls(backend: str, url: str | None, settings: Settings) -> tuple[str, str]:
@@ -86,7 +94,11 @@ def config_from_args(args, settings: Settings) -> LoadConfig:
         raise ValueError("--timeout must be positive")
     if args.duration is not None and math.isinf(args.rate) and not args.max_concurrency:
         raise ValueError("--duration needs --rate or --max-concurrency (at an unbounded rate it would never stop sending)")
-    num_requests = args.num_requests if args.num_requests or args.duration else DEFAULT_NUM_REQUESTS
+    chat_turns = chat_turns_from_args(args)
+    if chat_turns is not None:
+        num_requests = chat_turns.requests
+    else:
+        num_requests = args.num_requests if args.num_requests or args.duration else DEFAULT_NUM_REQUESTS
     url, http_base = target_urls(args.backend, args.url, settings)
     return LoadConfig(
         backend=args.backend, url=url, http_base=http_base, model=args.model, rate=args.rate,
@@ -94,4 +106,26 @@ def config_from_args(args, settings: Settings) -> LoadConfig:
         duration_s=args.duration, max_tokens=args.max_tokens, dataset=args.dataset, repeat_ratio=args.repeat_ratio,
         seed=args.seed, temperature=args.temperature, cache=args.cache, timeout_s=args.timeout,
         ignore_eos=args.ignore_eos, api_key=args.api_key,
-        redis_url=args.redis_url)
+        redis_url=args.redis_url, chat_turns=chat_turns,
+        # The heartbeats are where `brigade status` reads them: --redis-url, else the settings' Redis.
+        workers_redis_url=(args.redis_url or settings.redis_url) if chat_turns else None)
+
+
+def chat_turns_from_args(args) -> ChatTurns | None:
+    """The chat-turns workload of --workload chat-turns (its flags' defaults are ChatTurns's); None
+    for the questions workload. Refuses the flags of the workload not chosen."""
+    given = {name: getattr(args, name) for name in CHAT_TURNS_FLAGS if getattr(args, name) is not None}
+    if args.workload != "chat-turns":
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ValueError(f"{flags}: flags of --workload chat-turns")
+        return None
+    theirs = [flag for flag, set_ in (("--rate", not math.isinf(args.rate)), ("--burstiness", args.burstiness != 1),
+                                      ("--num-requests", args.num_requests is not None),
+                                      ("--duration", args.duration is not None), ("--dataset", args.dataset is not None),
+                                      ("--repeat-ratio", args.repeat_ratio != 0)) if set_]
+    if theirs:
+        raise ValueError(f"{', '.join(theirs)}: flags of the questions workload; --workload chat-turns sends "
+                         "--conversations x --turns requests, each conversation's turns one after another, "
+                         "--max-concurrency conversations at a time")
+    return ChatTurns(**given, seed=args.seed)

@@ -29,6 +29,7 @@ class RequestResult:
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)  # gaps between pieces with text
     output_tokens: int = 0  # the server's count when it gave one, else the pieces counted
+    prompt_tokens: int | None = None  # the server's count of the prompt's tokens, when it gave one
     cached: str | None = None  # exact | semantic: the answer came from Brigade's cache
     finish_reason: str | None = None
     error: str | None = None  # a stable code when the request failed
@@ -69,7 +70,7 @@ class RequestResult:
     @classmethod
     def from_json(cls, row: dict) -> "RequestResult":
         known = {k: row[k] for k in ("index", "kind", "start_s", "ttft_s", "e2e_s", "itl_s", "output_tokens",
-                                     "cached", "finish_reason", "error") if k in row}
+                                     "prompt_tokens", "cached", "finish_reason", "error") if k in row}
         return cls(**known)
 
 

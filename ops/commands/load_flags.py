@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from ops.bench.conversations import CHARS_PER_TOKEN, ChatTurns
+
 DEFAULT_NUM_REQUESTS = 100
 DEFAULT_TIMEOUT_S = 900.0
+WORKLOADS = ("questions", "chat-turns")
+CHAT_TURNS_FLAGS = ("conversations", "turns", "tenants", "system_tokens")  # ops/bench/conversations.py's ChatTurns
 
 CAPACITY_DESCRIPTION = """\
 Workers needed for a traffic level, from `brigade bench serve --json` runs at several --rate values
@@ -52,6 +56,25 @@ def add_serve_arguments(p: argparse.ArgumentParser, title: str) -> None:
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"hard limit on the whole run in seconds (default {DEFAULT_TIMEOUT_S:.0f}); requests "
                         "still running then count as client_timeout")
+    g.add_argument("--workload", choices=WORKLOADS, default="questions",
+                   help="questions: the dataset's requests, each on its own (default); chat-turns: conversations "
+                        "that send their turns one after another with the growing history (the flags below)")
+    _add_chat_turns_arguments(p)
+
+
+def _add_chat_turns_arguments(p: argparse.ArgumentParser) -> None:
+    """The chat-turns workload's size; its defaults are ChatTurns's (ops/bench/conversations.py)."""
+    g = p.add_argument_group("--workload chat-turns (conversations; --max-concurrency counts conversations)")
+    g.add_argument("--conversations", type=int, help="conversations, each asked its turns in order "
+                                                     f"(default {ChatTurns.conversations})")
+    g.add_argument("--turns", type=int, help="turns per conversation; turn k sends the system prompt, the earlier "
+                                             "user turns with the answers the server gave, and user turn k: 2k "
+                                             f"messages (default {ChatTurns.turns})")
+    g.add_argument("--tenants", type=int, help="tenants, each with one system prompt its conversations share "
+                                               "(conversation i is tenant i mod K's; default: one per conversation)")
+    g.add_argument("--system-tokens", type=int, help="each tenant's system prompt, in tokens (about: sized at "
+                                                     f"{CHARS_PER_TOKEN:g} characters a token, SmolLM2's reading of "
+                                                     f"it; default {ChatTurns.system_tokens})")
 
 
 def add_capacity_parser(sub) -> argparse.ArgumentParser:

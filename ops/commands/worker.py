@@ -45,7 +45,7 @@ def cmd_worker(args, settings: Settings) -> int:
     if isinstance(settings, str):
         print(f"brigade worker: {settings}", file=sys.stderr)
         return 1
-    from ops.core.keys import interactive_queue
+    from ops.core.keys import interactive_queue, worker_queue
     from workers import tasks
     from workers.app import worker_app
     from workers.engine_loading import EngineUnavailable
@@ -63,11 +63,16 @@ def cmd_worker(args, settings: Settings) -> int:
     # dangerous for a Celery worker (Celery itself refuses root with pickle); the compose image
     # runs as an unprivileged user.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser privileges")
+    # Its own queue beside the shared one: requests routed to it because its prefix cache holds
+    # their prompt's start (docs/scaling.md).
+    instance = tasks.new_instance(name)
+    queues = [interactive_queue(settings.model_name, settings.model_version),
+              worker_queue(settings.model_name, settings.model_version, instance)]
     argv = [
         "--quiet",  # no 20-line banner: event=worker_ready says what matters, in one line
         "worker", "--pool", "threads", "--concurrency", str(settings.task_threads),
-        "--queues", interactive_queue(settings.model_name, settings.model_version), "--hostname", name,
+        "--queues", ",".join(queues), "--hostname", name,
         "--task-events", "--without-gossip", "--without-mingle", "--loglevel", args.loglevel,
     ]
-    worker_app(settings).worker_main(argv)
+    worker_app(settings, instance).worker_main(argv)
     return 0

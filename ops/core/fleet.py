@@ -31,6 +31,8 @@ def record_beat(pipe, instance: str, status: dict, ttl_ms: int, now: float, prun
     reads as dead, and a key written a moment before its member is seen at the next beat."""
     pipe.set(keys.worker(instance), json.dumps(status), px=ttl_ms)
     pipe.zadd(keys.WORKERS, {instance: now})
+    if "model" in status:  # whose own queue this is, for the reaper to return it once the worker is gone
+        pipe.hset(keys.WORKER_QUEUES, instance, json.dumps({"model": status["model"], "version": status.get("version", "")}))
     if prune:
         pipe.zremrangebyscore(keys.WORKERS, 0, now - FORGET_S)
 

@@ -99,15 +99,13 @@ CLAIMS = f"{PREFIX}:claims"  # hash: request id -> owner instance, for every run
 UNCLAIMED = f"{PREFIX}:unclaimed"
 
 
-def taken(request_id: str) -> str:
-    """The worker instance that received a request's message and has not claimed it yet (it waits
-    in that worker's prefetch). The reaper resends a request whose receiver died before its claim,
-    without reading the queue to find out whether the message is still there."""
-    return f"{PREFIX}:taken:{request_id}"
-
-
-def taken_ttl_s(settings: Settings) -> int:
-    return settings.stream_ttl_s  # and deleted at the claim
+# hash: request id -> the worker instance that received its message and has not claimed it yet
+# (it waits in that worker's prefetch). Written in the same transaction as kombu's own record of
+# the delivery (workers/transport.py), deleted at the claim (claim.lua), by the reaper when it sends
+# the request again (retake.lua, take_unclaimed.lua) or finds its record expired: one field per
+# message in some worker's prefetch. The reaper reads it whole each pass, so a receiver that died
+# before its claim is found within a heartbeat's TTL, not after unclaimed_after_s.
+TAKEN = f"{PREFIX}:taken"
 
 
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
@@ -163,6 +161,58 @@ def queue_lists(model_name: str, version: str = "") -> list[str]:
 def interactive_lists(model_name: str, version: str = "") -> list[str]:
     """The lists of interactive requests only (every step but the batch one)."""
     return [name for step, name in zip(PRIORITY_STEPS, queue_lists(model_name, version)) if step != BATCH_STEP]
+
+
+# ---- prefix-aware routing (docs/scaling.md) ------------------------------------------------------
+# Each worker also consumes a queue of its own, for requests routed to it because its prefix cache
+# holds the start of their prompt; an idle worker takes such a request from a busy one after
+# steal_after_s (workers/stealing.py), and the reaper moves a dead worker's queue back to the shared one.
+
+
+def worker_queue(model_name: str, version: str, instance: str) -> str:
+    """One worker instance's own queue, beside its version's shared one."""
+    return f"{interactive_queue(model_name, version)}.{instance}"
+
+
+def worker_queue_lists(model_name: str, version: str, instance: str) -> list[str]:
+    """Every list of one worker's own queue, a list per priority step as kombu keeps them."""
+    q = worker_queue(model_name, version, instance)
+    return [q if step == 0 else f"{q}{KOMBU_PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
+
+def kombu_bindings(queue: str) -> list[str]:
+    """kombu's Redis transport keeps each queue's exchange binding in sets of these names, with no
+    TTL: the reaper deletes a dead worker's once it forgets the worker's queue."""
+    return [f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
+
+
+# hash: worker instance -> JSON {"model", "version"}: whose own queue exists. Written by every
+# heartbeat; the reaper moves a dead worker's queue back to its version's shared queue on every
+# pass while the worker is in the registry (WORKERS), then deletes the field, the queue and its
+# binding: one field per worker seen in the registry's last FORGET_S.
+WORKER_QUEUES = f"{PREFIX}:worker_queues"
+
+
+def prefix_blocks(instance: str) -> str:
+    """Set: the keys of the prefix-cache blocks one worker holds (engine/prefix_index.py's chained
+    hash, 16 hex digits each), its snapshot for gateways that start or lost the log. Capped by the
+    worker's own prefix cache (it removes what its cache evicts); TTL prefix_ttl_s, renewed by
+    every heartbeat, so a dead worker's goes with it."""
+    return f"{PREFIX}:prefix:{instance}"
+
+
+def prefix_ttl_s(settings: Settings) -> int:
+    return max(int(settings.heartbeat_ttl_s * 10), 30)
+
+
+# stream: every worker's prefix-cache changes (instance, blocks stored, blocks evicted, a reset),
+# which every gateway's routing index follows. Capped at prefix_log_maxlen entries; a gateway that
+# fell behind the cap rebuilds from the snapshots.
+PREFIX_LOG = f"{PREFIX}:prefix:log"
+
+
+def prefix_log_maxlen(settings: Settings) -> int:
+    return settings.prefix_log_maxlen
 
 
 # ---- the answer cache (cache/) ------------------------------------------------------------------

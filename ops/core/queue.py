@@ -8,6 +8,7 @@ Importing this module loads no model and no torch.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 from celery import Celery
@@ -39,6 +40,10 @@ SENTINEL_TRANSPORT = "ops.core.sentinel_transport:SentinelTransport"
 # What a send raises while the broker is away (kombu wraps redis-py's errors once its own publish
 # retries are spent): the errors worth waiting out.
 SEND_ERRORS = (RedisError, OSError, OperationalError)
+
+# Headers every message carries beside Celery's own (QueueSender.send says why).
+RID_HEADER = "brigade_rid"
+SENT_HEADER = "brigade_sent"
 
 NEW_PRIORITY = 6
 CONTINUED_PRIORITY = 0
@@ -107,15 +112,21 @@ class QueueSender:
                 self._app = make_app(settings=self.settings, set_as_current=False)
             return self._app
 
-    def send(self, queued: QueuedRequest, first: bool = False) -> None:
-        """Put a request on its model's queue: first by the gateway, again by a reaper or a drain.
-        Each send gets its own task id (the request id plus a suffix) so Flower tells them apart."""
+    def send(self, queued: QueuedRequest, first: bool = False, worker: str | None = None) -> None:
+        """Put a request on its model's queue: first by the gateway, again by a reaper or a drain;
+        on one worker's own queue when `worker` (an instance) is named: the routing chose it.
+        Each send gets its own task id (the request id plus a suffix) so Flower tells them apart.
+        Every message carries the request id and when it was sent (`SENT_HEADER`): the reaper
+        reads the time at the tail of a queue to tell a lost message from one still waiting, and a
+        worker's transport marks the request taken the moment its message arrives."""
         rid = queued.request_id
         shown = {} if self.settings.flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
         batch = queued.lane == "batch"
+        queue = (keys.worker_queue(queued.model, queued.version, worker) if worker
+                 else interactive_queue(queued.model, queued.version))
         self.app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
-                           queue=interactive_queue(queued.model, queued.version),
-                           task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                           queue=queue, task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
+                           headers={RID_HEADER: rid, SENT_HEADER: time.time()},
                            priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
 
 

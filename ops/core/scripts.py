@@ -11,7 +11,7 @@ from importlib import resources
 from redis.commands.core import AsyncScript, Script
 
 NAMES = ("claim", "publish", "release", "reap", "bury", "take_unclaimed", "engage", "admit", "renew_lease", "drop_lease",
-         "write_held", "record_hit")
+         "write_held", "record_hit", "retake", "steal")
 
 
 def source(name: str) -> str:

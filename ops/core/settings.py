@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -219,10 +220,30 @@ class Settings(BaseSettings):
     engine_stall_s: float = 30.0
     # Claims of one request before it is a poison request and goes to the dead-letter list.
     max_attempts: int = 3
-    # A queued request that no worker has claimed after this long is looked at by the reaper: sent
-    # again when the worker that received it died, or when no worker received it and the queue is
-    # empty (its message was lost between a pop and the receipt).
-    unclaimed_after_s: float = 30.0
+    # A queued request that no worker received (docs/reliability.md) and no worker claimed after
+    # this long is looked at by the reaper: sent again when no list of its version's queues holds a
+    # message as old as it (its message was lost between a pop and the receipt: a SIGKILL, or a
+    # BRPOP answered while its connection was being torn down in a failover). One a worker received
+    # is sent again as soon as that worker's heartbeat expires, whatever its age.
+    unclaimed_after_s: float = 5.0
+    # How far the clocks of the hosts that send requests (gateways, reapers) may disagree: a message
+    # stamped up to this much later than a lost request is still taken for one that may wait
+    # behind it. Clocks further apart cost a duplicate message (skipped at its claim), never a loss.
+    queue_clock_skew_s: float = 2.0
+    # Prefix-aware routing (docs/scaling.md): `prefix` sends a request whose prompt begins with
+    # blocks a worker's prefix cache holds to that worker's own queue, weighed against its load;
+    # `shared`: every request on the version's one shared queue, taken by whichever worker is free.
+    routing: Literal["prefix", "shared"] = "prefix"
+    # Prompt tokens a worker's cache must hold beyond another's for each request more of load
+    # (queued, running, waiting in its engine) it carries: the price of load in prefill tokens.
+    route_load_tokens: int = 128
+    # Past this many requests more than the least loaded worker, a worker gets no routed request
+    # whatever it holds: the request goes to the least loaded (a load fallback).
+    route_imbalance: int = 8
+    # An idle worker takes a request routed to a busy one that has not taken it after this long.
+    steal_after_s: float = 0.25
+    # Entries of the prefix-cache log (keys.PREFIX_LOG) Redis keeps for the gateways' indexes.
+    prefix_log_maxlen: int = 50_000
     dlq_max: int = 10_000
     # The writes whose loss a failover must not cause (a worker's claim before it acts on it, a
     # request's record before its message is sent) are confirmed on this many replicas (Redis

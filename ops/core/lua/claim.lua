@@ -4,7 +4,7 @@
 -- caller knows whether one of its threads runs the request (a second delivery) or none does. After max_attempts claims that ended in a crash while the
 -- request was being computed it is not claimed: the answer is 'bury', with the claim's epoch, for
 -- bury.lua.
--- KEYS: claim, claims index, request, unclaimed, taken, and the heartbeat key of the owner the
+-- KEYS: claim, claims index, request, unclaimed, taken (hash), and the heartbeat key of the owner the
 --       caller read from the claim (any key when it read none)
 -- ARGV: rid, me, max_attempts, claim ttl, presumed owner
 -- Returns {outcome, epoch, attempts}; outcome 'moved' when the owner is not the one presumed:
@@ -16,7 +16,7 @@ local held = state == 'running' and owner and owner ~= '' and owner ~= me
 if held and owner ~= presumed then return {'moved', 0, attempts} end
 redis.call('ZREM', KEYS[4], rid)
 -- Who received the message matters only until someone claims it (a later resend is a new message).
-redis.call('DEL', KEYS[5])
+redis.call('HDEL', KEYS[5], rid)
 if redis.call('EXISTS', KEYS[3]) == 0 then return {'gone', 0, 0} end
 if state == 'done' or state == 'dead' then return {state, 0, attempts} end
 if state == 'running' and owner and owner ~= '' then
