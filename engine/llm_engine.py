@@ -34,6 +34,7 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import Completion, SequenceUpdate
 from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
+from engine.prefix_index import PrefixChanges
 from engine.sampling import sample
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Chunk, Sequence, SequenceStatus
@@ -223,13 +224,17 @@ class Engine:
         scored = [self.outputs.prompt_scored(c.seq) for c in chunks if c.samples and c.seq.scores_only]
         return updates + scored + self.outputs.process(sampled, tokens, logprobs, kept)
 
-    def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event) -> None:
-        """Step until `stop` is set, handing every step's updates to `on_updates`."""
+    def run(self, on_updates: Callable[[list[SequenceUpdate]], None], stop: threading.Event,
+            on_turn: Callable[[], None] | None = None) -> None:
+        """Step until `stop` is set, handing every step's updates to `on_updates`; `on_turn` is
+        called on every turn of the loop, idle or not (on this thread)."""
         while not stop.is_set():
             self.loop_at = time.monotonic()
             updates = self.step()
             if updates:
                 on_updates(updates)
+            if on_turn is not None:
+                on_turn()
             if self.scheduler.running:
                 continue
             # Idle, or filling a micro-batch: sleep until the batch deadline or new input.
@@ -269,6 +274,14 @@ class Engine:
             "spec_accepted_tokens": self.verifier.accepted_tokens,
             "spec_verify_steps": self.verifier.verify_steps,
         }
+
+    def watch_prefixes(self) -> None:
+        """Keep a journal of the prefix cache's stored and evicted blocks (a worker reports them)."""
+        self.prefix.index.watch()
+
+    def prefix_changes(self) -> PrefixChanges:
+        """The prefix cache's changes since the last call; on the engine's thread (its callbacks)."""
+        return self.prefix.index.changes()
 
     @property
     def tokens_generated(self) -> int:

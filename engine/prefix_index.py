@@ -3,7 +3,8 @@ which give way first. No tensors: the blocks' keys and values are the storage's
 (engine/prefix_cache.py), which asks this index what to copy and what to drop.
 
 A context is cut into blocks of BLOCK_TOKENS token ids. Block i's key hashes (key of block i-1,
-its token ids), as in nano-vllm's block manager, so one lookup per block finds the longest cached
+its token ids), as in nano-vllm's block manager (with a hash every process computes alike, so a
+gateway can route a prompt to the worker holding its blocks: `block_keys`), so one lookup per block finds the longest cached
 prefix of any context: a system prompt, a few-shot template, the earlier turns of a conversation.
 A hit is checked against the stored token ids and parent, so a hash collision is only a miss.
 
@@ -15,11 +16,50 @@ middle.
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BLOCK_TOKENS = 32
+# Changes a journal holds before it gives up listing them and asks for a whole snapshot instead.
+JOURNAL_MAX = 100_000
+
+
+def block_key(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    """A block's key: a hash of its parent's key and its token ids that every process computes alike
+    (Python's own hash of a tuple holding None differs between processes), so a gateway that
+    tokenizes a prompt finds the keys a worker's cache holds (docs/scaling.md). 63 bits."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update((parent or 0).to_bytes(8, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def block_keys(ids: list[int], upto: int | None = None, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """The keys of every full block of ids[:upto] (by default all but the last token, which a
+    lookup never takes from the cache), in order."""
+    upto = len(ids) - 1 if upto is None else upto
+    keys: list[int] = []
+    parent = None
+    for start in range(0, upto - upto % block_tokens, block_tokens):
+        parent = block_key(parent, tuple(ids[start:start + block_tokens]))
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class PrefixChanges:
+    """What the cache stored and evicted since it was last asked; `reset`: the list was given up
+    (cleared, or too long), and `held` is then every key it holds."""
+    stored: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+    reset: bool = False
+    held: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.stored or self.evicted or self.reset)
 
 
 @dataclass
@@ -40,6 +80,33 @@ class PrefixIndex:
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # least recently used first
         self.query_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # of which were found
+        # Kept only once someone reads it (watch): a worker tells the gateways what it holds.
+        self._journal: PrefixChanges | None = None
+
+    def watch(self) -> None:
+        """Keep a journal of what is stored and evicted, for `changes()` to hand out."""
+        self._journal = PrefixChanges(reset=True)
+
+    def changes(self) -> PrefixChanges:
+        """What changed since the last call (an empty PrefixChanges when nobody watches)."""
+        journal = self._journal
+        if journal is None:
+            return PrefixChanges()
+        if journal.reset:
+            journal.held = list(self.blocks)
+        self._journal = PrefixChanges()
+        return journal
+
+    def _note(self, stored: int | None = None, evicted: int | None = None) -> None:
+        journal = self._journal
+        if journal is None or journal.reset:
+            return
+        if stored is not None:
+            journal.stored.append(stored)
+        if evicted is not None:
+            journal.evicted.append(evicted)
+        if len(journal.stored) + len(journal.evicted) > JOURNAL_MAX:
+            self._journal = PrefixChanges(reset=True)
 
     @property
     def cached_tokens(self) -> int:
@@ -51,7 +118,7 @@ class PrefixIndex:
         n = self.block_tokens
         for start in range(0, upto - upto % n, n):
             tokens = tuple(ids[start:start + n])
-            key = hash((parent, tokens))
+            key = block_key(parent, tokens)
             yield key, parent, tokens
             parent = key
 
@@ -79,6 +146,7 @@ class PrefixIndex:
         self.blocks[key] = Block(key, parent, token_ids)
         if parent is not None:
             self.blocks[parent].children += 1
+        self._note(stored=key)
 
     def drop_coldest_leaf(self, keep: frozenset[int] | set[int] = frozenset()) -> int | None:
         """Forget the least recently used block nobody continues (other than those in `keep`);
@@ -89,7 +157,10 @@ class PrefixIndex:
         del self.blocks[victim.key]
         if victim.parent is not None and victim.parent in self.blocks:
             self.blocks[victim.parent].children -= 1
+        self._note(evicted=victim.key)
         return victim.key
 
     def clear(self) -> None:
         self.blocks.clear()
+        if self._journal is not None:
+            self._journal = PrefixChanges(reset=True)

@@ -15,6 +15,11 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 REQUESTS = Counter("brigade_gateway_requests_total", "Requests admitted or refused, by door and outcome "
                    "(queued, cached, refused)", ["model", "version", "door", "outcome"], registry=REGISTRY)
+ROUTING_DECISIONS = Counter("brigade_routing_decisions_total", "Where requests were queued (docs/scaling.md): "
+                            "prefix_hit (the worker holding the prompt's start), load_fallback (the least "
+                            "loaded), miss (no worker holds it: the shared queue), shared (routing off, a batch "
+                            "line or one worker), unknown (the prompt could not be tokenized)",
+                            ["model", "version", "decision"], registry=REGISTRY)
 CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model", "version"], registry=REGISTRY)
 CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)",
                      ["model", "version", "layer"], registry=REGISTRY)

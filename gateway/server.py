@@ -54,7 +54,9 @@ from gateway.admission.lifecycle import RequestLifecycle
 from gateway.admission.limits import KeyLimiter
 from gateway.admission.load import LoadMonitor
 from gateway.admission.request_store import RequestStore
+from gateway.admission.routing import PrefixRouter
 from gateway.admission.shadows import Shadows
+from gateway.admission.worker_prefixes import PrefixFollower, WorkerPrefixes
 from gateway.background import BackgroundTasks
 from gateway.batch.batch_http import BatchDoor
 from gateway.batch.batch_jobs import JobStore
@@ -114,7 +116,11 @@ class Gateway:
         self.background = BackgroundTasks()
         spawn = self.background.spawn
         self.router = ReplyRouter()
-        self.load = LoadMonitor(self.redis, settings, on_statuses=self.catalog.observe_workers)
+        # Which worker holds which prefix blocks, and the routing that reads it (docs/scaling.md).
+        prefixes = WorkerPrefixes()
+        self.prefix_follower = PrefixFollower(self.redis, prefixes)
+        self.routing = PrefixRouter(settings, self.catalog, prefixes)
+        self.load = LoadMonitor(self.redis, settings, on_statuses=self._observe_workers)
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)
         store = RequestStore(settings, self.redis, QueueSender(settings))
@@ -129,7 +135,7 @@ class Gateway:
                                           self.key_store, limiter, guards, spawn, audits=self.audits)
         self.admission = Admission(settings, self.redis, self.router, self.load, limiter, guards, reply_channel, spawn,
                                    self.lifecycle.deliver, store=store, shadows=shadows, audits=self.audits,
-                                   lifecycle=self.lifecycle, catalog=self.catalog)
+                                   lifecycle=self.lifecycle, catalog=self.catalog, routing=self.routing)
         frames = ClientProtocol(settings, self.rules)
         self.ws_door = WebSocketDoor(settings, frames, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
@@ -206,6 +212,7 @@ class Gateway:
 
                  asyncio.create_task(self.intake.follow_streams(), name="stream-follower"),
                  asyncio.create_task(self.load.run(), name="load-monitor"),
+                 asyncio.create_task(self.prefix_follower.run(), name="prefix-index"),
                  asyncio.create_task(self.batches.run(), name="batch-runner"),
                  asyncio.create_task(self.batch_files.run(), name="batch-sweep")]
         canaries_stop = threading.Event()
@@ -249,6 +256,11 @@ class Gateway:
                 log.exception("event=canary_tick_failed")
         with contextlib.suppress(Exception):
             controller.release()
+
+    def _observe_workers(self, statuses: list[dict]) -> None:
+        """Each second's heartbeats: the catalog's live versions, and the routing's loads."""
+        self.catalog.observe_workers(statuses)
+        self.routing.observe(statuses)
 
     def _load_cache(self) -> "AnswerCache":
         # Imported here: the cache brings the embedding model (and torch) into the gateway.

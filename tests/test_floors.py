@@ -38,7 +38,7 @@ MAY_IMPORT = {
 RUNTIME = ("ops.core", "engine", "cache", "workers", "gateway")
 # Floors that are folders of ops/, below the commands and benchmarks around them.
 OPS_FLOORS = ("ops.core", "ops.training")
-SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided"}
+SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided", "engine.prefix_index"}
 
 
 def module_name(path: Path) -> str:

@@ -36,8 +36,10 @@ from workers.handover import Handover
 from workers.heartbeat import Heartbeat
 from workers.held import HeldRequests
 from workers.metrics import MetricsEndpoint, WorkerMetrics, serve_metrics
+from workers.prefix_report import PrefixReport
 from workers.publisher import ReplyPublisher, TokenPublisher
 from workers.serving import Serving
+from workers.stealing import Stealing
 
 log = logging.getLogger("brigade.worker")
 
@@ -64,15 +66,33 @@ class EngineHost:
         self.handover = Handover(self.instance, self.redis, self.claims, QueueSender(settings), self.held, engine,
                                  tokens.forget)
         self.replies = ReplyPublisher(tokens, on_fenced=self.handover.fenced)
+        self.prefixes = PrefixReport(self.redis, settings, self.instance, engine)
         self.engine_loop = EngineLoop(engine, worker_name, self.held, self.replies, self.claims, self.metrics,
-                                      self._stop)
+                                      self._stop, self.prefixes)
         self.cancels = CancelListener(self.redis, self.held, engine.cancel, self._stop)
         self.heartbeat = Heartbeat(self.redis, settings, self.instance, engine, self.engine_loop.alive, self.status,
-                                   self.held, self._stop, on_beat=self.replies.retry)
+                                   self.held, self._stop, on_beat=self._on_beat)
         self.graceful_drain = Drain(self.held, engine, self.handover)
+        self.stealing = Stealing(self.redis, settings, self.instance, self._free_slots, self.metrics.stolen.inc,
+                                 self._stop)
         self.serving = Serving(self.instance, worker_name, engine, self.redis,
                                self.claims, self.held, self.replies, self.handover, self.heartbeat, self.metrics,
                                self._stop)
+
+    def _free_slots(self) -> int:
+        """Requests this worker could start at once: free task threads, while its engine has free
+        rows and nothing waits in it (else a stolen request would only wait here instead)."""
+        if self.held.draining:
+            return 0
+        stats = self.engine.stats()
+        if stats["waiting"] or stats["running"] >= self.settings.max_batch:
+            return 0
+        return max(0, self.settings.task_threads - len(self.held))
+
+    def _on_beat(self) -> None:
+        """Rides on each heartbeat: events waiting for Redis, and the prefix snapshot's lifetime."""
+        self.replies.retry()
+        self.prefixes.renew()
 
     @classmethod
     def start(cls, settings: Settings, worker_name: str, engine: Engine | None = None,
@@ -88,7 +108,7 @@ class EngineHost:
 
     @property
     def threads(self) -> list[threading.Thread]:
-        return [self.engine_loop.thread, self.cancels.thread, self.heartbeat.thread]
+        return [self.engine_loop.thread, self.cancels.thread, self.heartbeat.thread, self.stealing.thread]
 
     def start_threads(self) -> None:
         for t in self.threads:

@@ -20,6 +20,7 @@ from workers.claims import ClaimStore
 from workers.held import HeldRequests
 from workers.inflight import InFlight, done_reply, token_reply
 from workers.metrics import WorkerMetrics
+from workers.prefix_report import PrefixReport
 from workers.publisher import ReplyPublisher
 
 log = logging.getLogger("brigade.worker")
@@ -30,19 +31,21 @@ StepShare = tuple[InFlight, SequenceUpdate, ReplyEvent | None]
 
 class EngineLoop:
     def __init__(self, engine: Engine, worker_name: str, held: HeldRequests, replies: ReplyPublisher,
-                 claims: ClaimStore, metrics: WorkerMetrics, stop: threading.Event):
+                 claims: ClaimStore, metrics: WorkerMetrics, stop: threading.Event, prefixes: PrefixReport):
         self.engine = engine
         self.worker_name = worker_name
         self.held = held
         self.replies = replies
         self.claims = claims
         self.metrics = metrics
+        self.prefixes = prefixes
         # The engine may have been loaded long before this loop starts: its progress counts from now.
         engine.loop_at = time.monotonic()
         engine.on_step = metrics.on_step
         engine.on_started = self._engaged
-        self.thread = threading.Thread(target=engine.run, args=(self._on_updates, stop), name="brigade-engine",
-                                       daemon=True)
+        # Prefix changes outside a step's updates (an eviction at admission) go out on the loop's turn.
+        self.thread = threading.Thread(target=engine.run, args=(self._on_updates, stop, prefixes.publish),
+                                       name="brigade-engine", daemon=True)
 
     def alive(self) -> bool:
         return self.thread.is_alive()
@@ -61,6 +64,9 @@ class EngineLoop:
                 ended.append(entry)
             step.append((entry, u, done))
         record_step(self.metrics, step)
+        # The blocks this step stored first: a client that reads its `done` and sends the next turn
+        # must find them routed here (workers/prefix_report.py).
+        self.prefixes.publish()
         self.replies.publish(events, ended)
 
     def _engaged(self, started: set[str]) -> None:

@@ -91,6 +91,9 @@ FAILOVERS = Counter(
     SERVED, registry=REGISTRY)
 DEAD_LETTERS = Counter(
     "brigade_dead_letters", "Requests this worker's claim moved to the dead-letter list.", SERVED, registry=REGISTRY)
+STOLEN = Counter(
+    "brigade_routing_stolen", "Requests routed to another worker's own queue that this idle worker took after "
+    "steal_after_s (workers/stealing.py).", SERVED, registry=REGISTRY)
 
 
 # Counters read from the engine at scrape time: name, help, its Engine.stats key.
@@ -168,6 +171,7 @@ class WorkerMetrics:
         self.generation_tokens = GENERATION_TOKENS.labels(*served)
         self.failovers = FAILOVERS.labels(*served)
         self.dead_letters = DEAD_LETTERS.labels(*served)
+        self.stolen = STOLEN.labels(*served)
         # Present at 0 from the start, for rate(); resolved once, so an end is one inc.
         self.successes = {reason: REQUEST_SUCCESS.labels(*served, reason) for reason in self.REASONS}
         self.lane_requests = {lane: LANE_REQUESTS.labels(*served, lane) for lane in ("interactive", "batch")}

@@ -32,6 +32,7 @@ from gateway.admission.lifecycle import Caller, RequestContext, RequestLifecycle
 from gateway.admission.limits import KeyLimiter
 from gateway.admission.load import LoadMonitor
 from gateway.admission.request_store import RequestStore
+from gateway.admission.routing import PrefixRouter
 from gateway.admission.shadows import Shadows
 from gateway.delivery.events import Done, Token
 from gateway.delivery.router import ReplyRouter, Route, Sink
@@ -64,7 +65,7 @@ class Admission:
     def __init__(self, settings: Settings, redis: aioredis.Redis, router: ReplyRouter, load: LoadMonitor,
                  limiter: KeyLimiter, guards: list[NamedGuard], reply_channel: str, spawn: Callable,
                  deliver: Callable, *, store: RequestStore, shadows: Shadows, audits: Audits,
-                 lifecycle: RequestLifecycle, catalog: Catalog):
+                 lifecycle: RequestLifecycle, catalog: Catalog, routing: PrefixRouter):
         self.settings = settings
         self.catalog = catalog
         self.redis = redis
@@ -74,6 +75,7 @@ class Admission:
         self.guards = guards
         self.reply_channel = reply_channel
         self.store = store
+        self.routing = routing  # which worker's own queue, if any (gateway/admission/routing.py)
         self.shadows = shadows
         self.audits = audits  # a share of semantic hits asked again of the model (gateway/admission/audits.py)
         self.lifecycle = lifecycle  # a refused or failed request's slot is freed, a cache hit settled
@@ -230,7 +232,8 @@ class Admission:
                       queued=queued, model=choice.model, version=choice.version)
         self.router.add(route)
         try:
-            await self.store.put(queued)
+            routed = await self.routing.route(cmd, choice, lane)
+            await self.store.put(queued, routed.worker)
         except Exception as exc:  # Redis or broker down: this request fails, the door lives
             self.router.remove(rid)
             self.lifecycle.release(context.caller, rid)

@@ -30,8 +30,9 @@ class RequestStore:
         self.redis = redis
         self.sender = sender
 
-    async def put(self, queued: QueuedRequest) -> None:
-        """The record, the unclaimed mark, then the message (see the module's note)."""
+    async def put(self, queued: QueuedRequest, worker: str | None = None) -> None:
+        """The record, the unclaimed mark, then the message (see the module's note); on `worker`'s
+        own queue when routing chose one (gateway/admission/routing.py)."""
         rid = queued.request_id
 
         async def put() -> None:
@@ -43,7 +44,7 @@ class RequestStore:
                 # record and the mark survive it, and the reaper sends the request again.
                 pipe.execute_command("WAIT", self.settings.confirmations, self.settings.confirm_ms)
             await pipe.execute()
-            await asyncio.to_thread(self.sender.send, queued, True)
+            await asyncio.to_thread(self.sender.send, queued, True, worker)
 
         # Through a Sentinel failover the request waits for the new primary instead of failing; a
         # second message after a send that failed late is a duplicate delivery, which the claim skips.

@@ -1,0 +1,143 @@
+"""Prefix-aware routing: which worker's own queue a request goes to, or the shared queue.
+
+With one shared queue each turn of a conversation lands on whichever worker is free, and with N
+workers its history is prefilled again (N-1)/N of the time. So a request whose prompt begins
+with blocks a worker's prefix cache holds (worker_prefixes.py) goes to that worker's own queue,
+weighed against its load, as llm-d's and SGLang's routers do:
+
+- each live worker of the chosen version scores the prompt tokens its cache holds, less
+  `route_load_tokens` for each request of load it carries (running, waiting in its engine, and
+  routed here since its last heartbeat);
+- the best score wins (`prefix_hit`), unless that worker carries more than `route_imbalance`
+  requests beyond the least loaded: then the least loaded (`load_fallback`), as it does when
+  its own score wins the trade;
+- a prompt no worker holds any block of goes to the shared queue (`miss`), taken by whichever
+  worker is free, as before routing.
+An idle worker takes a routed request its worker did not take in time (workers/stealing.py).
+Routing happens inside the version the catalog chose; batch lines keep the shared queue, and
+anything unknown (no tokenizer, an error, one worker) keeps it too: routing never refuses.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+from cache.query import PromptRenderer
+from engine.prefix_index import BLOCK_TOKENS, block_keys
+from gateway import metrics
+from gateway.admission.catalog import Catalog, Choice
+from gateway.admission.worker_prefixes import WorkerPrefixes
+from gateway.protocol import Generate
+from ops.core.settings import Settings
+
+log = logging.getLogger("brigade.gateway")
+
+
+@dataclass(frozen=True)
+class Destination:
+    worker: str | None  # the instance whose own queue, or None: the shared queue
+    decision: str  # prefix_hit | load_fallback | miss | shared (routing off, a batch line, one worker) | unknown
+    matched_tokens: int = 0
+
+
+def choose(loads: dict[str, int], matched: dict[str, int], load_tokens: int, imbalance: int,
+           block_tokens: int = BLOCK_TOKENS) -> Destination:
+    """Pure: the live workers' loads and the blocks each holds of the prompt -> where it goes."""
+    held = {w: n for w, n in matched.items() if n and w in loads}
+    if not loads or not held:
+        return Destination(None, "miss")
+    least = min(loads, key=lambda w: (loads[w], w))
+
+    def score(w: str) -> int:
+        return held.get(w, 0) * block_tokens - load_tokens * loads[w]
+
+    best = max(held, key=lambda w: (score(w), -loads[w], w))
+    if loads[best] - loads[least] > imbalance or score(least) > score(best):
+        return Destination(least, "load_fallback", held.get(least, 0) * block_tokens)
+    return Destination(best, "prefix_hit", held[best] * block_tokens)
+
+
+def worker_load(status: dict) -> int:
+    return int(status.get("running", 0)) + int(status.get("waiting", 0))
+
+
+class PromptTokens:
+    """A version's tokenizer and chat template, one call at a time (the engine's `encode`)."""
+
+    def __init__(self, folder):
+        self.renderer = PromptRenderer(folder)
+        self._lock = threading.Lock()
+
+    def ids(self, cmd: Generate) -> list[int] | None:
+        tokenizer = self.renderer.tokenizer
+        if tokenizer is None:
+            return None
+        with self._lock:
+            if cmd.prompt_ids is not None:
+                return list(cmd.prompt_ids)
+            if cmd.messages is not None:
+                text = self.renderer.render([m.model_dump(exclude_none=True) for m in cmd.messages], cmd.tools)
+                return tokenizer(text, add_special_tokens=False)["input_ids"]
+            return tokenizer(cmd.prompt)["input_ids"] if cmd.prompt is not None else None
+
+
+class PrefixRouter:
+    def __init__(self, settings: Settings, catalog: Catalog, index: WorkerPrefixes):
+        self.settings = settings
+        self.catalog = catalog
+        self.index = index
+        self._statuses: list[dict] = []
+        self._routed: Counter[str] = Counter()  # this gateway's routed requests since the last heartbeats
+        self._tokens: dict[str, PromptTokens] = {}
+
+    def observe(self, statuses: list[dict]) -> None:
+        """Each second's heartbeats (the load monitor's): loads, and workers gone from the index."""
+        self._statuses = statuses
+        self._routed.clear()
+        live = {s.get("instance") for s in statuses}
+        for instance in [i for i in self.index.held if i not in live]:
+            self.index.forget(instance)
+
+    def loads(self, choice: Choice) -> dict[str, int]:
+        return {s["instance"]: worker_load(s) + self._routed[s["instance"]] for s in self._statuses
+                if "instance" in s and s.get("model") == choice.model and (s.get("version") or "") == choice.version
+                and not s.get("draining")}
+
+    async def route(self, cmd: Generate, choice: Choice, lane: str) -> Destination:
+        """Where the request goes; never raises (anything unknown keeps the shared queue)."""
+        try:
+            routed = await self._route(cmd, choice, lane)
+        except Exception as exc:
+            log.warning("event=route_failed client_id=%s error=%r", cmd.id, exc)
+            routed = Destination(None, "unknown")
+        metrics.ROUTING_DECISIONS.labels(choice.model, choice.version, routed.decision).inc()
+        if routed.worker is not None:
+            self._routed[routed.worker] += 1
+        return routed
+
+    async def _route(self, cmd: Generate, choice: Choice, lane: str) -> Destination:
+        if self.settings.routing != "prefix" or lane != "interactive" or cmd.params.truncate_prompt_tokens:
+            return Destination(None, "shared")
+        loads = self.loads(choice)
+        if len(loads) < 2:
+            return Destination(None, "shared")
+        try:
+            tokens = await self._tokens_for(choice)
+            ids = await asyncio.to_thread(tokens.ids, cmd)
+        except Exception as exc:  # a template that cannot render this input: the shared queue
+            log.debug("event=route_unknown client_id=%s error=%r", cmd.id, exc)
+            return Destination(None, "unknown")
+        if not ids:
+            return Destination(None, "unknown")
+        chain = [f"{k:016x}" for k in block_keys(ids)]
+        return choose(loads, self.index.matched(chain), self.settings.route_load_tokens, self.settings.route_imbalance)
+
+    async def _tokens_for(self, choice: Choice) -> PromptTokens:
+        folder = self.catalog.folder(choice.model, choice.version)
+        key = str(folder)
+        if key not in self._tokens:
+            self._tokens[key] = await asyncio.to_thread(PromptTokens, folder or "/nonexistent")
+        return self._tokens[key]

@@ -1,0 +1,161 @@
+"""Prefix-aware routing on real processes (docs/scaling.md): a real redis-server, two real
+`brigade worker` processes of the tiny model (the default model's tokenizer and chat template), the
+real gateway over real WebSockets and a reaper. A conversation's next turn goes to the worker whose
+prefix cache holds its history; killing that worker sends the next turn to the other, whole; an
+idle worker takes a request routed to a busy one."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from ops.core import keys
+from ops.core.messages import QueuedRequest
+from ops.core.queue import QueueSender
+from ops.core.settings import Settings
+from tests.clients import ask
+from tests.services import RedisServer, Stack, queued_params, wait_until
+
+# About 260 tokens of system prompt: eight blocks of 32, the history a next turn must find.
+SYSTEM = " ".join(f"Rule {i}: answer plainly, cite the manual section {i}, and never guess a number." for i in range(16))
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    redis_server = RedisServer(tmp_path_factory.mktemp("routing-redis"))
+    with Stack(redis_server, tmp_path_factory.mktemp("routing-logs"), own_redis=True,
+               BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1",
+               BRIGADE_MAX_WAIT_MS="5", BRIGADE_HEARTBEAT_TTL_S="2", BRIGADE_ROUTING="prefix",
+               # One task thread each: a worker running one request takes nothing more, so a request
+               # routed to it waits on its own queue (the stealing test's busy worker).
+               BRIGADE_WORKER_CONCURRENCY="1") as s:
+        s.start_gateway()
+        s.start("reaper")
+        s.start_worker("r1@routing")
+        s.start_worker("r2@routing")
+        s.wait_ready(gateways=["gateway"])
+        yield s
+
+
+def gateway_counter(stack: Stack, decision: str) -> float:
+    with urllib.request.urlopen(f"{stack.gateway.http_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(rf'^brigade_routing_decisions_total{{[^}}]*decision="{decision}"[^}}]*}} ([0-9.e+]+)$', text, re.M)
+    return sum(float(v) for v in found)
+
+
+def chat(system: str, turns: list[tuple[str, str]], question: str) -> list[dict]:
+    messages = [{"role": "system", "content": system}]
+    for asked, answered in turns:
+        messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered}]
+    return messages + [{"role": "user", "content": question}]
+
+
+async def converse(url: str, name: str, system: str, questions: list[str]) -> list[dict]:
+    """Each turn sends the growing history; returns each turn's done event."""
+    turns: list[tuple[str, str]] = []
+    ends = []
+    for i, question in enumerate(questions):
+        answer = await ask(url, f"{name}-{i}", messages=chat(system, turns, question), max_tokens=8, temperature=0)
+        assert answer.end is not None and answer.end["type"] == "done", answer.end
+        turns.append((question, answer.text))
+        ends.append(answer.end)
+    return ends
+
+
+def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(stack):
+    hits_before = gateway_counter(stack, "prefix_hit")
+    systems = [f"Tenant {n}. {SYSTEM}" for n in range(4)]
+    questions = ["Where is section 3?", "And section 4?", "Thanks, and 9?"]
+
+    async def main():
+        # Four first turns at once, each its own system prompt: they land on whichever worker is
+        # free (the shared queue), so both workers hold some.
+        firsts = await asyncio.gather(*[ask(stack.url, f"c{n}-0", messages=chat(systems[n], [], questions[0]),
+                                            max_tokens=8, temperature=0) for n in range(4)])
+        served_by = []
+        # The later turns one at a time, so that no holder is busy (one task thread each: a busy
+        # holder's routed turn would be taken by the idle one, the last test's case).
+        for n, first in enumerate(firsts):
+            turns = [(questions[0], first.text)]
+            mine = [first.end["timing"]["worker"]]
+            for i, question in enumerate(questions[1:], 1):
+                answer = await ask(stack.url, f"c{n}-{i}", messages=chat(systems[n], turns, question), max_tokens=8,
+                                   temperature=0)
+                turns.append((question, answer.text))
+                mine.append(answer.end["timing"]["worker"])
+            served_by.append(mine)
+        return served_by
+
+    served_by = asyncio.run(main())
+    for mine in served_by:
+        assert mine[1:] == [mine[0]] * 2, served_by  # every later turn where its history is
+    assert len({mine[0] for mine in served_by}) == 2, served_by  # the first turns spread over both
+    assert gateway_counter(stack, "prefix_hit") - hits_before >= 8
+    # The workers' own count: each later turn found its history's blocks.
+    statuses = stack.statuses()
+    assert sum(s["prefix_hit_tokens"] for s in statuses.values()) >= 8 * 256
+
+
+def test_the_next_turn_of_a_conversation_whose_worker_was_killed_is_answered_whole_by_the_other(stack):
+    async def first_turns():
+        return await converse(stack.url, "k", f"Killed tenant. {SYSTEM}", ["Where is section 5?"])
+
+    (first,) = asyncio.run(first_turns())
+    holder = first["timing"]["worker"]
+    other = next(n for n in ("r1@routing", "r2@routing") if n != holder)
+    stack.kill(stack.workers[holder], signal.SIGKILL)
+    try:
+        async def next_turn():
+            return await converse(stack.url, "k2", f"Killed tenant. {SYSTEM}", ["Where is section 5?", "And 6?"])
+
+        ends = asyncio.run(next_turn())
+        assert [e["timing"]["worker"] for e in ends] == [other, other]
+        assert all(e["finish_reason"] in ("stop", "length") for e in ends)
+    finally:
+        stack.start_worker(holder)
+        stack.wait_ready()
+
+
+def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_it(stack):
+    settings = Settings(redis_url=stack.redis.url)
+    client = stack.redis.client
+    statuses = stack.statuses()
+    busy, idle = sorted(statuses)[:2]
+    model = statuses[busy]["model"]
+
+    def queued(rid: str, max_tokens: int) -> QueuedRequest:
+        q = QueuedRequest(request_id=rid, client_id=rid, reply_channel=keys.reply_channel("routing-test"),
+                          enqueued_at=time.time(), model=model, prompt="Tell me a long story.",
+                          params=queued_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        client.set(keys.request(rid), q.model_dump_json(), ex=300)
+        client.zadd(keys.UNCLAIMED, {rid: q.enqueued_at})
+        return q
+
+    sender = QueueSender(settings)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.reply_channel("routing-test"))
+    long_rid, routed_rid = f"long-{time.time_ns()}", f"routed-{time.time_ns()}"
+    sender.send(queued(long_rid, 2000), first=True, worker=statuses[busy]["instance"])
+    wait_until(lambda: long_rid in (stack.statuses()[busy].get("requests") or []), 30, what="the busy worker to run it")
+    sender.send(queued(routed_rid, 4), first=True, worker=statuses[busy]["instance"])
+    ended: dict[str, dict] = {}
+
+    def routed_done() -> bool:
+        message = pubsub.get_message(timeout=0.2)
+        if message and message["type"] == "message":
+            event = json.loads(message["data"])
+            if event["type"] in ("done", "error"):
+                ended[event["request_id"]] = event
+        return routed_rid in ended
+
+    wait_until(routed_done, 30, what="the routed request's answer")
+    assert ended[routed_rid]["type"] == "done" and ended[routed_rid]["timing"]["worker"] == idle
+    assert long_rid not in ended  # the busy worker was still on its long request
+    client.set(keys.cancelled(long_rid), "1", ex=60)
+    client.publish(keys.CANCEL_CHANNEL, long_rid)
