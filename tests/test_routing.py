@@ -100,6 +100,13 @@ def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(s
     # The workers' own count: each later turn found its history's blocks.
     statuses = stack.statuses()
     assert sum(s["prefix_hit_tokens"] for s in statuses.values()) >= 8 * 256
+    # `brigade status` shows each worker's share of its version's cached prefixes: both hold some.
+    from ops.commands.status import collect, render
+    report = collect(Settings(redis_url=stack.redis.url, model_name=statuses["r1@routing"]["model"]))
+    rows = next(m for m in report["models"] if m["workers"])["workers"]
+    shares = [r["prefix_share"] for r in rows]
+    assert len(shares) == 2 and all(0 < x < 1 for x in shares) and abs(sum(shares) - 1) < 0.01, rows
+    assert "prefixes" in render(report)
 
 
 def test_the_next_turn_of_a_conversation_whose_worker_was_killed_is_answered_whole_by_the_other(stack):

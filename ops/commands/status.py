@@ -37,7 +37,17 @@ def _worker_row(w: dict, now: float) -> dict:
         "kv_use": round(w["kv_used_tokens"] / w["kv_budget_tokens"], 4) if w.get("kv_budget_tokens") else None,
         "tokens_per_s": w.get("tokens_per_s"), "requests_served": w.get("requests_served"),
         "metrics_url": w.get("metrics_url"), "beat_age_s": round(now - w.get("updated_at", now), 2),
+        # What its prefix cache holds, and its share of its version's (routing sends a prompt where
+        # its start is held: docs/scaling.md); the share is filled in beside its version's workers.
+        "prefix_cached_tokens": w.get("prefix_cached_tokens", 0), "prefix_share": None,
     }
+
+
+def _prefix_shares(rows: list[dict]) -> list[dict]:
+    total = sum(r["prefix_cached_tokens"] for r in rows)
+    for r in rows:
+        r["prefix_share"] = round(r["prefix_cached_tokens"] / total, 4) if total else None
+    return rows
 
 
 def _queue(depths: list[int]) -> dict:
@@ -76,7 +86,7 @@ def collect(settings: Settings) -> dict:
             "alive": len(mine), "draining": sum(bool(w.get("draining")) for w in mine),
             "running": signal.running, "waiting": signal.waiting,
             "queue": _queue(depths), "desired": signal.desired,
-            "workers": [_worker_row(w, now) for w in sorted(mine, key=lambda w: str(w.get("worker")))],
+            "workers": _prefix_shares([_worker_row(w, now) for w in sorted(mine, key=lambda w: str(w.get("worker")))]),
         })
     configured = keys.served(settings.model_name, settings.model_version)
     shown = [m for m in models if m["workers"] or m["queue"]["total"] or m["registered"]]
@@ -101,10 +111,12 @@ def collect(settings: Settings) -> dict:
 
 
 def _table(workers: list[dict]) -> list[str]:
-    rows = [["worker", "state", "running", "waiting", "kv use", "tok/s", "served", "metrics"]]
+    rows = [["worker", "state", "running", "waiting", "kv use", "prefixes", "tok/s", "served", "metrics"]]
     for w in workers:
         kv = "-" if w["kv_use"] is None else f"{w['kv_use']:.0%}"
-        rows.append([str(w["worker"]), w["state"], str(w["running"]), str(w["waiting"]), kv,
+        share = "" if w.get("prefix_share") is None else f" ({w['prefix_share']:.0%})"
+        prefixes = f"{w.get('prefix_cached_tokens', 0):,} tok{share}"
+        rows.append([str(w["worker"]), w["state"], str(w["running"]), str(w["waiting"]), kv, prefixes,
                      str(w["tokens_per_s"]), str(w["requests_served"]), w["metrics_url"] or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["    " + "  ".join(cell.ljust(n) for cell, n in zip(row, widths)).rstrip() for row in rows]
