@@ -20,6 +20,10 @@ ROUTING_DECISIONS = Counter("brigade_routing_decisions_total", "Where requests w
                             "loaded), miss (no worker holds it: the shared queue), shared (routing off, a batch "
                             "line or one worker), unknown (the prompt could not be tokenized)",
                             ["model", "version", "decision"], registry=REGISTRY)
+ROUTING_SECONDS = Histogram("brigade_routing_decision_seconds", "Time to choose a request's queue (tokenize, chain "
+                            "block keys, look up the prefix index, weigh loads), for decisions that looked",
+                            ["model", "version"], buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+                            registry=REGISTRY)
 CACHE_LOOKUPS = Counter("brigade_cache_lookups_total", "Answer-cache lookups", ["model", "version"], registry=REGISTRY)
 CACHE_HITS = Counter("brigade_cache_hits_total", "Answer-cache hits, by layer (exact, semantic)",
                      ["model", "version", "layer"], registry=REGISTRY)

@@ -72,9 +72,9 @@ def stack(redis_server, tiny_model_dir, tmp_path_factory):
         yield s.http
 
 
-def bench_serve(url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def bench_serve(url: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--url", url, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 REPORT_FIELDS = {"target", "config", "duration_s", "requests", "request_throughput", "output_token_throughput",
@@ -186,6 +186,38 @@ def test_repeated_questions_are_answered_from_the_cache(stack, backend, seed):
     assert report["errors"] == {}
 
 
+def test_chat_turns_send_each_turn_with_the_answers_before_it_and_read_the_workers_prefix_cache(stack):
+    """Two conversations of three turns, each with its own system prompt of about 100 tokens, both at
+    once, over the WebSocket, uncached. The worker's own counts say what it was sent: each turn's
+    prompt holds the previous one's and its answer, and the prefix cache (its /metrics, found from
+    its heartbeat in the stack's Redis, BRIGADE_REDIS_URL) looked up every prompt token of the run
+    and found at least each previous turn's whole blocks (BLOCK_TOKENS) again."""
+    from engine.prefix_index import BLOCK_TOKENS
+
+    done = bench_serve(stack, "--workload", "chat-turns", "--conversations", "2", "--turns", "3", "--system-tokens",
+                       "100", "--max-concurrency", "2", "--max-tokens", "8", "--cache", "off",
+                       env=dict(os.environ, BRIGADE_REDIS_URL=stack_redis[stack]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    rows = report["per_request"]
+    assert [(r["conversation"], r["turn"], r["messages"]) for r in rows] == \
+        [(c, k, 2 * k) for c in (0, 1) for k in (1, 2, 3)]
+    assert report["errors"] == {} and report["conversations"] == {"planned": 2, "finished": 2}
+    for earlier, later in zip(rows, rows[1:]):
+        if later["conversation"] == earlier["conversation"]:
+            assert later["prompt_tokens"] > earlier["prompt_tokens"] + earlier["output_tokens"], (earlier, later)
+    by_turn = report["ttft_s_by_turn"]
+    assert set(by_turn) == {"1", "2", "3"} and all(d["count"] == 2 and 0 < d["p50"] <= d["p95"]
+                                                   for d in by_turn.values()), by_turn
+    prefix = report["prefix_cache"]
+    assert prefix["workers"] == 1 and prefix["queries"] == sum(r["prompt_tokens"] for r in rows), (prefix, rows)
+    found_again = sum((earlier["prompt_tokens"] - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+                      for earlier, later in zip(rows, rows[1:]) if later["conversation"] == earlier["conversation"])
+    assert found_again <= prefix["hits"] < prefix["queries"], (found_again, prefix)
+    assert prefix["hit_ratio"] == round(prefix["hits"] / prefix["queries"], 4) and 0 < prefix["hit_ratio"] < 1
+    assert "ttft by turn" in done.stderr and "prefix cache:" in done.stderr
+
+
 # ---- bench scale ----------------------------------------------------------------------------------
 
 
@@ -213,6 +245,32 @@ def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tm
     assert log.count("event=request_done") == 6, log[-3000:]
     assert "stopping gateway, then worker, then reaper, then redis" in log
 
+
+
+def test_scale_runs_the_chat_turns_under_a_routing_mode_and_reads_its_own_fleets_prefix_cache(tmp_path,
+                                                                                              tiny_model_dir):
+    """--routing shared with the chat-turns workload: one fleet of one worker started with
+    BRIGADE_ROUTING=shared (its log named for it), one row with the routing, TTFT overall and by turn,
+    and the prefix-cache tokens read from that fleet's own worker (its Redis, not the settings')."""
+    out = tmp_path / "scale.json"
+    env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "1", "--routing", "shared",
+                           "--workload", "chat-turns", "--conversations", "2", "--turns", "2", "--system-tokens", "80",
+                           "--max-tokens", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=400, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert row["workers"] == 1 and row["routing"] == "shared" and row["errors"] == 0 and row["ratio"] == 1.0
+    assert row["output_tokens"] == 16 and set(row["ttft_s_by_turn"]) == {"1", "2"}
+    assert all(0 < t["p50"] <= t["p95"] for t in row["ttft_s_by_turn"].values()) and row["ttft_p95_s"] > 0
+    prefix = row["prefix_cache"]
+    assert prefix["workers"] == 1 and 0 < prefix["hits"] < prefix["queries"], prefix
+    assert row["prefix_hit_ratio"] == prefix["hit_ratio"] == round(prefix["hits"] / prefix["queries"], 4)
+    assert report["load"]["workload"]["conversations"] == 2
+    log = (Path(report["logs"]) / "fleet-1-shared.log").read_text()
+    assert log.count("event=request_done") == 4, log[-3000:]
+    assert "shared routing" in done.stderr
 
 
 # ---- bench cache-replay ---------------------------------------------------------------------------

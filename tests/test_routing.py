@@ -97,9 +97,9 @@ def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(s
         assert mine[1:] == [mine[0]] * 2, served_by  # every later turn where its history is
     assert len({mine[0] for mine in served_by}) == 2, served_by  # the first turns spread over both
     assert gateway_counter(stack, "prefix_hit") - hits_before >= 8
-    # The workers' own count: each later turn found its history's blocks.
-    statuses = stack.statuses()
-    assert sum(s["prefix_hit_tokens"] for s in statuses.values()) >= 8 * 256
+    # The workers' own count (their heartbeats, a second behind): each later turn found its history's blocks.
+    statuses = wait_until(lambda: (lambda st: st if sum(s["prefix_hit_tokens"] for s in st.values()) >= 8 * 256
+                                   else None)(stack.statuses()), 10, 0.2, "the workers' prefix hits")
     # `brigade status` shows each worker's share of its version's cached prefixes: both hold some.
     from ops.commands.status import collect, render
     report = collect(Settings(redis_url=stack.redis.url, model_name=statuses["r1@routing"]["model"]))
@@ -166,3 +166,24 @@ def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_i
     assert long_rid not in ended  # the busy worker was still on its long request
     client.set(keys.cancelled(long_rid), "1", ex=60)
     client.publish(keys.CANCEL_CHANNEL, long_rid)
+
+
+def test_a_chat_tokenized_piece_by_remembered_piece_gets_the_ids_of_the_whole_text(model_dir):
+    """The router cuts a rendered chat at the tokenizer's added tokens and remembers the pieces (a
+    conversation's next turn tokenizes only its new messages): the ids must be the engine's."""
+    from gateway.admission.routing import PromptTokens
+
+    tokens = PromptTokens(model_dir, remembered=4)
+    tokenizer = tokens.renderer.tokenizer
+    chats = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is section 3?"}],
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is section 3?"},
+         {"role": "assistant", "content": " It is in part\n two, 3.1 "}, {"role": "user", "content": "Ünïcode ✓ and 数字?"}],
+        [{"role": "user", "content": "  leading spaces, a tab\tand <|im_start|> typed by a user"}],
+        [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "\n\n"}],
+    ]
+    for _ in range(2):  # the second time from remembered pieces (and past the LRU's 4)
+        for chat in chats:
+            text = tokens.renderer.render(chat)
+            assert tokens.encode(text) == tokenizer(text, add_special_tokens=False)["input_ids"], text
+    assert len(tokens._pieces) == 4

@@ -438,7 +438,11 @@ def test_flower_lists_the_live_worker_behind_basic_auth_and_shows_no_prompt_or_p
         # so this answers only while Flower runs on kombu's own Redis transport (workers/flower.py).
         queues = json.loads(get("/api/queues/length") or "null")
         assert queues and queues["active_queues"], queues
-        assert all(q["name"].endswith(".interactive") and q["messages"] >= 0 for q in queues["active_queues"]), queues
+        # The version's shared queue and the worker's own (prefix routing, docs/scaling.md).
+        names = sorted(q["name"] for q in queues["active_queues"])
+        assert len(names) == 2 and names[0].endswith(".interactive"), queues
+        assert names[1].startswith(names[0] + ".w1@test#"), queues
+        assert all(q["messages"] >= 0 for q in queues["active_queues"]), queues
         # `ps` shows every user the command lines: Flower's, and its children's, hold no password.
         for pid in _process_tree(flower.proc.pid):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -33,7 +33,7 @@ GAUGES = {"brigade_num_requests_running", "brigade_num_requests_waiting", "briga
 COUNTERS = {  # family names; the samples carry _total
     "brigade_prompt_tokens", "brigade_generation_tokens", "brigade_request_success", "brigade_request_errors",
     "brigade_failovers", "brigade_dead_letters", "brigade_lane_requests", "brigade_lane_generation_tokens",
-    "brigade_num_preemptions", "brigade_prefix_cache_queries", "brigade_prefix_cache_hits",
+    "brigade_num_preemptions", "brigade_prefix_cache_queries", "brigade_prefix_cache_hits", "brigade_routing_stolen",
 }
 QUESTIONS = ["What is the capital of France?", "List three colors.", "What is 2 + 2?"]
 LONG_PROMPTS = [

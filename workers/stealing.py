@@ -57,9 +57,9 @@ class Stealing:
 
     def look(self) -> int:
         """One look at the peers' tails; returns how many messages it moved here."""
-        budget = min(self.free_slots(), MOST_PER_LOOK)
         peers = self._read_peers()
-        if budget <= 0 or not peers:
+        budget = min(self.free_slots(), MOST_PER_LOOK) if peers else 0
+        if budget <= 0:
             self._seen.clear()
             return 0
         pairs: list[str] = []

@@ -75,6 +75,9 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--workers", default="1,2", help="fleet sizes to start in turn, each under the same load "
                    "(bench serve's flags below)")
     p.add_argument("--threads-per-worker", type=int, default=1, help="BRIGADE_TORCH_THREADS of each worker")
+    p.add_argument("--routing", help="routing modes, comma-separated (shared, prefix): each fleet size is started "
+                   "once per mode, with BRIGADE_ROUTING set to it, one row each (default: the fleet's own routing, "
+                   "no routing column)")
     _max_tokens(p, None, "default: each dataset line's")
     add_serve_arguments(p, "the load on each fleet (bench serve's flags)")
 
@@ -312,15 +315,15 @@ def _doors(args, settings: Settings) -> dict:
 
 
 def _scale(args, settings: Settings) -> dict | int:
-    from ops.bench.scale import parse_sizes, run
+    from ops.bench.scale import parse_routings, parse_sizes, run
     from ops.bench.serve_config import config_from_args
 
     try:
-        sizes, load = parse_sizes(args.workers), config_from_args(args, settings)
+        sizes, routings, load = parse_sizes(args.workers), parse_routings(args.routing), config_from_args(args, settings)
     except ValueError as exc:
         print(f"brigade bench scale: {exc}", file=sys.stderr)
         return 2
-    return run(sizes, load, settings, args.threads_per_worker)
+    return run(sizes, load, settings, args.threads_per_worker, routings=routings)
 
 
 def _vetoes(args, settings: Settings) -> dict:

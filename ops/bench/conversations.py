@@ -61,13 +61,14 @@ TOPICS = ("returning a pair of shoes", "a late parcel", "a broken kettle", "chan
           "a double charge on my card", "a back-ordered lamp", "a present for my sister", "bulk orders",
           "a price that dropped after I bought", "a parcel left with a neighbour")
 
-# User turns: turn k asks TURN_QUESTIONS[k - 1] about the conversation's topic.
+# User turns: turn k asks TURN_QUESTIONS[k - 1] about the conversation's topic (each names it, so
+# that no two conversations ever send the same message).
 TURN_QUESTIONS = (
     "I have a question about {topic}. What should I know first?",
     "Why does that matter in my case, with {topic}?",
-    "Can you give me one concrete example of what to do?",
+    "Can you give me one concrete example of what to do about {topic}?",
     "What is a common mistake people make with {topic}?",
-    "How would you sum that up in one sentence?",
+    "How would you sum up {topic} in one sentence?",
     "What should I do next about {topic}?",
 )
 

@@ -5,6 +5,11 @@ redis-server, the gateway, a reaper and N workers of BRIGADE_TORCH_THREADS each,
 cache off so that every request reaches a worker), waits until all N workers beat, runs the
 same `bench serve` load against it, and stops it. Reported per size: output tokens/s, requests/s,
 TTFT and end-to-end medians, errors, and the ratio to the first size.
+
+With `--routing shared,prefix` each size is started once per routing mode (BRIGADE_ROUTING in the
+fleet's environment), one row per (size, routing), each row's ratio to the first size under the
+same routing. Under `--workload chat-turns` a row also has the TTFT p95, the TTFT by turn and the
+workers' prefix-cache hit ratio over its run (bench serve's `prefix_cache`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from ops.supervision import PartExited, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.cli` runs
 START_TIMEOUT_S = 300.0
+ROUTINGS = ("shared", "prefix")  # BRIGADE_ROUTING's values (ops/core/settings.py, routing)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -37,16 +43,28 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def parse_routings(text: str | None) -> list[str] | None:
+    """--routing's modes in order; None when not given (the fleet's default routing, no routing
+    column)."""
+    if text is None:
+        return None
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in ROUTINGS]
+    if not modes or unknown:
+        raise ValueError(f"--routing takes modes separated by commas, of {', '.join(ROUTINGS)} (got {text!r})")
+    return modes
+
+
 class Fleet:
     """`brigade up --workers N` in its own process session, on free ports, with its own Redis; the
     model, the home it is prepared in and the engine's width are the benchmark's own settings'."""
 
     def __init__(self, workers: int, torch_threads: int, log_dir: Path, settings: Settings,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, tag: str = ""):
         self.workers = workers
         self.port = free_port()
         self.redis_port = free_port()
-        self.log_path = log_dir / f"fleet-{workers}.log"
+        self.log_path = log_dir / f"fleet-{workers}{tag}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIGADE_")}
         env.update({
             "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
@@ -80,6 +98,10 @@ class Fleet:
                                f"its log: {self.log_path}") from None
         return self
 
+    @property
+    def redis_url(self) -> str:
+        return self.env["BRIGADE_REDIS_URL"]
+
     def ready_workers(self) -> int:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as resp:
@@ -91,8 +113,8 @@ class Fleet:
         self.supervisor.stop()
 
 
-def row(workers: int, report: dict) -> dict:
-    return {
+def row(workers: int, report: dict, routing: str | None = None) -> dict:
+    out = {
         "workers": workers,
         "tok_s": report["output_token_throughput"],
         "req_s": report["request_throughput"],
@@ -102,22 +124,40 @@ def row(workers: int, report: dict) -> dict:
         "e2e_p50_s": report["e2e_s"]["p50"],
         "errors": report["requests"]["failed"],
     }
+    if routing is not None:
+        out["routing"] = routing
+    if "prefix_cache" in report:  # the chat-turns workload
+        out["ttft_p95_s"] = report["ttft_s"]["p95"]
+        out["ttft_s_by_turn"] = {turn: {"p50": d["p50"], "p95": d["p95"]}
+                                 for turn, d in report["ttft_s_by_turn"].items()}
+        out["prefix_hit_ratio"] = report["prefix_cache"]["hit_ratio"]
+        out["prefix_cache"] = report["prefix_cache"]
+    return out
 
 
 def run(sizes: list[int], load: LoadConfig, settings: Settings, torch_threads: int = 1,
-        log_dir: Path | None = None) -> dict:
-    """The same load against each fleet size in turn; the report as a dict."""
+        log_dir: Path | None = None, routings: list[str] | None = None) -> dict:
+    """The same load against each fleet size in turn, under each routing mode when `routings` are
+    given; the report as a dict."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="brigade-bench-scale-"))
     results = []
     for n in sizes:
-        with Fleet(n, torch_threads, log_dir, settings) as fleet:
-            url = f"ws://127.0.0.1:{fleet.port}/v1/ws" if load.backend == "ws" else f"http://127.0.0.1:{fleet.port}/v1"
-            config = dataclasses.replace(load, url=url, http_base=f"http://127.0.0.1:{fleet.port}", api_key=None)
-            results.append(row(n, run_load(config)))
-        print(f"  {n} worker(s): {results[-1]['tok_s']:.1f} output tok/s, {results[-1]['errors']} errors",
-              file=sys.stderr, flush=True)
-    base = results[0]["tok_s"] or None
-    for r in results:
+        for routing in routings or [None]:
+            env, tag = ({"BRIGADE_ROUTING": routing}, f"-{routing}") if routing else (None, "")
+            with Fleet(n, torch_threads, log_dir, settings, env, tag) as fleet:
+                http_base = f"http://127.0.0.1:{fleet.port}"
+                url = f"ws://127.0.0.1:{fleet.port}/v1/ws" if load.backend == "ws" else f"{http_base}/v1"
+                config = dataclasses.replace(load, url=url, http_base=http_base, api_key=None,
+                                             workers_redis_url=fleet.redis_url if load.chat_turns else None)
+                results.append(row(n, run_load(config), routing))
+            r = results[-1]
+            line = f"  {n} worker(s)" + (f", {routing} routing" if routing else "")
+            line += f": {r['tok_s']:.1f} output tok/s, {r['errors']} errors"
+            if "prefix_hit_ratio" in r:
+                line += f", prefix hit ratio {r['prefix_hit_ratio']}"
+            print(line, file=sys.stderr, flush=True)
+    for r in results:  # against the first size under the same routing
+        base = next(b["tok_s"] for b in results if b.get("routing") == r.get("routing")) or None
         r["ratio"] = round(r["tok_s"] / base, 3) if base else None
     return {"target": "scale", "torch_threads_per_worker": torch_threads, "load": load.to_json(), "logs": str(log_dir),
             "results": results}

@@ -9,7 +9,9 @@ k6's thresholds do: each objective passes or fails, and the command exits 1 when
 
 The report (JSON on stdout, and `--json FILE`) has the configuration, the measures
 (`serve_stats.run_metrics`), the verdicts and every request's own timings, from which
-`brigade capacity` can judge other objectives later.
+`brigade capacity` can judge other objectives later. `--workload chat-turns` sends conversations
+instead of independent requests (serve_conversations.py), and adds TTFT by turn and the workers'
+prefix-cache hit ratio.
 
 Here: the run (the arrival schedule, the hard timeout, Redis's cost) and the command; the
 configuration and its flags are serve_config.py's, asking and timing one request serve_backends.py's.
@@ -22,8 +24,11 @@ import json
 import sys
 import time
 
+from ops.bench.conversations import plan_conversations
+from ops.bench.prefix_counters import read_prefix_counters
 from ops.bench.serve_backends import CannotReach, OpenAIBackend, WebSocketBackend, gateway_workers
 from ops.bench.serve_config import LoadConfig, config_from_args
+from ops.bench.serve_conversations import conversation_measures, run_conversations
 from ops.bench.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
 from ops.bench.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
 from ops.core.redaction import redact
@@ -141,6 +146,15 @@ def _summary_lines(report: dict) -> list[str]:
     for metric in ("ttft", "tpot", "itl", "e2e"):
         d = report[f"{metric}_s"]
         lines.append(f"  {metric:<10}" + "".join(f"{ms(d, k):>9}" for k in ("mean", "p50", "p90", "p95", "p99")))
+    if "ttft_s_by_turn" in report:
+        lines.append("  ttft by turn (ms, p50/p95): " + ", ".join(
+            f"{turn}: {ms(d, 'p50')}/{ms(d, 'p95')}" for turn, d in report["ttft_s_by_turn"].items()))
+        p = report["prefix_cache"]
+        if p["queries"] is None:
+            lines.append(f"  prefix cache: {p['reason']}")
+        else:
+            lines.append(f"  prefix cache: {p['hits']} of {p['queries']} prompt tokens found ({p['hit_ratio']}) "
+                         f"on {p['workers']} worker(s)")
     if report["errors"]:
         lines.append("  errors: " + ", ".join(f"{code} {n}" for code, n in report["errors"].items()))
     if "redis" in report:
@@ -151,17 +165,27 @@ def _summary_lines(report: dict) -> list[str]:
 
 
 async def _bench(config: LoadConfig, objectives) -> dict:
-    prompts = load_dataset(config.dataset)
-    requests = plan_requests(prompts, config.seed, config.repeat_ratio, config.max_tokens)
-    gaps = arrival_gaps(config.rate, config.burstiness, config.seed)
+    chat = config.chat_turns
+    if chat is None:  # a bad dataset is refused before anything is sent
+        requests = plan_requests(load_dataset(config.dataset), config.seed, config.repeat_ratio, config.max_tokens)
+        gaps = arrival_gaps(config.rate, config.burstiness, config.seed)
     backend = OpenAIBackend(config) if config.backend == "openai" else WebSocketBackend(config)
     try:
         await backend.check()
         workers = await gateway_workers(config.http_base)
         started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        if chat is not None:  # read outside Redis's count of the run's commands
+            prefix_before = await asyncio.to_thread(read_prefix_counters, config.workers_redis_url)
         before = redis_commands(config.redis_url) if config.redis_url else None
-        results, duration = await run_load(backend, config, requests, gaps)
+        if chat is None:
+            results, duration = await run_load(backend, config, requests, gaps)
+        else:
+            turns, duration = await run_conversations(backend, config, plan_conversations(chat),
+                                                      Progress(chat.requests, False))
+            results = [t.result for t in turns]
         after = redis_commands(config.redis_url) if config.redis_url else None
+        if chat is not None:
+            prefix_after = await asyncio.to_thread(read_prefix_counters, config.workers_redis_url)
     finally:
         await backend.close()
     settings = config.to_json()
@@ -169,11 +193,13 @@ async def _bench(config: LoadConfig, objectives) -> dict:
         settings["model"] = backend.model
     report = {"target": "serve", "config": {**settings, "started_at": started_at, "target_workers": workers}}
     report.update(run_metrics(results, duration))
+    if chat is not None:
+        report.update(conversation_measures(turns, chat, prefix_before, prefix_after))
     if before is not None:
         report["redis"] = redis_cost(before, after, report)
     if objectives is not None:
         report["slo"] = judge(objectives, results, duration)
-    report["per_request"] = [r.to_json() for r in results]
+    report["per_request"] = [r.to_json() for r in (results if chat is None else turns)]
     return report
 
 

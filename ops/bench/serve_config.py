@@ -118,14 +118,15 @@ def chat_turns_from_args(args) -> ChatTurns | None:
     if args.workload != "chat-turns":
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
-            raise ValueError(f"{flags}: flags of --workload chat-turns")
+            raise ValueError(f"{flags}: only with --workload chat-turns")
         return None
     theirs = [flag for flag, set_ in (("--rate", not math.isinf(args.rate)), ("--burstiness", args.burstiness != 1),
                                       ("--num-requests", args.num_requests is not None),
-                                      ("--duration", args.duration is not None), ("--dataset", args.dataset is not None),
+                                      ("--duration", args.duration is not None),
+                                      ("--dataset", args.dataset is not None),
                                       ("--repeat-ratio", args.repeat_ratio != 0)) if set_]
     if theirs:
-        raise ValueError(f"{', '.join(theirs)}: flags of the questions workload; --workload chat-turns sends "
-                         "--conversations x --turns requests, each conversation's turns one after another, "
-                         "--max-concurrency conversations at a time")
+        raise ValueError(f"{', '.join(theirs)}: not with --workload chat-turns, which sends --conversations x "
+                         "--turns requests, each conversation's turns one after another, --max-concurrency "
+                         "conversations at a time")
     return ChatTurns(**given, seed=args.seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from ops.bench.conversations import ChatTurns, Conversation
@@ -87,8 +88,8 @@ def conversation_measures(turns: list[TurnResult], workload: ChatTurns, before: 
     """What the chat-turns report adds to bench serve's: conversations finished, each turn's TTFT
     distribution (every turn of the workload, `count` 0 for one never answered), and the fleet's
     prefix-cache tokens between the two readings."""
-    finished = sum(all(t.result.ok for t in turns if t.conversation == c) and
-                   sum(t.conversation == c for t in turns) == workload.turns for c in range(workload.conversations))
+    answered = Counter(t.conversation for t in turns if t.result.ok)
+    finished = sum(n == workload.turns for n in answered.values())
     return {
         "conversations": {"planned": workload.conversations, "finished": finished},
         "ttft_s_by_turn": {str(k): distribution(latency_values([t.result for t in turns if t.turn == k], "ttft"))

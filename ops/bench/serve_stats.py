@@ -29,10 +29,10 @@ class RequestResult:
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)  # gaps between pieces with text
     output_tokens: int = 0  # the server's count when it gave one, else the pieces counted
-    prompt_tokens: int | None = None  # the server's count of the prompt's tokens, when it gave one
     cached: str | None = None  # exact | semantic: the answer came from Brigade's cache
     finish_reason: str | None = None
     error: str | None = None  # a stable code when the request failed
+    prompt_tokens: int | None = None  # the server's count of the prompt's tokens, when it gave one
 
     @property
     def ok(self) -> bool:

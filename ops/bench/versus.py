@@ -283,6 +283,8 @@ def main(args, settings: Settings) -> int:
     try:
         if args.url:
             raise ValueError("--versus starts its own Brigade and llama-server: --url is not used")
+        if args.workload != "questions":
+            raise ValueError("--versus asks prompts of its own: --workload is not used")
         if settings.model:
             raise ValueError("--versus serves the default model (its GGUF is what llama-server reads); "
                              "unset BRIGADE_MODEL")
