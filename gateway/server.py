@@ -119,7 +119,8 @@ class Gateway:
         # Which worker holds which prefix blocks, and the routing that reads it (docs/scaling.md).
         prefixes = WorkerPrefixes()
         self.prefix_follower = PrefixFollower(self.redis, prefixes)
-        self.routing = PrefixRouter(settings, self.catalog, prefixes)
+        self.routing = PrefixRouter(settings, self.catalog, prefixes,
+                                    running=lambda rid: self.router.get(rid) is not None)
         self.load = LoadMonitor(self.redis, settings, on_statuses=self._observe_workers)
         self.key_store = KeyStore(self.redis)
         self.auth = Authenticator(settings, self.key_store)

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import redis
@@ -88,15 +88,19 @@ class RedisServer:
     restart brings the data back as a production Redis would. With `tls` it speaks only TLS and
     asks every client for a certificate (`url` is rediss://; `client` presents the server's own)."""
 
-    def __init__(self, tmp: Path, persistent: bool = False, tls: TLSFiles | None = None):
+    def __init__(self, tmp: Path, persistent: bool = False, tls: TLSFiles | None = None,
+                 also_bind: tuple[str, ...] = ()):
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
         self.port = free_port()
         self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
-        self.args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        # `also_bind`: the host's end of network namespaces' links, for parts started inside them.
+        self.args = [self.binary, "--port", str(self.port), "--bind", " ".join(("127.0.0.1", *also_bind)), "--save", "",
                      "--appendonly", "yes" if persistent else "no", "--dir", str(tmp),
-                     *(tls.server_args(self.port) if tls else [])]
+                     *(tls.server_args(self.port) if tls else []),
+                     # Clients from a namespace's link are not loopback: Redis's protected mode would refuse them.
+                     *(["--protected-mode", "no"] if also_bind else [])]
         self.client = redis.Redis.from_url(self.url, decode_responses=True, **(tls.client_options() if tls else {}))
         self.start()
 
@@ -169,12 +173,14 @@ class RedisHAServer:
 class BrigadeProcess:
     """`python -m ops.cli <part>` with the given environment, its output in a log file."""
 
-    def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None):
+    def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None,
+                 wrap: Callable[[list[str]], list[str]] | None = None):
         self.env, self.log_path = env, log_path
         self.log = open(log_path, "w")
         self._asked = False
+        argv = [sys.executable, "-m", "ops.cli", part, *(extra or [])]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", part, *(extra or [])],
+            wrap(argv) if wrap else argv,  # `wrap`: run inside a network namespace (ip netns exec)
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
         )
 
@@ -325,25 +331,29 @@ class Stack:
     # ---- starting ------------------------------------------------------------------------------
 
     def start(self, part: str, name: str | None = None, extra: list[str] | None = None,
-              **env: str | None) -> BrigadeProcess:
+              wrap: Callable[[list[str]], list[str]] | None = None, **env: str | None) -> BrigadeProcess:
         """`brigade <part>` in the stack's environment; its log is `<name>.log`, and a name started
-        again (a replacement) gets `<name>-2.log`, so that the first one's log stays readable."""
-        return self._launch(part, name or part, with_env(self.env, **env), extra)
+        again (a replacement) gets `<name>-2.log`, so that the first one's log stays readable.
+        `wrap`: how to run it elsewhere (a network namespace's `CutLink.command`)."""
+        return self._launch(part, name or part, with_env(self.env, **env), extra, wrap)
 
-    def start_gateway(self, name: str = "gateway", **env: str | None) -> BrigadeProcess:
+    def start_gateway(self, name: str = "gateway", wrap: Callable[[list[str]], list[str]] | None = None,
+                      **env: str | None) -> BrigadeProcess:
         port = self.port if name == "gateway" else free_port()
-        self.gateways[name] = self.start("gateway", name, BRIGADE_GATEWAY_PORT=str(port), **env)
+        self.gateways[name] = self.start("gateway", name, wrap=wrap, BRIGADE_GATEWAY_PORT=str(port), **env)
         return self.gateways[name]
 
-    def start_worker(self, name: str, **env: str | None) -> BrigadeProcess:
+    def start_worker(self, name: str, wrap: Callable[[list[str]], list[str]] | None = None,
+                     **env: str | None) -> BrigadeProcess:
         """A worker under this --name; one already started under it is replaced in `workers`."""
-        self.workers[name] = self.start("worker", name, ["--name", name], **env)
+        self.workers[name] = self.start("worker", name, ["--name", name], wrap=wrap, **env)
         return self.workers[name]
 
-    def _launch(self, part: str, name: str, env: dict, extra: list[str] | None) -> BrigadeProcess:
+    def _launch(self, part: str, name: str, env: dict, extra: list[str] | None,
+                wrap: Callable[[list[str]], list[str]] | None = None) -> BrigadeProcess:
         self._starts[name] = self._starts.get(name, 0) + 1
         n = self._starts[name]
-        proc = BrigadeProcess(part, env, self.logs / (f"{name}.log" if n == 1 else f"{name}-{n}.log"), extra)
+        proc = BrigadeProcess(part, env, self.logs / (f"{name}.log" if n == 1 else f"{name}-{n}.log"), extra, wrap)
         self.started.append(proc)
         return proc
 

@@ -1,6 +1,7 @@
 """Prefix-aware routing on real processes (docs/scaling.md): a real redis-server, two real
 `brigade worker` processes of the tiny model (the default model's tokenizer and chat template), the
-real gateway over real WebSockets and a reaper. A conversation's next turn goes to the worker whose
+real gateway over real WebSockets and a reaper; the gateway and each worker in a network namespace
+of their own, as on separate hosts, sharing the one Redis. A conversation's next turn goes to the worker whose
 prefix cache holds its history; killing that worker sends the next turn to the other, whole; an
 idle worker takes a request routed to a busy one."""
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 import signal
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -25,26 +28,63 @@ from tests.services import RedisServer, Stack, queued_params, wait_until
 SYSTEM = " ".join(f"Rule {i}: answer plainly, cite the manual section {i}, and never guess a number." for i in range(16))
 
 
+@dataclass
+class Routed:
+    """The module's stack, each part in a network namespace of its own (as on separate hosts:
+    ops/bench/netns.py, the links the chaos bench cuts), all on one Redis listening on each link's
+    host end: the workers' reports reach the gateway's index through Redis alone."""
+    stack: Stack
+    url: str  # the gateway's WebSocket, at its namespace's address
+    metrics_url: str
+    restart_worker: Callable[[str], object]  # a worker started again under its name, in its namespace
+
+
 @pytest.fixture(scope="module")
-def stack(tiny_model_dir, tmp_path_factory):
-    redis_server = RedisServer(tmp_path_factory.mktemp("routing-redis"))
-    with Stack(redis_server, tmp_path_factory.mktemp("routing-logs"), own_redis=True,
-               BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1",
-               BRIGADE_MAX_WAIT_MS="5", BRIGADE_HEARTBEAT_TTL_S="2", BRIGADE_ROUTING="prefix",
-               # One task thread each: a worker running one request takes nothing more, so a request
-               # routed to it waits on its own queue (the stealing test's busy worker).
-               BRIGADE_WORKER_CONCURRENCY="1") as s:
-        s.start_gateway()
-        s.start("reaper")
-        s.start_worker("r1@routing")
-        s.start_worker("r2@routing")
-        s.wait_ready(gateways=["gateway"])
-        yield s
+def routed(tiny_model_dir, tmp_path_factory):
+    from ops.bench.netns import CutLink
+
+    links = {}
+    try:
+        for tag in ("gw", "r1", "r2"):
+            links[tag] = CutLink.create(tag)
+        redis_server = RedisServer(tmp_path_factory.mktemp("routing-redis"),
+                                   also_bind=tuple(link.host_ip for link in links.values()))
+
+        def inside(tag: str) -> dict:
+            return {"wrap": links[tag].command, "BRIGADE_REDIS_URL": f"redis://{links[tag].host_ip}:{redis_server.port}/0"}
+
+        with Stack(redis_server, tmp_path_factory.mktemp("routing-logs"), own_redis=True,
+                   BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1",
+                   BRIGADE_MAX_WAIT_MS="5", BRIGADE_HEARTBEAT_TTL_S="2", BRIGADE_ROUTING="prefix",
+                   # One task thread each: a worker running one request takes nothing more, so a request
+                   # routed to it waits on its own queue (the stealing test's busy worker).
+                   BRIGADE_WORKER_CONCURRENCY="1") as s:
+            # Reached only from this host, over its link: no API key.
+            s.start_gateway(**inside("gw"), BRIGADE_GATEWAY_HOST="0.0.0.0", BRIGADE_AUTH="off")
+            s.start("reaper")
+            for name, tag in (("r1@routing", "r1"), ("r2@routing", "r2")):
+                s.start_worker(name, **inside(tag))
+            s.wait_ready(gateways=[])  # its /readyz is inside its namespace: asked below, at its own address
+            gateway = links["gw"].ns_ip
+            here = Routed(s, f"ws://{gateway}:{s.port}/v1/ws", f"http://{gateway}:{s.port}/metrics",
+                          lambda name: s.start_worker(name, **inside(name.split("@")[0])))
+            wait_until(lambda: metrics_text(here) is not None, 120, 0.5, "the gateway in its namespace")
+            yield here
+    finally:
+        for link in links.values():
+            link.remove()
 
 
-def gateway_counter(stack: Stack, decision: str) -> float:
-    with urllib.request.urlopen(f"{stack.gateway.http_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
+def metrics_text(routed: Routed) -> str | None:
+    try:
+        with urllib.request.urlopen(routed.metrics_url, timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def gateway_counter(routed: Routed, decision: str) -> float:
+    text = metrics_text(routed) or ""
     found = re.findall(rf'^brigade_routing_decisions_total{{[^}}]*decision="{decision}"[^}}]*}} ([0-9.e+]+)$', text, re.M)
     return sum(float(v) for v in found)
 
@@ -68,15 +108,16 @@ async def converse(url: str, name: str, system: str, questions: list[str]) -> li
     return ends
 
 
-def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(stack):
-    hits_before = gateway_counter(stack, "prefix_hit")
+def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(routed):
+    stack = routed.stack
+    hits_before = gateway_counter(routed, "prefix_hit")
     systems = [f"Tenant {n}. {SYSTEM}" for n in range(4)]
     questions = ["Where is section 3?", "And section 4?", "Thanks, and 9?"]
 
     async def main():
         # Four first turns at once, each its own system prompt: they land on whichever worker is
         # free (the shared queue), so both workers hold some.
-        firsts = await asyncio.gather(*[ask(stack.url, f"c{n}-0", messages=chat(systems[n], [], questions[0]),
+        firsts = await asyncio.gather(*[ask(routed.url, f"c{n}-0", messages=chat(systems[n], [], questions[0]),
                                             max_tokens=8, temperature=0) for n in range(4)])
         served_by = []
         # The later turns one at a time, so that no holder is busy (one task thread each: a busy
@@ -85,7 +126,7 @@ def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(s
             turns = [(questions[0], first.text)]
             mine = [first.end["timing"]["worker"]]
             for i, question in enumerate(questions[1:], 1):
-                answer = await ask(stack.url, f"c{n}-{i}", messages=chat(systems[n], turns, question), max_tokens=8,
+                answer = await ask(routed.url, f"c{n}-{i}", messages=chat(systems[n], turns, question), max_tokens=8,
                                    temperature=0)
                 turns.append((question, answer.text))
                 mine.append(answer.end["timing"]["worker"])
@@ -96,7 +137,7 @@ def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(s
     for mine in served_by:
         assert mine[1:] == [mine[0]] * 2, served_by  # every later turn where its history is
     assert len({mine[0] for mine in served_by}) == 2, served_by  # the first turns spread over both
-    assert gateway_counter(stack, "prefix_hit") - hits_before >= 8
+    assert gateway_counter(routed, "prefix_hit") - hits_before >= 8
     # The workers' own count (their heartbeats, a second behind): each later turn found its history's blocks.
     statuses = wait_until(lambda: (lambda st: st if sum(s["prefix_hit_tokens"] for s in st.values()) >= 8 * 256
                                    else None)(stack.statuses()), 10, 0.2, "the workers' prefix hits")
@@ -109,9 +150,11 @@ def test_each_conversations_next_turns_go_to_the_worker_that_holds_its_history(s
     assert "prefixes" in render(report)
 
 
-def test_the_next_turn_of_a_conversation_whose_worker_was_killed_is_answered_whole_by_the_other(stack):
+def test_the_next_turn_of_a_conversation_whose_worker_was_killed_is_answered_whole_by_the_other(routed):
+    stack = routed.stack
+
     async def first_turns():
-        return await converse(stack.url, "k", f"Killed tenant. {SYSTEM}", ["Where is section 5?"])
+        return await converse(routed.url, "k", f"Killed tenant. {SYSTEM}", ["Where is section 5?"])
 
     (first,) = asyncio.run(first_turns())
     holder = first["timing"]["worker"]
@@ -119,17 +162,18 @@ def test_the_next_turn_of_a_conversation_whose_worker_was_killed_is_answered_who
     stack.kill(stack.workers[holder], signal.SIGKILL)
     try:
         async def next_turn():
-            return await converse(stack.url, "k2", f"Killed tenant. {SYSTEM}", ["Where is section 5?", "And 6?"])
+            return await converse(routed.url, "k2", f"Killed tenant. {SYSTEM}", ["Where is section 5?", "And 6?"])
 
         ends = asyncio.run(next_turn())
         assert [e["timing"]["worker"] for e in ends] == [other, other]
         assert all(e["finish_reason"] in ("stop", "length") for e in ends)
     finally:
-        stack.start_worker(holder)
-        stack.wait_ready()
+        routed.restart_worker(holder)
+        stack.wait_ready(gateways=[])
 
 
-def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_it(stack):
+def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_it(routed):
+    stack = routed.stack
     settings = Settings(redis_url=stack.redis.url)
     client = stack.redis.client
     statuses = stack.statuses()
@@ -187,3 +231,4 @@ def test_a_chat_tokenized_piece_by_remembered_piece_gets_the_ids_of_the_whole_te
             text = tokens.renderer.render(chat)
             assert tokens.encode(text) == tokenizer(text, add_special_tokens=False)["input_ids"], text
     assert len(tokens._pieces) == 4
+

@@ -232,7 +232,7 @@ class Admission:
                       queued=queued, model=choice.model, version=choice.version)
         self.router.add(route)
         try:
-            routed = await self.routing.route(cmd, choice, lane)
+            routed = await self.routing.route(cmd, choice, lane, rid)
             await self.store.put(queued, routed.worker)
         except Exception as exc:  # Redis or broker down: this request fails, the door lives
             self.router.remove(rid)

@@ -24,7 +24,8 @@ import logging
 import re
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cache.query import PromptRenderer
@@ -126,12 +127,16 @@ class PromptTokens:
 
 
 class PrefixRouter:
-    def __init__(self, settings: Settings, catalog: Catalog, index: WorkerPrefixes):
+    def __init__(self, settings: Settings, catalog: Catalog, index: WorkerPrefixes,
+                 running: Callable[[str], bool] = lambda rid: True):
         self.settings = settings
         self.catalog = catalog
         self.index = index
+        self.running = running  # whether a request this gateway queued has not ended yet (its reply route)
         self._statuses: list[dict] = []
-        self._routed: Counter[str] = Counter()  # this gateway's routed requests since the last heartbeats
+        # Requests this gateway routed to each worker since its last heartbeats: counted in its load
+        # while they run (one that ended already is in neither the heartbeat nor the count).
+        self._routed: dict[str, list[str]] = {}
         self._tokens: dict[str, PromptTokens] = {}
 
     def observe(self, statuses: list[dict]) -> None:
@@ -142,12 +147,15 @@ class PrefixRouter:
         for instance in [i for i in self.index.held if i not in live]:
             self.index.forget(instance)
 
+    def _routed_running(self, instance: str) -> int:
+        return sum(1 for rid in self._routed.get(instance, ()) if self.running(rid))
+
     def loads(self, choice: Choice) -> dict[str, int]:
-        return {s["instance"]: worker_load(s) + self._routed[s["instance"]] for s in self._statuses
+        return {s["instance"]: worker_load(s) + self._routed_running(s["instance"]) for s in self._statuses
                 if "instance" in s and s.get("model") == choice.model and (s.get("version") or "") == choice.version
                 and not s.get("draining")}
 
-    async def route(self, cmd: Generate, choice: Choice, lane: str) -> Destination:
+    async def route(self, cmd: Generate, choice: Choice, lane: str, rid: str = "") -> Destination:
         """Where the request goes; never raises (anything unknown keeps the shared queue)."""
         try:
             routed = await self._route(cmd, choice, lane)
@@ -156,7 +164,7 @@ class PrefixRouter:
             routed = Destination(None, "unknown")
         metrics.ROUTING_DECISIONS.labels(choice.model, choice.version, routed.decision).inc()
         if routed.worker is not None:
-            self._routed[routed.worker] += 1
+            self._routed.setdefault(routed.worker, []).append(rid)
         return routed
 
     async def _route(self, cmd: Generate, choice: Choice, lane: str) -> Destination:

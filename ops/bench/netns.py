@@ -49,7 +49,7 @@ def remove_abandoned() -> list[str]:
     removed = []
     for line in _ip("netns", "list").splitlines():
         name = line.split()[0] if line.strip() else ""
-        match = re.fullmatch(re.escape(PREFIX) + r"(\d+)", name)
+        match = re.fullmatch(re.escape(PREFIX) + r"(\d+)(-[a-z0-9]+)?", name)
         if match and not _alive(int(match.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
             removed.append(name)
@@ -76,11 +76,15 @@ class CutLink:
     cut_now: bool = False
 
     @classmethod
-    def create(cls) -> "CutLink":
+    def create(cls, tag: str = "") -> "CutLink":
+        """`tag` (a few lowercase letters or digits): a second namespace of the same process, as a
+        test that puts each part of a fleet in a namespace of its own makes."""
         remove_abandoned()
         pid = os.getpid()
         n = _free_subnet()
-        link = cls(f"{PREFIX}{pid}", f"bch{pid % 100000}h", f"bch{pid % 100000}n", f"{SUBNET}.{n}.1", f"{SUBNET}.{n}.2")
+        short = f"{pid % 100000}{tag[:3]}"
+        link = cls(f"{PREFIX}{pid}" + (f"-{tag}" if tag else ""), f"bch{short}h", f"bch{short}n", f"{SUBNET}.{n}.1",
+                   f"{SUBNET}.{n}.2")
         _ip("netns", "add", link.name)
         try:
             _ip("link", "add", link.host_if, "type", "veth", "peer", "name", link.ns_if)
