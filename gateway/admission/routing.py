@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +63,14 @@ def choose(loads: dict[str, int], matched: dict[str, int], load_tokens: int, imb
     if loads[best] - loads[least] > imbalance or score(least) > score(best):
         return Destination(least, "load_fallback", held.get(least, 0) * block_tokens)
     return Destination(best, "prefix_hit", held[best] * block_tokens)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def worker_load(status: dict) -> int:
@@ -137,7 +145,7 @@ class PrefixRouter:
         # Requests this gateway routed to each worker since its last heartbeats: counted in its load
         # while they run (one that ended already is in neither the heartbeat nor the count).
         self._routed: dict[str, list[str]] = {}
-        self._tokens: dict[str, PromptTokens] = {}
+        self._tokens: dict[str, asyncio.Future[PromptTokens]] = {}
 
     def observe(self, statuses: list[dict]) -> None:
         """Each second's heartbeats (the load monitor's): loads, and workers gone from the index."""
@@ -146,6 +154,12 @@ class PrefixRouter:
         live = {s.get("instance") for s in statuses}
         for instance in [i for i in self.index.held if i not in live]:
             self.index.forget(instance)
+        if self.settings.routing == "prefix" and _in_event_loop():
+            # A version with two workers routes: its tokenizer loads now, not in its first request's way.
+            served = Counter((s.get("model"), s.get("version") or "") for s in statuses if not s.get("draining"))
+            for (model, version), n in served.items():
+                if n > 1 and model:
+                    self._loading(self.catalog.folder(model, version))
 
     def _routed_running(self, instance: str) -> int:
         return sum(1 for rid in self._routed.get(instance, ()) if self.running(rid))
@@ -188,8 +202,17 @@ class PrefixRouter:
         return routed
 
     async def _tokens_for(self, choice: Choice) -> PromptTokens:
+        """The version's tokenizer, loaded once: every request that comes while it loads awaits the
+        same load (a burst that each started its own held every enqueue for seconds)."""
         folder = self.catalog.folder(choice.model, choice.version)
+        try:
+            return await asyncio.shield(self._loading(folder))
+        except Exception:
+            self._tokens.pop(str(folder), None)  # the next request tries again
+            raise
+
+    def _loading(self, folder) -> asyncio.Future[PromptTokens]:
         key = str(folder)
         if key not in self._tokens:
-            self._tokens[key] = await asyncio.to_thread(PromptTokens, folder or "/nonexistent")
+            self._tokens[key] = asyncio.ensure_future(asyncio.to_thread(PromptTokens, folder or "/nonexistent"))
         return self._tokens[key]
