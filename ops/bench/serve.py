@@ -29,7 +29,7 @@ from ops.bench.prefix_counters import read_prefix_counters
 from ops.bench.serve_backends import CannotReach, OpenAIBackend, WebSocketBackend, gateway_workers
 from ops.bench.serve_config import LoadConfig, config_from_args
 from ops.bench.serve_conversations import conversation_measures, run_conversations
-from ops.bench.serve_stats import RequestResult, describe, judge, parse_slo, run_metrics
+from ops.bench.serve_stats import RequestResult, await_or_time_out, describe, judge, parse_slo, run_metrics
 from ops.bench.serve_workload import PlannedRequest, arrival_gaps, load_dataset, plan_requests
 from ops.core.redaction import redact
 from ops.core.settings import Settings
@@ -113,16 +113,7 @@ async def run_load(backend, config: LoadConfig, requests, gaps) -> tuple[list[Re
             tasks.append(asyncio.create_task(one(request, result)))
             next_at += next(gaps)
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=max(0.0, hard_stop - time.perf_counter()))
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-                now = time.perf_counter()
-                for result in results:
-                    if result.e2e_s is None:
-                        result.e2e_s = now - start - result.start_s
-                        result.error = "client_timeout"
+            await await_or_time_out(tasks, hard_stop - time.perf_counter(), results, start)
     finally:
         progress.stop()
     duration = (max(ends) if ends else time.perf_counter()) - start

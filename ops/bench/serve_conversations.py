@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ops.bench.conversations import ChatTurns, Conversation
 from ops.bench.prefix_counters import PrefixCounters, prefix_cache_delta
 from ops.bench.serve_config import LoadConfig
-from ops.bench.serve_stats import RequestResult, distribution, latency_values
+from ops.bench.serve_stats import RequestResult, await_or_time_out, distribution, latency_values
 from ops.bench.serve_workload import PlannedRequest
 
 
@@ -65,16 +65,7 @@ async def run_conversations(backend, config: LoadConfig, conversations: list[Con
 
     tasks = [asyncio.create_task(converse(c)) for c in conversations]
     try:
-        done, pending = await asyncio.wait(tasks, timeout=config.timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-            now = time.perf_counter()
-            for turn in turns:
-                if turn.result.e2e_s is None:
-                    turn.result.e2e_s = now - start - turn.result.start_s
-                    turn.result.error = "client_timeout"
+        done = await await_or_time_out(tasks, config.timeout_s, [turn.result for turn in turns], start)
         for task in done:
             task.result()  # a bug in a conversation raises here, not silently
     finally:

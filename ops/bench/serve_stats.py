@@ -7,6 +7,9 @@ Pure: request results in, numbers and verdicts out.
 """
 from __future__ import annotations
 
+import asyncio
+import time
+
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -200,3 +203,19 @@ def describe(verdict: dict) -> str:
     else:
         shown = f"{value:.3f} s" if value >= 0.1 else f"{value * 1000:.1f} ms"
     return f"{'PASS' if verdict['passed'] else 'FAIL'} {verdict['objective']} (measured {shown})"
+
+
+async def await_or_time_out(tasks: list, timeout_s: float, results: list[RequestResult], start: float) -> set:
+    """Wait for the load's tasks at most `timeout_s`; the rest are cancelled, and every request
+    still unanswered is a `client_timeout` ending now. Returns the tasks that finished."""
+    done, pending = await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+        now = time.perf_counter()
+        for result in results:
+            if result.e2e_s is None:
+                result.e2e_s = now - start - result.start_s
+                result.error = "client_timeout"
+    return done
