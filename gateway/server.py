@@ -208,6 +208,7 @@ class Gateway:
             await self.catalog.refresh()
         except aioredis.RedisError as exc:  # the poll below loads it once Redis answers
             log.warning("event=registry_not_loaded error=%r", exc)
+        await self.routing.preload()
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.catalog.run(), name="registry"),
 

@@ -57,8 +57,10 @@ def routed(tiny_model_dir, tmp_path_factory):
                    BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1",
                    BRIGADE_MAX_WAIT_MS="5", BRIGADE_HEARTBEAT_TTL_S="2", BRIGADE_ROUTING="prefix",
                    # One task thread each: a worker running one request takes nothing more, so a request
-                   # routed to it waits on its own queue (the stealing test's busy worker).
-                   BRIGADE_WORKER_CONCURRENCY="1") as s:
+                   # routed to it waits on its own queue (the stealing test's busy worker). A holder
+                   # between two tasks takes its next one well within the second it has before the
+                   # idle worker may (with one thread, the last one's ack comes first).
+                   BRIGADE_WORKER_CONCURRENCY="1", BRIGADE_STEAL_AFTER_S="1") as s:
             # Reached only from this host, over its link: no API key.
             s.start_gateway(**inside("gw"), BRIGADE_GATEWAY_HOST="0.0.0.0", BRIGADE_AUTH="off")
             s.start("reaper")
@@ -69,6 +71,14 @@ def routed(tiny_model_dir, tmp_path_factory):
             here = Routed(s, f"ws://{gateway}:{s.port}/v1/ws", f"http://{gateway}:{s.port}/metrics",
                           lambda name: s.start_worker(name, **inside(name.split("@")[0])))
             wait_until(lambda: metrics_text(here) is not None, 120, 0.5, "the gateway in its namespace")
+
+            def routes() -> bool:
+                # Until its load monitor has read both heartbeats (once a second) the gateway knows
+                # fewer than two workers, and keeps the shared queue: probe until it routes.
+                asyncio.run(ask(here.url, "probe", prompt="A probe.", max_tokens=1, temperature=0))
+                return sum(gateway_counter(here, d) for d in ("miss", "prefix_hit", "load_fallback")) > 0
+
+            wait_until(routes, 60, 0.5, "the gateway to route between both workers")
             yield here
     finally:
         for link in links.values():
@@ -198,16 +208,18 @@ def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_i
     ended: dict[str, dict] = {}
 
     def routed_done() -> bool:
-        message = pubsub.get_message(timeout=0.2)
-        if message and message["type"] == "message":
-            event = json.loads(message["data"])
-            if event["type"] in ("done", "error"):
-                ended[event["request_id"]] = event
+        # Every event waiting (the long answer's tokens share the channel), not one a poll.
+        while (message := pubsub.get_message(timeout=0.05)) is not None:
+            if message["type"] == "message":
+                event = json.loads(message["data"])
+                if event["type"] in ("done", "error"):
+                    ended[event["request_id"]] = event
         return routed_rid in ended
 
     wait_until(routed_done, 30, what="the routed request's answer")
     assert ended[routed_rid]["type"] == "done" and ended[routed_rid]["timing"]["worker"] == idle
-    assert long_rid not in ended  # the busy worker was still on its long request
+    # Taken from the busy worker's own queue (it had no free thread), not handed to the idle one.
+    assert "event=routed_requests_stolen count=1" in stack.workers[idle].log_path.read_text()
     client.set(keys.cancelled(long_rid), "1", ex=60)
     client.publish(keys.CANCEL_CHANNEL, long_rid)
 

@@ -176,14 +176,16 @@ class ClaimStore:
             return False
         return not (state == "running" and owner and owner != me)
 
-    def take_unclaimed(self, rid: str, cutoff: float) -> bool:
+    def take_unclaimed(self, rid: str, cutoff: float, now: float) -> bool:
+        """Whether this caller is to send it again, with `now` as its new unclaimed mark (and its
+        message's stamp)."""
         return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.TAKEN],
-                                         args=[rid, cutoff, time.time()]))
+                                         args=[rid, cutoff, now]))
 
-    def retake(self, rid: str, receiver: str) -> bool:
+    def retake(self, rid: str, receiver: str, now: float) -> bool:
         """Whether this caller is to send again a request whose receiver died before claiming it."""
         return bool(self._retake(keys=[keys.TAKEN, keys.claim(rid), keys.UNCLAIMED, keys.request(rid)],
-                                 args=[rid, receiver, time.time()]))
+                                 args=[rid, receiver, now]))
 
     def mark_taken(self, rid: str, me: str) -> None:
         """This worker received the request's message (it may wait in the prefetch before a claim).

@@ -55,8 +55,8 @@ class QueueSweep:
         done.update(self._lost())
         return done
 
-    def _resend(self, queued: QueuedRequest, receiver: str) -> None:
-        self.sender.send(queued)  # to its version's shared queue, at the continued priority
+    def _resend(self, queued: QueuedRequest, receiver: str, at: float) -> None:
+        self.sender.send(queued, sent_at=at)  # to its version's shared queue, at the continued priority
         log.info("event=unclaimed_requeued request_id=%s served=%s receiver=%s", queued.request_id,
                  keys.served(queued.model, queued.version), receiver)
 
@@ -67,13 +67,14 @@ class QueueSweep:
         alive = self.claims.alive(set(takers.values()))
         done: dict[str, str] = {}
         for rid, taker in takers.items():
-            if taker in alive or not self.claims.retake(rid, taker):
+            now = time.time()
+            if taker in alive or not self.claims.retake(rid, taker, now):
                 continue
             queued = self.claims.queued_request(rid)
             if queued is None or self.redis.exists(keys.cancelled(rid)):
                 self.redis.zrem(keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
                 continue
-            self._resend(queued, taker)
+            self._resend(queued, taker, now)
             done[rid] = "unclaimed"
         return done
 
@@ -150,11 +151,12 @@ class QueueSweep:
             first = oldest[served]
             if first is not None and first <= since + self.settings.queue_clock_skew_s:
                 continue  # a message as old as this request still waits: it may be this one
-            if not self.claims.take_unclaimed(rid, cutoff):
+            now = time.time()
+            if not self.claims.take_unclaimed(rid, cutoff, now):
                 continue
             queued = queued_by_rid.get(rid) or self.claims.queued_request(rid)
             if queued is not None:
-                self._resend(queued, "none")
+                self._resend(queued, "none", now)
                 done[rid] = "unclaimed"
         self._served = {rid: self._served[rid] for rid, _ in stale if rid in self._served}
         return done

@@ -245,7 +245,8 @@ class Admission:
             # A catch-up that met this route while it was being stored judges it now (after the
             # held deliveries below: this task runs on to its return before the waiter wakes).
             route.stored.set()
-        log.info("event=enqueued request_id=%s client_id=%s door=%s", rid, cmd.id, context.caller.door)
+        log.info("event=enqueued request_id=%s client_id=%s door=%s routed=%s worker=%s", rid, cmd.id,
+                 context.caller.door, routed.decision, routed.worker or "-")
         sink.queued(cmd.id, rid)
         held, route.held = route.held, None
         for delivery in held:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import redis.asyncio as aioredis
 
@@ -35,16 +36,20 @@ class RequestStore:
         own queue when routing chose one (gateway/admission/routing.py)."""
         rid = queued.request_id
 
+        # When it went on the queue (not when it arrived: admission may have taken a while), in its
+        # unclaimed mark and on its message alike (QueueSender.send says why).
+        at = time.time()
+
         async def put() -> None:
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
-            pipe.zadd(keys.UNCLAIMED, {rid: queued.enqueued_at})
+            pipe.zadd(keys.UNCLAIMED, {rid: at})
             if self.settings.confirmations:
                 # On a replica before the message goes: should a failover lose the message, the
                 # record and the mark survive it, and the reaper sends the request again.
                 pipe.execute_command("WAIT", self.settings.confirmations, self.settings.confirm_ms)
             await pipe.execute()
-            await asyncio.to_thread(self.sender.send, queued, True, worker)
+            await asyncio.to_thread(self.sender.send, queued, True, worker, at)
 
         # Through a Sentinel failover the request waits for the new primary instead of failing; a
         # second message after a send that failed late is a duplicate delivery, which the claim skips.

@@ -161,6 +161,19 @@ class PrefixRouter:
                 if n > 1 and model:
                     self._loading(self.catalog.folder(model, version))
 
+    async def preload(self) -> None:
+        """At start, before any request: the default model's stable version's tokenizer, so that
+        the first burst does not wait for it (a chaos run's first requests waited seconds)."""
+        if self.settings.routing != "prefix":
+            return
+        model = self.catalog.default_model
+        choice = self.catalog.choose(model, "", None, None, None)
+        try:
+            await self._loading(self.catalog.folder(model, choice.version))
+        except Exception as exc:  # its first routed request tries again, or keeps the shared queue
+            self._tokens.pop(str(self.catalog.folder(model, choice.version)), None)
+            log.warning("event=route_tokenizer_not_loaded model=%s error=%r", model, exc)
+
     def _routed_running(self, instance: str) -> int:
         return sum(1 for rid in self._routed.get(instance, ()) if self.running(rid))
 

@@ -112,13 +112,17 @@ class QueueSender:
                 self._app = make_app(settings=self.settings, set_as_current=False)
             return self._app
 
-    def send(self, queued: QueuedRequest, first: bool = False, worker: str | None = None) -> None:
+    def send(self, queued: QueuedRequest, first: bool = False, worker: str | None = None,
+             sent_at: float | None = None) -> None:
         """Put a request on its model's queue: first by the gateway, again by a reaper or a drain;
         on one worker's own queue when `worker` (an instance) is named: the routing chose it.
         Each send gets its own task id (the request id plus a suffix) so Flower tells them apart.
         Every message carries the request id and when it was sent (`SENT_HEADER`): the reaper
         reads the time at the tail of a queue to tell a lost message from one still waiting, and a
-        worker's transport marks the request taken the moment its message arrives."""
+        worker's transport marks the request taken the moment its message arrives. `sent_at`: the
+        time its unclaimed mark holds (keys.UNCLAIMED), so that the reaper compares one reading of
+        one clock (a send that waits out a failover, or an admission that took seconds, must not
+        make its own message look younger than the request)."""
         rid = queued.request_id
         shown = {} if self.settings.flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
         batch = queued.lane == "batch"
@@ -126,7 +130,7 @@ class QueueSender:
                  else interactive_queue(queued.model, queued.version))
         self.app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
                            queue=queue, task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
-                           headers={RID_HEADER: rid, SENT_HEADER: time.time()},
+                           headers={RID_HEADER: rid, SENT_HEADER: time.time() if sent_at is None else sent_at},
                            priority=BATCH_PRIORITY if batch else NEW_PRIORITY if first else CONTINUED_PRIORITY, **shown)
 
 
