@@ -208,7 +208,9 @@ class Gateway:
             await self.catalog.refresh()
         except aioredis.RedisError as exc:  # the poll below loads it once Redis answers
             log.warning("event=registry_not_loaded error=%r", exc)
-        await self.routing.preload()
+        # The routing's tokenizer loads beside the start, not before it: a restarted gateway must
+        # listen as soon as it did (the first routed requests await the same load).
+        preload = asyncio.ensure_future(self.routing.preload())
         tasks = [asyncio.create_task(self.intake.listen(), name="reply-router"),
                  asyncio.create_task(self.catalog.run(), name="registry"),
 
