@@ -250,6 +250,144 @@ bool heads_blocked_for(const float* q, const float* kv, float* out, int64_t seen
 #undef BRIGADE_HEADS
   return false;
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The blocked path for AVX2, 8 keys at a time: the same numbers as one key at a time, as the
+// AVX-512 path above gives them (see there), with AVX2's `dot` reduction and exp in 4 doubles.
+alignas(32) constexpr uint64_t kExp2Table[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+// glibc's expf for 4 floats widened to doubles (its algorithm, its table and coefficients; rounded
+// to float by the caller, once, as glibc rounds).
+inline __m256d exp4(__m256d x) {
+  const __m256d inv_ln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+  const __m256d shifted = _mm256_fmadd_pd(inv_ln2_32, x, shift);
+  const __m256i k = _mm256_castpd_si256(shifted);
+  const __m256d r = _mm256_fmsub_pd(inv_ln2_32, x, _mm256_sub_pd(shifted, shift));
+  const __m256i i = _mm256_and_si256(k, _mm256_set1_epi64x(31));
+  const __m256i t = _mm256_add_epi64(_mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExp2Table), i, 8),
+                                     _mm256_slli_epi64(k, 47));
+  const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-20), r, _mm256_set1_pd(0x1.ebfce50fac4f3p-13));
+  const __m256d y = _mm256_fmadd_pd(z, _mm256_mul_pd(r, r),
+                                    _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0)));
+  return _mm256_mul_pd(y, _mm256_castsi256_pd(t));
+}
+
+// expf of 8 floats, glibc's bits: its own cases (|x| >= 88, what is not a number) taken by expf itself.
+inline __m256 exp8(__m256 x) {
+  const __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 20), _mm256_set1_epi32(0x7ff));
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))))) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, x);
+    for (float& e : v) e = std::exp(e);
+    return _mm256_load_ps(v);
+  }
+  const __m128 low = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+  const __m128 high = _mm256_cvtpd_ps(exp4(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(low), high, 1);
+}
+
+// The 8 accumulators' lanes added as `dot` adds one's (lane l + lane l + 4, then l + l + 2, then
+// 0 + 1), all 8 at once; key t's sum lands in lane `landed8()[t]`.
+inline __m256 reduce8_levels(const __m256 (&a)[8]) {
+  __m256 b[4], c[2];
+  for (int m = 0; m < 4; ++m)  // lanes 0-3: a[m]'s (l, l + 4); lanes 4-7: a[m + 4]'s
+    b[m] = _mm256_add_ps(_mm256_permute2f128_ps(a[m], a[m + 4], 0x20), _mm256_permute2f128_ps(a[m], a[m + 4], 0x31));
+  for (int m = 0; m < 2; ++m)  // per half: b[m]'s (l, l + 2) in lanes 0-1, b[m + 2]'s in lanes 2-3
+    c[m] = _mm256_add_ps(_mm256_shuffle_ps(b[m], b[m + 2], 0x44), _mm256_shuffle_ps(b[m], b[m + 2], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+}
+
+const __m256i& landed8() {
+  static const __m256i lanes = [] {
+    __m256 probe[8];
+    for (int t = 0; t < 8; ++t) probe[t] = _mm256_set1_ps(static_cast<float>(t));
+    alignas(32) float sums[8];
+    alignas(32) int32_t lane_of[8];
+    _mm256_store_ps(sums, reduce8_levels(probe));
+    for (int lane = 0; lane < 8; ++lane) lane_of[static_cast<int>(sums[lane]) / 8] = lane;
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_of));
+  }();
+  return lanes;
+}
+
+// The scores of 8 keys (the first `keys` of them, the rest zero), each `dot(q, k) * scale` to the bit.
+template <int L>
+inline __m256 scores8(const float* q, const float* kv, int64_t keys, __m256 scale) {
+  constexpr int64_t stride = 2 * 8 * L;
+  __m256 a[8];
+  for (int t = 0; t < 8; ++t) {
+    a[t] = _mm256_setzero_ps();
+    if (t < keys)
+      for (int i = 0; i < L; ++i)
+        a[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kv + t * stride + 8 * i), a[t]);
+  }
+  return _mm256_mul_ps(_mm256_permutevar8x32_ps(reduce8_levels(a), landed8()), scale);
+}
+
+// heads_key_by_key's numbers for d = 8 L and `group` = G, 8 keys at a time; the values' sums a
+// quarter of d at a time (each output's chain is its own: which columns go together changes no bit),
+// so that the heads' accumulators fit AVX2's 16 registers.
+template <int L, int G>
+void heads_blocked(const float* q, const float* kv, float* out, int64_t seen, float scale) {
+  constexpr int64_t d = 8 * L;
+  thread_local std::vector<float> weights;
+  const int64_t padded = (seen + 7) / 8 * 8;
+  weights.resize(G * padded);
+  const __m256 s = _mm256_set1_ps(scale);
+  float total[G];
+  for (int g = 0; g < G; ++g) {
+    float* w = weights.data() + g * padded;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < seen; j += 8) {
+      const int64_t keys = std::min<int64_t>(8, seen - j);
+      _mm256_storeu_ps(w + j, scores8<L>(q + g * d, kv + j * 2 * d, keys, s));
+      for (int64_t t = 0; t < keys; ++t) top = std::max(top, w[j + t]);
+    }
+    const __m256 m = _mm256_set1_ps(top);
+    for (int64_t j = 0; j < seen; j += 8) _mm256_storeu_ps(w + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j), m)));
+    total[g] = 0.f;
+    for (int64_t j = 0; j < seen; ++j) total[g] += w[j];
+  }
+  constexpr int P = L >= 4 ? 4 : L;  // vectors of d per sweep over the keys
+  static_assert(L % P == 0, "d must be a multiple of the sweep");
+  const float* w = weights.data();
+  for (int i0 = 0; i0 < L; i0 += P) {
+    __m256 acc[G][P];
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < P; ++i) acc[g][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < seen; ++j) {
+      const float* v = kv + j * 2 * d + d + 8 * i0;
+      __m256 vv[P];
+      for (int i = 0; i < P; ++i) vv[i] = _mm256_loadu_ps(v + 8 * i);
+      for (int g = 0; g < G; ++g) {
+        const __m256 eb = _mm256_set1_ps(w[g * padded + j]);
+        for (int i = 0; i < P; ++i) acc[g][i] = _mm256_fmadd_ps(eb, vv[i], acc[g][i]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 inv = _mm256_set1_ps(1.f / total[g]);
+      for (int i = 0; i < P; ++i) _mm256_storeu_ps(out + g * d + 8 * (i0 + i), _mm256_mul_ps(acc[g][i], inv));
+    }
+  }
+}
+
+bool heads_blocked_for(const float* q, const float* kv, float* out, int64_t seen, int64_t d, int64_t group,
+                       float scale) {
+#define BRIGADE_HEADS(L, G) \
+  if (d == 8 * (L) && group == (G)) return heads_blocked<L, G>(q, kv, out, seen, scale), true;
+  BRIGADE_HEADS(2, 1) BRIGADE_HEADS(2, 2) BRIGADE_HEADS(2, 3) BRIGADE_HEADS(2, 4) BRIGADE_HEADS(2, 8)
+  BRIGADE_HEADS(4, 1) BRIGADE_HEADS(4, 2) BRIGADE_HEADS(4, 3) BRIGADE_HEADS(4, 4) BRIGADE_HEADS(4, 8)
+  BRIGADE_HEADS(8, 1) BRIGADE_HEADS(8, 2) BRIGADE_HEADS(8, 3) BRIGADE_HEADS(8, 4)
+  BRIGADE_HEADS(16, 1) BRIGADE_HEADS(16, 2) BRIGADE_HEADS(16, 3)
+#undef BRIGADE_HEADS
+  return false;
+}
 #endif
 
 }  // namespace
@@ -304,7 +442,7 @@ at::Tensor attend_pass(const at::Tensor& q_in, const at::Tensor& new_kv_in, cons
       const float* kv = base[c] + kh * cap[c] * 2 * d;
       const float* qh = qp + (row * H + kh * group) * d;
       float* o = op + row * H * d + kh * group * d;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
       if (!key_by_key && heads_blocked_for(qh, kv, o, seen, d, group, scale)) continue;
 #endif
       heads_key_by_key(qh, kv, o, seen, d, group, scale);
