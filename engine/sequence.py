@@ -61,6 +61,14 @@ class SamplingParams:
         return self.greedy and self.raw
 
     @cached_property
+    def draftable(self) -> bool:
+        """Whether its token at a drafted position can be found as at its own row: chosen from the raw
+        logits or from them plus a logit bias, which is the same at every position (a penalty or a
+        guide depends on the tokens before the position; engine/speculation.py)."""
+        return (self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty
+                and self.guide is None)
+
+    @cached_property
     def raw(self) -> bool:
         """Whether its token is chosen from the raw logits (argmax or a draw), once min_tokens is
         behind it: no penalty, bias or guide changes them."""

@@ -18,8 +18,11 @@ distribution is exactly the model's. A draft token d is kept with probability p(
 rejection sampling keeps of a one-token-certain draft (min(1, p(d) / q(d)) with q(d) = 1), and
 unlike rejection sampling the seed's answer does not depend on whether a step drafted.
 
-Only rows whose token comes from their raw logits draft (greedy or sampled, no penalties, bias,
-guide or pending min_tokens: SamplingParams.raw) and that ask no logprobs; the others decode one
+Only rows whose token comes from their raw logits, or from them plus a logit bias, draft (greedy
+or sampled, no penalties, guide or pending min_tokens: SamplingParams.draftable) and that ask no
+logprobs; a bias is added to each drafted position's logits as to the row's own (a benchmark that
+bans end-of-sequence, as llama.cpp's `ignore_eos` does, drafts as an unbiased row does). The others
+decode one
 token a step as before. Drafting stops by itself where it does not pay: when more than
 `max_decodes` sequences decode (a large batch's pass is already as wide as the machine computes
 efficiently; vLLM's n-gram speculation is slower than none at high load), and, per sequence, after
@@ -32,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from engine.logits_processing import apply_logit_bias
 from engine.sampling import choose
 from engine.sequence import Chunk, Sequence
 
@@ -99,6 +103,10 @@ def verify(chunk: Chunk, logits, first: int) -> list[int]:
     any decode row samples it: engine/sampling.py): the model's token after each draft token it
     confirms. `logits` are the row's positions' ([1 + draft, vocab])."""
     seq, draft = chunk.seq, list(chunk.draft)
+    if seq.params.logit_bias:  # the drafted positions' logits as the row's own were chosen from
+        logits = logits.clone()
+        for row in logits[1:]:
+            apply_logit_bias(row, seq.params.logit_bias)
     if seq.params.greedy:
         targets = [first] + logits[1:].argmax(dim=-1).tolist()
     else:  # each later position's own seeded draw, while the one before it confirmed its draft token
@@ -123,7 +131,8 @@ def accepted_prefix(draft: list[int], targets: list[int]) -> int:
 
 def attach_drafts(chunks: list[Chunk], config: SpeculationConfig, context_length: int,
                   drafter_for: Callable[[Sequence], Drafter]) -> None:
-    """Give a step's decode rows whose token comes from their raw logits a draft to verify, unless
+    """Give a step's decode rows whose token comes from their raw logits (or those plus a bias) a draft
+    to verify, unless
     more than `max_decodes` sequences decode. A draft fits the sequence's cache as it is, its
     max_tokens and the context."""
     decoding = [c for c in chunks if c.decodes]
@@ -131,7 +140,7 @@ def attach_drafts(chunks: list[Chunk], config: SpeculationConfig, context_length
         return
     for c in decoding:
         seq, p = c.seq, c.seq.params
-        if not p.raw or len(seq.output_ids) < p.min_tokens or p.logprobs is not None:
+        if not p.draftable or len(seq.output_ids) < p.min_tokens or p.logprobs is not None:
             continue
         limit = min(seq.kv.capacity, context_length, len(seq.prompt_ids) + p.max_tokens) - c.start - 1
         if limit <= 0:

@@ -143,13 +143,29 @@ def test_a_sampled_rows_draft_token_is_kept_as_often_as_the_model_gives_it_and_t
     assert torch.allclose(counts / seeds, p, atol=0.025), (counts / seeds, p)
 
 
-def test_rows_whose_logits_are_changed_or_that_ask_logprobs_never_draft(engines):
+def test_rows_whose_logits_depend_on_their_tokens_or_that_ask_logprobs_never_draft(engines):
     spec, plain = engines
     for params in ({"repetition_penalty": 1.3}, {"logprobs": 2}, {"temperature": 0.8, "presence_penalty": 0.5, "seed": 5}):
         before = spec.stats()["spec_verify_steps"]
         answers, known = _oracle_answers(spec, plain, [COUNTING], **params)
         assert answers == known, params
         assert spec.stats()["spec_verify_steps"] == before, params
+
+
+def test_a_row_with_a_logit_bias_drafts_and_its_verified_tokens_are_the_biased_rows_own(engines):
+    """A bias is the same at every position, so a biased row drafts (as a benchmark that bans
+    end-of-sequence, llama.cpp's `ignore_eos`, needs) and each drafted position is chosen from its
+    logits plus the bias: the answer is the biased one without speculation, greedy and sampled."""
+    spec, plain = engines
+    unbiased = _answers(plain, [COUNTING])["p0"]
+    banned = ((unbiased[2], -100.0), (unbiased[5], -100.0))  # tokens the unbiased answer takes
+    for params in ({"logit_bias": banned}, {"logit_bias": banned, "temperature": 0.8, "seed": 5}):
+        before = spec.stats()
+        answers, known = _oracle_answers(spec, plain, [COUNTING], **params)
+        assert answers == known, params
+        after = {k: v - before[k] for k, v in spec.stats().items() if k.startswith("spec_")}
+        assert after["spec_verify_steps"] > 0 and after["spec_accepted_tokens"] > 0, (params, after)
+    assert known["p0"] != unbiased and not {t for t, _ in banned} & set(_answers(plain, [COUNTING], logit_bias=banned)["p0"])
 
 
 def test_a_large_batch_does_not_draft(engines):
