@@ -128,6 +128,42 @@ def test_the_default_plan_is_every_prompt_length_at_1_4_16_and_32_in_flight():
         plan_rows([0], ["short"])
 
 
+def test_each_row_comes_with_each_ending_and_the_setups_are_brigades_then_llama_servers():
+    from ops.bench.versus import ENDINGS, Setup, plan_rows, plan_setups
+
+    rows = plan_rows([1, 4], ["short"], endings=list(ENDINGS))
+    assert [(r.concurrency, r.ending) for r in rows] == [(1, "ignore-eos"), (1, "natural"), (4, "ignore-eos"),
+                                                         (4, "natural")]
+    assert len({r.tag for r in rows}) == 4  # each its own prompts and results
+    with pytest.raises(ValueError, match="sometimes unknown"):
+        plan_rows([1], ["short"], endings=["sometimes"])
+    setups = plan_setups(["on", "off"], ["none", "ngram-simple"])
+    assert [s.name for s in setups] == ["brigade", "brigade-spec-off", "llama-server", "llama-server-ngram-simple"]
+    assert setups[3] == Setup("llama-server", "ngram-simple")
+    with pytest.raises(ValueError, match="on and/or off"):
+        plan_setups(["maybe"], ["none"])
+
+
+def test_the_ratio_is_brigades_rate_over_the_best_llama_server_setup_of_the_same_run():
+    from ops.bench.versus import plan_setups, ratios, summary
+
+    def runs(*rates):
+        return [{"output_tok_s": r, "ttft_p50_s": 0.1, "failed": 0, "errors": {}, "short_answers": 0} for r in rates]
+
+    setups = plan_setups(["on", "off"], ["none", "ngram-simple"])
+    results = {"brigade": runs(110.0, 100.0, 120.0), "brigade-spec-off": runs(90.0, 95.0, 99.0),
+               "llama-server": runs(100.0, 104.0, 100.0), "llama-server-ngram-simple": runs(105.0, 90.0, 98.0)}
+    out = ratios(results, setups)
+    assert out["best_llama_server_per_run"] == ["llama-server-ngram-simple", "llama-server", "llama-server"]
+    mine = out["brigade_vs_best_llama_server"]
+    assert mine["per_run"] == [round(110 / 105, 3), round(100 / 104, 3), 1.2]
+    assert mine["median"] == round(110 / 105, 3) and mine["min"] == round(100 / 104, 3) and mine["max"] == 1.2
+    assert out["brigade-spec-off_vs_best_llama_server"]["median"] == round(95 / 104, 3)
+    s = summary(results["brigade"])
+    assert s["output_tok_s"] == 110.0 and (s["output_tok_s_min"], s["output_tok_s_max"]) == (100.0, 120.0)
+    assert len(s["runs"]) == 3
+
+
 def test_each_prompt_is_about_as_long_as_asked_its_own_from_its_first_words_and_the_same_every_run():
     from ops.bench.versus import build_prompts
 
@@ -195,30 +231,62 @@ def test_both_programs_get_the_same_streamed_greedy_load_with_ignore_eos_and_no_
                       timeout_s=900.0, api_key="k", redis_url="redis://x")
     dataset = write_dataset(["one", "two", "three", "four"], 128, tmp_path / "p.jsonl")
     row = Row("short", 4, 8)
-    loads = [row_load(base, url, row, dataset) for url in ("http://127.0.0.1:1", "http://127.0.0.1:2")]
+    loads = [row_load(base, url, row, dataset, (0, 2)) for url in ("http://127.0.0.1:1", "http://127.0.0.1:2")]
     for load, url in zip(loads, ("http://127.0.0.1:1", "http://127.0.0.1:2")):
         assert load.backend == "openai" and load.url == url + "/v1/chat/completions" and load.http_base == url
         assert load.max_concurrency == 4 and load.num_requests == 8 and math.isinf(load.rate)
         assert load.ignore_eos and load.cache is None and load.repeat_ratio == 0 and load.max_tokens == 128
         assert load.api_key is None and load.redis_url is None and load.model is None
+        # The end tokens banned for both: llama-server's ignore_eos means that, Brigade's alone would not.
+        assert load.logit_bias == {0: -100.0, 2: -100.0}
     assert loads[0].to_json() | {"url": None} == loads[1].to_json() | {"url": None}
     assert [p.max_tokens for p in load_dataset(dataset)] == [128] * 4
+    natural = row_load(base, "http://127.0.0.1:1", Row("short", 4, 8, "natural"), dataset, (0, 2))
+    assert not natural.ignore_eos and natural.logit_bias is None and natural.max_tokens == 256
 
 
-def test_the_table_and_the_plot_show_both_programs(tmp_path):
+def test_the_end_tokens_are_the_models_end_of_sequence_and_chat_end_markers():
+    from ops.bench.versus import end_tokens
+    from ops.core.settings import Settings
+
+    ids = end_tokens(Settings().model_dir)
+    assert 2 in ids and 0 in ids  # SmolLM2: <|im_end|> (its eos) and <|endoftext|>
+
+
+def test_a_load_with_a_logit_bias_sends_it_as_the_openai_api_names_it():
+    from ops.bench.serve_backends import OpenAIBackend
+    from ops.bench.serve_config import LoadConfig
+    from ops.bench.serve_workload import PlannedRequest
+
+    config = LoadConfig(backend="openai", url="http://x/v1/chat/completions", http_base="http://x", model="m",
+                        rate=1.0, burstiness=1.0, max_concurrency=None, num_requests=1, duration_s=None,
+                        max_tokens=8, dataset=None, repeat_ratio=0.0, seed=3, temperature=0.0, cache=None,
+                        timeout_s=9.0, ignore_eos=True, logit_bias={2: -100.0})
+    body = OpenAIBackend(config).body(PlannedRequest(0, ({"role": "user", "content": "hi"},), 8, "fresh", None))
+    assert body["logit_bias"] == {"2": -100.0} and body["ignore_eos"] is True
+
+
+def test_the_table_and_the_plot_show_every_setup(tmp_path):
     from ops.bench.plot import plot_versus
-    from ops.bench.versus import table_lines
+    from ops.bench.versus import plan_setups, ratios, summary, table_lines
 
-    def program(tok_s):
-        return {"output_tok_s": tok_s, "ttft_p50_s": 0.06, "ttft_p95_s": 1.7, "itl_p50_s": 0.07, "itl_p99_s": 0.083,
-                "errors": {}, "failed": 0}
+    def runs(tok_s):
+        return [{"output_tok_s": tok_s + i, "ttft_p50_s": 0.06, "ttft_p95_s": 1.7, "itl_p50_s": 0.07,
+                 "itl_p99_s": 0.083, "e2e_p50_s": 2.0, "errors": {}, "failed": 0, "short_answers": 0}
+                for i in (0, -2, 3)]
 
-    rows = [{"prompt": p, "concurrency": c, "requests": 4, "prompt_tokens_mean": t, "brigade": program(60.0),
-             "llama_server": program(120.0)} for p, t in (("short", 66), ("long", 1004)) for c in (1, 16)]
-    report = {"rows": rows, "threads": 2, "max_tokens": 128, "cpu": {"model_name": "AMD EPYC"}}
+    setups = plan_setups(["on", "off"], ["none"])
+    rates = {"brigade": 60.0, "brigade-spec-off": 55.0, "llama-server": 120.0}
+    rows = [{"prompt": p, "concurrency": c, "requests": 4, "ending": e, "prompt_tokens_mean": t,
+             "setups": {name: summary(runs(r)) for name, r in rates.items()},
+             "ratios": ratios({name: runs(r) for name, r in rates.items()}, setups)}
+            for p, t in (("short", 66), ("long", 1004)) for c in (1, 16) for e in ("ignore-eos", "natural")]
+    report = {"rows": rows, "threads": 2, "max_tokens": 128, "runs": 3, "cpu": {"model_name": "AMD EPYC"},
+              "setups": [s.name for s in setups]}
     lines = table_lines(report)
-    assert len(lines) == 2 + 2 * len(rows)
-    assert "| short (66 tok) | 1 | 4 | Brigade | 60.0 | 60 ms | 1.70 s | 70 ms | 83 ms | 0 |" in lines
+    assert len(lines) == 2 + 3 * len(rows)
+    assert ("| short (66 tok) | 1 | ignore-eos | brigade | 60.0 (58.0-63.0) | 60 ms | 70 ms | 83 ms | 0 | "
+            "0.50x (0.49-0.51) |") in lines, lines[:4]
     plot_versus(report, str(tmp_path / "versus.png"))
     assert (tmp_path / "versus.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -240,14 +308,23 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "BRIGADE_MODEL"}
     done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--versus", "llama-server",
                            "--concurrency", "2", "--prompt-lengths", "short", "--num-requests", "2", "--max-tokens",
-                           "8", "--json", str(out), "--plot", str(plot)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+                           "8", "--runs", "2", "--json", str(out), "--plot", str(plot)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    (row,) = report["rows"]
-    for program in (row["brigade"], row["llama_server"]):
-        assert program["completed"] == 2 and program["failed"] == 0, program
-        assert program["output_tokens"] == 16 and program["short_answers"] == 0  # ignore_eos honoured
-    assert report["llama_server"]["argv"]["2"].startswith("llama-server -m ")
-    assert "| Brigade |" in done.stderr and "| llama-server |" in done.stderr
+    assert report["setups"] == ["brigade", "brigade-spec-off", "llama-server", "llama-server-ngram-simple"]
+    fixed, natural = report["rows"]
+    assert (fixed["ending"], natural["ending"]) == ("ignore-eos", "natural")
+    for name, setup in fixed["setups"].items():
+        assert len(setup["runs"]) == 2, name
+        for run in setup["runs"]:
+            assert run["completed"] == 2 and run["failed"] == 0, (name, run)
+            assert run["output_tokens"] == 16 and run["short_answers"] == 0, (name, run)  # 8 tokens each, every time
+    for name, setup in natural["setups"].items():
+        assert all(run["completed"] == 2 and 2 <= run["output_tokens"] <= 32 for run in setup["runs"]), name
+    assert len(fixed["ratios"]["brigade_vs_best_llama_server"]["per_run"]) == 2
+    argv = report["llama_server"]["argv"]
+    assert argv["llama-server"]["2"].startswith("llama-server -m ") and "--spec-type" not in argv["llama-server"]["2"]
+    assert argv["llama-server-ngram-simple"]["2"].endswith("--spec-type ngram-simple")
+    assert "| brigade |" in done.stderr and "| llama-server-ngram-simple |" in done.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -95,15 +95,26 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
 def _add_versus_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("side by side (ops/bench/versus.py)")
     g.add_argument("--versus", choices=["llama-server"], help="start a Brigade of its own (one worker, the answer "
-                   "cache off) and then llama.cpp's server, and run the same streamed load against each: every "
-                   "--prompt-lengths at every --concurrency, 128 tokens per answer with ignore_eos unless "
-                   "--max-tokens, the programs taking turns row by row; --num-requests per row (default 2 x concurrency, at least 8)")
+                   "cache off) and llama.cpp's server, and run the same streamed load against each: every "
+                   "--prompt-lengths at every --concurrency with every --endings, 128 tokens per answer unless "
+                   "--max-tokens, the setups taking turns row by row, --runs times; --num-requests per row "
+                   "(default 2 x concurrency, at least 8)")
     g.add_argument("--concurrency", default="1,4,16,32", help="with --versus: requests in flight, one row each "
                    "(llama-server gets as many slots)")
     g.add_argument("--prompt-lengths", default="short,long", help="with --versus: short (about 64 tokens) and/or "
                    "long (about 1,000)")
     g.add_argument("--threads", type=int, help="with --versus: Brigade's worker's torch threads and llama-server's "
                    "-t (default: every core)")
+    g.add_argument("--endings", default="ignore-eos,natural", help="with --versus: ignore-eos (exactly --max-tokens, "
+                   "end tokens banned in both programs) and/or natural (up to twice --max-tokens, answers ending "
+                   "where the model ends them)")
+    g.add_argument("--brigade-speculation", default="on,off", help="with --versus: Brigade with its prompt-lookup "
+                   "speculation (on) and/or without it (off), each a Brigade of its own")
+    g.add_argument("--llama-spec", default="none,ngram-simple", help="with --versus: llama-server plain (none) and "
+                   "with each of these --spec-type values (its draftless speculation); Brigade is compared with the "
+                   "best of them in each run")
+    g.add_argument("--runs", type=int, default=3, help="with --versus: each row this many times, the setups' order "
+                   "reversed every other run (default 3); medians and spreads reported")
 
 
 def _add_chaos_target(targets, report: argparse.ArgumentParser) -> None:

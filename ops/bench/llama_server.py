@@ -26,20 +26,23 @@ def slot_tokens(prompt_tokens: int, max_tokens: int) -> int:
     return -(-need // SLOT_ROUNDING) * SLOT_ROUNDING
 
 
-def server_argv(binary: Path, gguf: Path, slots: int, context_per_slot: int, threads: int, port: int) -> list[str]:
+def server_argv(binary: Path, gguf: Path, slots: int, context_per_slot: int, threads: int, port: int,
+                spec_type: str | None = None) -> list[str]:
     """`-np` slots sharing `-c` = slots x context_per_slot (each slot gets an equal share), `-t` threads
-    for decoding and for prompts alike, continuous batching (its default, said aloud), no web UI."""
+    for decoding and for prompts alike, continuous batching (its default, said aloud), no web UI;
+    `spec_type`: one of its draftless speculation types (`--spec-type`, e.g. ngram-simple)."""
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(slots * context_per_slot),
-            "--cont-batching", "--no-webui"]
+            "--cont-batching", "--no-webui", *(["--spec-type", spec_type] if spec_type else [])]
 
 
 class LlamaServer:
     """One llama-server, ready (its /health answers 200) inside the `with`."""
 
-    def __init__(self, binary: Path, gguf: Path, slots: int, context_per_slot: int, threads: int, log: Path):
+    def __init__(self, binary: Path, gguf: Path, slots: int, context_per_slot: int, threads: int, log: Path,
+                 spec_type: str | None = None):
         self.port = free_port()
-        self.argv = server_argv(binary, gguf, slots, context_per_slot, threads, self.port)
+        self.argv = server_argv(binary, gguf, slots, context_per_slot, threads, self.port, spec_type)
         self.log = log
         self.supervisor = Supervisor(order=("llama",), grace_s={"llama": 10.0})
 

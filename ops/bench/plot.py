@@ -136,18 +136,19 @@ def _requests_in_flight(ax, rows: list[dict], duration: float, mean: float | Non
 
 # ---- `brigade bench serve --versus llama-server --plot out.png` ----------------------------------
 
-VERSUS_PROGRAMS = (("brigade", "Brigade", "tab:blue"), ("llama_server", "llama-server", "tab:orange"))
+VERSUS_COLOURS = {"brigade": "tab:blue", "brigade-spec-off": "tab:cyan", "llama-server": "tab:orange"}
 
 
 def plot_versus(report: dict, path: str) -> None:
-    """One column per prompt length; rows: output tok/s, TTFT (p50 and p95), inter-token latency (p50
-    and p99), each against the concurrency, one line per program."""
-    lengths = list(dict.fromkeys(row["prompt"] for row in report["rows"]))
+    """One column per prompt length and ending; rows: output tok/s, TTFT (p50 and p95), inter-token
+    latency (p50 and p99), each against the concurrency, one line per setup (medians over the runs)."""
+    lengths = list(dict.fromkeys((row["prompt"], row["ending"]) for row in report["rows"]))
     fig, axes = plt.subplots(3, len(lengths), figsize=(6.5 * len(lengths), 10), squeeze=False)
     fig.suptitle(f"brigade bench serve --versus llama-server\n{report['threads']} threads each, "
-                 f"{report['max_tokens']} tokens per answer, {report['cpu']['model_name'] or 'CPU'}", fontsize=11)
-    for column, length in enumerate(lengths):
-        rows = [row for row in report["rows"] if row["prompt"] == length]
+                 f"{report['max_tokens']} tokens per answer, medians of {report['runs']} runs, "
+                 f"{report['cpu']['model_name'] or 'CPU'}", fontsize=11)
+    for column, (length, ending) in enumerate(lengths):
+        rows = [row for row in report["rows"] if (row["prompt"], row["ending"]) == (length, ending)]
         cs = [row["concurrency"] for row in rows]
         tokens = round(sum(row["prompt_tokens_mean"] for row in rows) / len(rows))
         panels = (("output tokens/s", (("output_tok_s", "-"),), 1),
@@ -155,16 +156,18 @@ def plot_versus(report: dict, path: str) -> None:
                   ("inter-token latency (ms)", (("itl_p50_s", "--"), ("itl_p99_s", "-")), 1000))
         for line, (label, keys, scale) in enumerate(panels):
             ax = axes[line][column]
-            for key, name, colour in VERSUS_PROGRAMS:
+            for name in report["setups"]:
+                colour = VERSUS_COLOURS.get(name, "tab:red" if name.startswith("llama") else "tab:green")
                 for figure, style in keys:
-                    values = [None if row[key][figure] is None else row[key][figure] * scale for row in rows]
+                    values = [None if row["setups"][name][figure] is None else row["setups"][name][figure] * scale
+                              for row in rows]
                     stat = figure.split("_")[1] if len(keys) > 1 else ""
                     ax.plot(cs, values, style, marker="o", color=colour, label=f"{name} {stat}".strip())
             ax.set_xscale("log", base=2)
             ax.set_xticks(cs, [str(c) for c in cs])
             ax.set_xlabel("concurrent requests")
             ax.set_ylabel(label)
-            ax.set_title(f"{length} prompts (about {tokens} tokens): {label}", fontsize=10)
+            ax.set_title(f"{length} prompts (about {tokens} tokens), {ending}: {label}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()

@@ -107,6 +107,8 @@ class OpenAIBackend:
             body["cache"] = self.config.cache
         if self.config.ignore_eos:
             body["ignore_eos"] = True  # an extra body field, as vLLM's OpenAI server takes it
+        if self.config.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in self.config.logit_bias.items()}
         return body
 
     async def ask(self, request: PlannedRequest, result: RequestResult, run_start: float) -> str:

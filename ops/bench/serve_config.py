@@ -35,6 +35,7 @@ class LoadConfig:
     cache: str | None  # sent as Brigade's `cache` field when set
     timeout_s: float
     ignore_eos: bool = False  # sent as `ignore_eos: true` on every request (vLLM's field; Brigade's too)
+    logit_bias: dict[int, float] | None = None  # sent as the OpenAI API's `logit_bias` on every request
     api_key: str | None = None
     redis_url: str | None = None  # count this Redis's commands during the run (INFO commandstats)
     chat_turns: ChatTurns | None = None  # the chat-turns workload; None: the dataset's questions
@@ -53,7 +54,7 @@ class LoadConfig:
                "num_requests": self.num_requests, "duration_s": self.duration_s, "max_tokens": self.max_tokens,
                "dataset": self.dataset or "shipped:chat_questions.jsonl", "repeat_ratio": self.repeat_ratio,
                "seed": self.seed, "temperature": self.temperature, "cache": self.cache, "timeout_s": self.timeout_s,
-               "ignore_eos": self.ignore_eos}
+               "ignore_eos": self.ignore_eos, "logit_bias": self.logit_bias}
         if self.chat_turns is not None:  # conversations, not the dataset's questions
             del out["dataset"], out["repeat_ratio"]
             out["workload"] = self.chat_turns.to_json()
