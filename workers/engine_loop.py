@@ -2,7 +2,8 @@
 
 Each step's updates about the requests this worker holds become their reply events
 (inflight.py), the step's facts go into the metrics and the request log (`record_step`), and the
-events go out in one publish (publisher.py). When the engine starts computing a request, our
+events go out in one publish on the publishing thread (publisher.py, StepPump) while the engine
+computes its next step. When the engine starts computing a request, our
 death from then on counts as one of its attempts (claims.py, engage).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from workers.held import HeldRequests
 from workers.inflight import InFlight, done_reply, token_reply
 from workers.metrics import WorkerMetrics
 from workers.prefix_report import PrefixReport
-from workers.publisher import ReplyPublisher
+from workers.publisher import ReplyPublisher, StepPump
 
 log = logging.getLogger("brigade.worker")
 
@@ -46,9 +47,15 @@ class EngineLoop:
         # Prefix changes outside a step's updates (an eviction at admission) go out on the loop's turn.
         self.thread = threading.Thread(target=engine.run, args=(self._on_updates, stop, prefixes.publish),
                                        name="brigade-engine", daemon=True)
+        self.pump = StepPump(replies, stop)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The engine's thread, then the publishing one (which ends after it, once what it holds is out)."""
+        return [self.thread, self.pump.thread]
 
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return self.thread.is_alive() and self.pump.thread.is_alive()
 
     def _on_updates(self, updates: list[SequenceUpdate]) -> None:
         events, ended, step = [], [], []
@@ -64,10 +71,12 @@ class EngineLoop:
                 ended.append(entry)
             step.append((entry, u, done))
         record_step(self.metrics, step)
-        # The blocks this step stored first: a client that reads its `done` and sends the next turn
-        # must find them routed here (workers/prefix_report.py).
+        # The blocks this step stored first (here, on the engine thread, before the events are handed
+        # on): a client that reads its `done` and sends the next turn must find them routed here
+        # (workers/prefix_report.py).
         self.prefixes.publish()
-        self.replies.publish(events, ended)
+        if events or ended:
+            self.pump.put(events, ended)
 
     def _engaged(self, started: set[str]) -> None:
         """The engine starts computing these requests: our death counts as an attempt for each

@@ -13,11 +13,13 @@ gateway drops any index it has already forwarded, so a client sees each token on
 
 `ReplyPublisher` is the worker's one door to all this, from any thread: it settles the requests
 whose last event went out (their task threads return then, not before) and hands the fenced ones
-to whoever drops them.
+to whoever drops them. `StepPump` takes the engine's steps to it on a thread of its own, so that
+the engine computes its next step during a step's round trip instead of after it.
 """
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Callable
 
@@ -152,3 +154,43 @@ class ReplyPublisher:
         if self.tokens.waiting or self._unsettled:
             self.publish([], [])
 
+
+
+class StepPump:
+    """Each engine step's events go out on this thread (`brigade-publish`), in the order the steps
+    came, while the engine thread goes on to its next step: the round trip to Redis and the events'
+    JSON (about a tenth of a one-stream step, measured: docs/benchmarks.md) overlap the next
+    step's products, which let go of the GIL. Steps that queued while a publish was out go in the
+    next one together. Once `stop` is set, the thread sends what is queued and ends."""
+
+    def __init__(self, replies: ReplyPublisher, stop: threading.Event):
+        self.replies = replies
+        self._stop = stop
+        self._steps: queue.SimpleQueue[tuple[list[tuple[str, ReplyEvent]], list[InFlight]]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="brigade-publish", daemon=True)
+
+    def put(self, events: list[tuple[str, ReplyEvent]], ended: list[InFlight]) -> None:
+        """A step's events and the requests it ended (engine thread)."""
+        self._steps.put((events, ended))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                events, ended = self._steps.get(timeout=0.2)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            events, ended = list(events), list(ended)
+            while True:
+                try:
+                    more_events, more_ended = self._steps.get_nowait()
+                except queue.Empty:
+                    break
+                events += more_events
+                ended += more_ended
+            try:
+                self.replies.publish(events, ended)
+            except Exception:  # a bug, not Redis (publish keeps Redis's errors): the worker reports itself dead
+                log.exception("event=publish_thread_failed events=%d", len(events))
+                raise

@@ -1,13 +1,15 @@
-// The Python module of Brigade's CPU kernels (engine/kernels.py builds and loads it).
+// The Python module of Brigade's CPU kernels (engine/kernels.py builds and loads it). Every kernel
+// lets go of the GIL while it runs: a worker's other threads (its publisher, its heartbeat) run
+// beside a step's products instead of after them.
 #include <torch/python.h>  // pybind11 and tensor casters, without the C++ frontend (torch/extension.h)
 
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_linear", &brigade::q4_linear, "x @ W.T, W on a 4-bit block grid (scale, low)");
-  m.def("q8_linear", &brigade::q8_linear, "x @ W.T, W on an 8-bit block grid (scale)");
-  m.def("half_linear", &brigade::half_linear, "x @ W.T, W's float32 values all bfloat16 or float16");
-  m.def("rms_norm", &brigade::rms_norm, "Llama's RMSNorm of each row, the sum of squares in a fixed order");
+  m.def("q4_linear", &brigade::q4_linear, py::call_guard<py::gil_scoped_release>(), "x @ W.T, W on a 4-bit block grid (scale, low)");
+  m.def("q8_linear", &brigade::q8_linear, py::call_guard<py::gil_scoped_release>(), "x @ W.T, W on an 8-bit block grid (scale)");
+  m.def("half_linear", &brigade::half_linear, py::call_guard<py::gil_scoped_release>(), "x @ W.T, W's float32 values all bfloat16 or float16");
+  m.def("rms_norm", &brigade::rms_norm, py::call_guard<py::gil_scoped_release>(), "Llama's RMSNorm of each row, the sum of squares in a fixed order");
   m.def("isa", &brigade::isa, "the vector instructions this build uses");
   py::class_<brigade::GridWeight>(m, "GridWeight")
       .def(py::init([](torch::Tensor codes, std::optional<torch::Tensor> scale, std::optional<torch::Tensor> low,
@@ -24,6 +26,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<brigade::DecoderLayer>, double, int64_t, int64_t, int64_t, double, int64_t>())
       .def("forward", &brigade::Decoder::forward, py::call_guard<py::gil_scoped_release>(),
            "hidden after every decoder layer, in one call");
-  m.def("attend", &brigade::attend, "a pass's attention, each query over exactly its keys, in a fixed order");
-  m.def("attend_key_by_key", &brigade::attend_key_by_key, "attend's numbers, one key at a time (what it is held to)");
+  m.def("attend", &brigade::attend, py::call_guard<py::gil_scoped_release>(), "a pass's attention, each query over exactly its keys, in a fixed order");
+  m.def("attend_key_by_key", &brigade::attend_key_by_key, py::call_guard<py::gil_scoped_release>(), "attend's numbers, one key at a time (what it is held to)");
 }
