@@ -27,7 +27,8 @@ token a step as before. Drafting stops by itself where it does not pay: when mor
 `max_decodes` sequences decode (a large batch's pass is already as wide as the machine computes
 efficiently; vLLM's n-gram speculation is slower than none at high load), and, per sequence, after
 its recent drafts were mostly refused (`min_acceptance` over the last `WINDOW` drafted tokens),
-for `pause_steps` steps.
+for `pause_steps` steps. In between, a sequence's drafts shorten as fewer of them hold
+(`Drafter._length`): a verify pass's cost grows with its rows.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class Drafter:
             for n in range(cfg.min_ngram, min(cfg.max_ngram, stop) + 1):
                 self._latest[tuple(ids[stop - n:stop])] = stop
         self._indexed = max(self._indexed, end)
-        k = min(limit, cfg.tokens)
+        k = min(limit, self._length())
         if k <= 0:
             return []
         for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
@@ -86,6 +87,23 @@ class Drafter:
             if after is not None:
                 return ids[after:after + k]
         return []
+
+    def _length(self) -> int:
+        """How many tokens to draft now. A verify pass costs more the more rows it has: on an AVX2
+        CPU a 2-row pass of the default model costs about what a 1-row step does (its weights'
+        reading is the step), a 5-row one about 2.2 times (measured: docs/benchmarks.md), so with
+        acceptance a a 4-token draft gives (1 - a^5) / (1 - a) tokens for 2.2 steps' time and a
+        1-token one 1 + a for one step's: at a = 0.3, 0.65x against 1.24x. So a sequence drafts
+        `tokens` while its recent drafts mostly hold (and before it has any), 2 while about half
+        do, 1 below that (and pauses below `min_acceptance`, in `verified`). A refused long draft
+        also costs a stream its longest gap between tokens."""
+        drafted = sum(d for d, _ in self._recent)
+        if drafted < WINDOW // 8:
+            return self.config.tokens
+        rate = sum(a for _, a in self._recent) / drafted
+        if rate >= 0.8:
+            return self.config.tokens
+        return min(2 if rate >= 0.5 else 1, self.config.tokens)
 
     def verified(self, drafted: int, accepted: int) -> None:
         """A verify step's outcome; a sequence whose drafts are mostly refused pauses."""

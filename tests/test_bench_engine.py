@@ -64,3 +64,22 @@ def test_a_compared_mode_builds_on_the_same_model(tiny_model_dir, mode):
     assert other.config.grid_weights is ("-mkl" not in mode)
     with pytest.raises(ValueError, match="BRIGADE_DTYPE"):
         comparison_engine(engine, "float32-fastest")
+
+
+def test_the_step_split_times_each_part_of_a_one_stream_step_and_the_parts_make_the_step(grid_tiny):
+    """`bench engine --split` on the grid model: every decode step's pass timed (one token a step:
+    speculation off for the run, and back on after), the parts adding up to the step."""
+    from engine import Engine, EngineConfig
+    from ops.bench.step_split import split
+
+    engine = Engine.load(EngineConfig(model=str(grid_tiny), torch_threads=2, max_wait_ms=0))
+    assert engine.speculation is not None
+    out = split(engine, tokens=12)
+    assert engine.speculation is not None and engine.runner.native is not None  # as it was
+    parts = out["parts_ms"]
+    assert set(parts) == {"layer_products", "attention_norms_rotary_silu", "head", "embedding_last_norm_pass_python",
+                          "outside_forward"}
+    assert parts["layer_products"] > 0 and parts["head"] > 0 and out["layers_ms"] > 0
+    assert out["forward_ms"] < out["step_ms"] and out["layers_ms"] < out["forward_ms"]
+    assert abs(sum(parts.values()) - out["step_ms"]) < 0.01
+    assert out["tok_s"] > 0 and out["tokens"] == 12

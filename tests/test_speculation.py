@@ -42,6 +42,24 @@ def test_a_sequence_whose_drafts_are_refused_pauses_and_then_drafts_again():
     assert accepted_prefix([3, 1, 2], [3, 1, 9, 4]) == 2 and accepted_prefix([3], [4, 4]) == 0
 
 
+def test_a_sequence_drafts_fewer_tokens_as_fewer_of_its_drafts_hold():
+    ids = [1, 2, 3, 4, 5, 6, 1, 2]
+    d = Drafter(SpeculationConfig(tokens=4))
+    assert d.propose(ids, 10) == [3, 4, 5, 6]  # no history yet: the whole length
+    for _ in range(3):
+        d.verified(4, 4)
+    assert d.propose(ids, 10) == [3, 4, 5, 6]  # every token held
+    for _ in range(6):
+        d.verified(4, 2)
+    assert d.propose(ids, 10) == [3, 4]  # about half
+    for _ in range(11):
+        d.verified(3, 1)
+    assert d.propose(ids, 10) == [3]  # a third: one token, the pass that costs about a plain step
+    for _ in range(32):
+        d.verified(1, 1)
+    assert d.propose(ids, 10) == [3, 4, 5, 6]  # holding again: the whole length again
+
+
 class Oracle(Drafter):
     """Drafts taken from the answer the model is known to give (a random tiny model never repeats
     itself, so its own context would draft nothing), with every third draft's third token wrong:

@@ -40,6 +40,9 @@ def add_bench_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--peer", choices=["llama-cpp"], help="a peer's engine benchmark beside the rows (llama-cpp: "
                    "llama-bench's pp512 and tg128 at the same thread count; `make bench-peers` builds it, else it is "
                    "built first)")
+    p.add_argument("--split", action="store_true", help="only where a one-stream decode step's milliseconds go "
+                   "(the layers' products, attention and norms, the head, the rest of the pass, sampling and the "
+                   "engine's Python; ops/bench/step_split.py), with --peer beside it; about a minute")
     _max_tokens(p, 128, "default 128")
 
     _add_cache_targets(targets, report)
@@ -252,6 +255,19 @@ def _engine(args, settings: Settings) -> dict | int:
             print(f"brigade bench engine --peer llama-cpp: {exc}", file=sys.stderr)
             return 2
     engine = Engine.load(engine_config(settings))
+    if args.split:
+        from ops.bench import step_split
+        from ops.bench.versus import cpu_kind
+
+        report = {"target": "engine-split", "cpu": cpu_kind(), "brigade": step_split.split(engine, args.max_tokens)}
+        if llama_bench is not None:
+            from ops.bench.peer_llama_cpp import run as peer_run
+
+            import torch
+
+            peer = peer_run(llama_bench, torch.get_num_threads())
+            report["llama_cpp"] = {**peer, "step_ms": round(1000 / peer["generation_tok_s"], 3)}
+        return report
     compare = tuple(m for m in (args.compare or "").split(",") if m) if args.compare is not None else DEFAULT_COMPARE
     return run(engine, [int(n) for n in args.n.split(",")], args.max_tokens, llama_bench, compare,
                full_baseline=args.full, long_rows=args.full)
