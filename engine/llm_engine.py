@@ -75,7 +75,7 @@ class EngineConfig:
     torch_threads: int = 0  # 0: leave torch's default
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
     # have verified per step; 0 turns it off. Only where passes are batch-invariant (the same text).
-    speculative_tokens: int = 4
+    speculative_tokens: int = 2  # ops/core/settings.py says why 2
 
 
 class Engine:

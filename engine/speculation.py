@@ -48,7 +48,7 @@ WINDOW = 32  # drafted tokens over which a sequence's acceptance is judged
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    tokens: int = 4  # draft tokens a sequence may propose per step; 0 turns speculation off
+    tokens: int = 2  # draft tokens a sequence may propose per step; 0 turns speculation off
     max_ngram: int = 4
     min_ngram: int = 2
     max_decodes: int = 4  # more sequences decoding than this: none drafts
