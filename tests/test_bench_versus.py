@@ -323,6 +323,10 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
     for name, setup in natural["setups"].items():
         assert all(run["completed"] == 2 and 2 <= run["output_tokens"] <= 32 for run in setup["runs"]), name
     assert len(fixed["ratios"]["brigade_vs_best_llama_server"]["per_run"]) == 2
+    # Each run its own prompts (a Brigade keeps its prefix cache from run to run; llama-servers restart).
+    logs = Path(report["logs"])
+    assert (logs / "prompts-short-c2-ignore-eos-run1.jsonl").read_text() != (
+        logs / "prompts-short-c2-ignore-eos-run2.jsonl").read_text()
     argv = report["llama_server"]["argv"]
     assert argv["llama-server"]["2"].startswith("llama-server -m ") and "--spec-type" not in argv["llama-server"]["2"]
     assert argv["llama-server-ngram-simple"]["2"].endswith("--spec-type ngram-simple")

@@ -256,11 +256,14 @@ def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable
     binary = ensure_built(settings.peers_dir, _say)["llama-server"]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="brigade-bench-versus-"))
     questions = shipped_questions()
-    prompts = {row.tag: build_prompts(questions, row.requests, PROMPT_TOKENS[row.prompt], prompt_tokens, row.tag)
-               for row in rows}
-    datasets = {tag: write_dataset(texts, base.max_tokens, log_dir / f"prompts-{tag}.jsonl") for tag, texts in prompts.items()}
+    # Each run its own prompts: a Brigade serves every run, and a prompt it served in the run before
+    # would be a prefix-cache hit there, where each run's llama-servers start empty.
+    prompts = {(row.tag, n): build_prompts(questions, row.requests, PROMPT_TOKENS[row.prompt], prompt_tokens,
+                                           f"{row.tag}-run{n + 1}") for row in rows for n in range(runs)}
+    datasets = {key: write_dataset(texts, base.max_tokens, log_dir / f"prompts-{key[0]}-run{key[1] + 1}.jsonl")
+                for key, texts in prompts.items()}
     warm_up = write_dataset(build_prompts(questions, 2, 32, prompt_tokens, "warm-up"), 8, log_dir / "prompts-warm-up.jsonl")
-    lengths = {tag: [prompt_tokens(t) for t in texts] for tag, texts in prompts.items()}
+    lengths = {row.tag: [prompt_tokens(t) for n in range(runs) for t in prompts[(row.tag, n)]] for row in rows}
     per_slot = slot_tokens(max(max(v) for v in lengths.values()), NATURAL_LIMIT * base.max_tokens)
 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -288,8 +291,8 @@ def run(rows: list[Row], base: LoadConfig, threads: int, prompt_tokens: Callable
                     for row in (r for r in rows if r.concurrency == c):
                         _say(f"versus: run {run_index + 1} of {runs}, {row.tag}")
                         for setup in order:
-                            results[setup.name][row.tag].append(
-                                _run_row(setup.name, urls[setup.name], row, base, datasets[row.tag], end_ids))
+                            results[setup.name][row.tag].append(_run_row(
+                                setup.name, urls[setup.name], row, base, datasets[(row.tag, run_index)], end_ids))
 
     table = []
     for row in rows:
