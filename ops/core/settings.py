@@ -179,8 +179,9 @@ class Settings(BaseSettings):
     # per step, taken from its own context; the text is the model's token for token. It turns itself
     # off when many answers decode or a sequence's drafts are refused, and drafts fewer as fewer
     # hold. 0: off. 2: on an AVX2 CPU a 3-row verify pass costs about 1.4 steps and a 5-row one 2.2,
-    # so 2 tokens give as many tokens a second as 4 at every acceptance, with half the longest gap
-    # between tokens (docs/benchmarks.md; AVX-512 CPUs not measured for this choice).
+    # so 2 tokens give more tokens a second than 4 below 95% acceptance (at most 6% fewer above),
+    # and a longest gap between tokens two thirds as long (docs/benchmarks.md; AVX-512 CPUs not
+    # measured for this choice).
     speculative_tokens: int = Field(default=2, ge=0, le=16)
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
     # and auto | float32 | mixed | bfloat16 | float16. auto: float32 everywhere (the exact default;
