@@ -312,7 +312,7 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["setups"] == ["brigade", "brigade-spec-off", "llama-server", "llama-server-ngram-simple"]
+    assert report["setups"] == ["brigade", "brigade-spec-off", "llama-server", "llama-server-ngram-mod"]
     fixed, natural = report["rows"]
     assert (fixed["ending"], natural["ending"]) == ("ignore-eos", "natural")
     for name, setup in fixed["setups"].items():
@@ -329,6 +329,6 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
         logs / "prompts-short-c2-ignore-eos-run2.jsonl").read_text()
     argv = report["llama_server"]["argv"]
     assert argv["llama-server"]["2"].startswith("llama-server -m ") and "--spec-type" not in argv["llama-server"]["2"]
-    assert argv["llama-server-ngram-simple"]["2"].endswith("--spec-type ngram-simple")
-    assert "| brigade |" in done.stderr and "| llama-server-ngram-simple |" in done.stderr
+    assert argv["llama-server-ngram-mod"]["2"].endswith("--spec-type ngram-mod")
+    assert "| brigade |" in done.stderr and "| llama-server-ngram-mod |" in done.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -113,7 +113,7 @@ def _add_versus_arguments(p: argparse.ArgumentParser) -> None:
                    "where the model ends them)")
     g.add_argument("--brigade-speculation", default="on,off", help="with --versus: Brigade with its prompt-lookup "
                    "speculation (on) and/or without it (off), each a Brigade of its own")
-    g.add_argument("--llama-spec", default="none,ngram-simple", help="with --versus: llama-server plain (none) and "
+    g.add_argument("--llama-spec", default="none,ngram-mod", help="with --versus: llama-server plain (none) and "
                    "with each of these --spec-type values (its draftless speculation); Brigade is compared with the "
                    "best of them in each run")
     g.add_argument("--runs", type=int, default=3, help="with --versus: each row this many times, the setups' order "
