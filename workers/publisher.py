@@ -159,8 +159,8 @@ class ReplyPublisher:
 class StepPump:
     """Each engine step's events go out on this thread (`brigade-publish`), in the order the steps
     came, while the engine thread goes on to its next step: the round trip to Redis and the events'
-    JSON (about a tenth of a one-stream step, measured: docs/benchmarks.md) overlap the next
-    step's products, which let go of the GIL. Steps that queued while a publish was out go in the
+    JSON overlap the next step's products, which let go of the GIL (on the 2-core AVX2 machine the
+    served one-stream rate did not move measurably with it: docs/benchmarks.md). Steps that queued while a publish was out go in the
     next one together. Once `stop` is set, the thread sends what is queued and ends."""
 
     def __init__(self, replies: ReplyPublisher, stop: threading.Event):
