@@ -104,8 +104,7 @@ class EngineHost:
                                               settings.worker_metrics_advertise_host)
         # The model, its tokenizer and every module loaded so far live as long as the worker: out of
         # the collector's sight, a full collection walks only what serving allocates (a worker's
-        # profile at one stream showed the collector at about 2% of its samples, on the engine's
-        # thread, between steps).
+        # profile at one stream showed the collector at about 2% of its samples).
         gc.freeze()
         host.start_threads()
         log.info("event=worker_ready worker=%s instance=%s served=%s model=%s", worker_name, host.instance,
