@@ -80,10 +80,9 @@ void heads_key_by_key(const float* q, const float* kv, float* out, int64_t seen,
   }
 }
 
-#if defined(__AVX512F__)
-// glibc's expf (2.36, the variant its ifunc picks on CPUs with FMA, as every AVX-512 CPU has):
-// x = (k + r) ln2 / 32, exp(x) = 2^(k/32) * p(r), in double, rounded once to float. Its table
-// and coefficients, read from glibc; tests/test_exact_attention.py holds the two to the same bits.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// glibc's expf table (2.36's, for its FMA variant): exp2(i / 32) for i < 32, as doubles' bits;
+// both blocked paths below read it.
 alignas(64) constexpr uint64_t kExp2Table[32] = {
     0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
     0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
@@ -92,6 +91,12 @@ alignas(64) constexpr uint64_t kExp2Table[32] = {
     0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
     0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
     0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+#endif
+
+#if defined(__AVX512F__)
+// glibc's expf (2.36, the variant its ifunc picks on CPUs with FMA, as every AVX-512 CPU has):
+// x = (k + r) ln2 / 32, exp(x) = 2^(k/32) * p(r), in double, rounded once to float. Its table
+// and coefficients, read from glibc; tests/test_exact_attention.py holds the two to the same bits.
 
 inline __m512d exp8(__m512d x) {
   const __m512d inv_ln2_32 = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
@@ -253,14 +258,6 @@ bool heads_blocked_for(const float* q, const float* kv, float* out, int64_t seen
 #elif defined(__AVX2__) && defined(__FMA__)
 // The blocked path for AVX2, 8 keys at a time: the same numbers as one key at a time, as the
 // AVX-512 path above gives them (see there), with AVX2's `dot` reduction and exp in 4 doubles.
-alignas(32) constexpr uint64_t kExp2Table[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
-    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
-    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
-    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
 
 // glibc's expf for 4 floats widened to doubles (its algorithm, its table and coefficients; rounded
 // to float by the caller, once, as glibc rounds).
