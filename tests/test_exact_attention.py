@@ -75,8 +75,9 @@ def test_the_thread_count_does_not_change_a_bit():
 
 def test_sixteen_keys_at_a_time_give_the_bits_of_one_key_at_a_time():
     """Every head size and group the blocked path takes (and one it leaves to the other), blocks cut
-    anywhere (a key count of 1, 15, 16, 17, ...), decode rows beside prefill chunks, and scores
-    peaked enough that exp underflows."""
+    anywhere (a key count of 1, 15, 16, 17, ...), a chunk's rows taken 4 at a time (15, 17, 40 and
+    5 rows: a last tile of 1-3), decode rows beside prefill chunks, and scores peaked enough that
+    exp underflows."""
     k = kernels()
     for d, kv_heads, group in ((64, 3, 3), (32, 1, 4), (128, 2, 1), (16, 2, 3), (48, 2, 2)):
         for scale_up in (0.1, 1.0, 40.0, 400.0):

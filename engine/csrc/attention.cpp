@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -54,6 +55,10 @@ inline float dot(const float* a, const float* b, int64_t d) {
 inline void axpy(float* out, float w, const float* v, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] = __builtin_fmaf(w, v[i], out[i]);
 }
+
+// A work item's query rows at most: consecutive rows of one chunk, which read their KV head's keys
+// and values once together (a verify pass's drafted rows, a prompt chunk's rows).
+constexpr int kTileRows = 4;
 
 // One query row's `group` heads (q [group, d], out [group, d], zeroed) over its `seen` keys, one
 // key at a time: the order that defines every number here.
@@ -255,6 +260,14 @@ bool heads_blocked_for(const float* q, const float* kv, float* out, int64_t seen
 #undef BRIGADE_HEADS
   return false;
 }
+
+// `rows` query rows of one chunk (row r at q + r q_stride sees seen0 + r keys), one row at a time.
+bool rows_blocked_for(const float* q, int64_t q_stride, const float* kv, float* out, int64_t out_stride,
+                      int64_t seen0, int rows, int64_t d, int64_t group, float scale) {
+  for (int r = 0; r < rows; ++r)
+    if (!heads_blocked_for(q + r * q_stride, kv, out + r * out_stride, seen0 + r, d, group, scale)) return false;
+  return true;
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 // The blocked path for AVX2, 8 keys at a time: the same numbers as one key at a time, as the
 // AVX-512 path above gives them (see there), with AVX2's `dot` reduction and exp in 4 doubles.
@@ -327,57 +340,91 @@ inline __m256 scores8(const float* q, const float* kv, int64_t keys, __m256 scal
   return _mm256_mul_ps(_mm256_permutevar8x32_ps(reduce8_levels(a), landed8()), scale);
 }
 
-// heads_key_by_key's numbers for d = 8 L and `group` = G, 8 keys at a time; the values' sums a
-// quarter of d at a time (each output's chain is its own: which columns go together changes no bit),
-// so that the heads' accumulators fit AVX2's 16 registers.
+// heads_key_by_key's numbers for d = 8 L and `group` = G, 8 keys at a time, for `rows` query rows
+// of one chunk at once (row r at q + r q_stride sees the keys 0 .. seen0 + r - 1). A KV head's keys
+// and values are each read once for all the rows' heads: at a 1,100-token context they are half a
+// megabyte per layer and KV head, more than L2 holds, and a head at a time read the keys from
+// memory once per head and row (1 row, 30 layers: 8.7 ms on one core, now 6.1; docs/architecture.md).
+// The scores an 8-key block at a time for every row and head; then each (row, head)'s exps and
+// total in key order; then the values' sums a block of keys at a time for every row, each output's
+// chain still in key order (kept in `sums` between blocks: a float stored and loaded is the same
+// float), a quarter of d at a time so that the heads' accumulators fit AVX2's 16 registers.
 template <int L, int G>
-void heads_blocked(const float* q, const float* kv, float* out, int64_t seen, float scale) {
+void rows_blocked(const float* q, int64_t q_stride, const float* kv, float* out, int64_t out_stride,
+                  int64_t seen0, int rows, float scale) {
   constexpr int64_t d = 8 * L;
-  thread_local std::vector<float> weights;
-  const int64_t padded = (seen + 7) / 8 * 8;
-  weights.resize(G * padded);
+  constexpr int64_t kValueBlock = 32;  // keys whose values stay in L1 while every row reads them
+  const int64_t last = seen0 + rows - 1;  // the keys the last row sees
+  const int64_t padded = (last + 7) / 8 * 8;
+  thread_local std::vector<float> weights, sums;
+  weights.resize(static_cast<size_t>(rows) * G * padded);
+  sums.assign(static_cast<size_t>(rows) * G * d, 0.f);
   const __m256 s = _mm256_set1_ps(scale);
-  float total[G];
-  for (int g = 0; g < G; ++g) {
-    float* w = weights.data() + g * padded;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < seen; j += 8) {
-      const int64_t keys = std::min<int64_t>(8, seen - j);
-      _mm256_storeu_ps(w + j, scores8<L>(q + g * d, kv + j * 2 * d, keys, s));
-      for (int64_t t = 0; t < keys; ++t) top = std::max(top, w[j + t]);
-    }
-    const __m256 m = _mm256_set1_ps(top);
-    for (int64_t j = 0; j < seen; j += 8) _mm256_storeu_ps(w + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j), m)));
-    total[g] = 0.f;
-    for (int64_t j = 0; j < seen; ++j) total[g] += w[j];
-  }
-  constexpr int P = L >= 4 ? 4 : L;  // vectors of d per sweep over the keys
-  static_assert(L % P == 0, "d must be a multiple of the sweep");
-  const float* w = weights.data();
-  for (int i0 = 0; i0 < L; i0 += P) {
-    __m256 acc[G][P];
-    for (int g = 0; g < G; ++g)
-      for (int i = 0; i < P; ++i) acc[g][i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < seen; ++j) {
-      const float* v = kv + j * 2 * d + d + 8 * i0;
-      __m256 vv[P];
-      for (int i = 0; i < P; ++i) vv[i] = _mm256_loadu_ps(v + 8 * i);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 top[kTileRows * G];
+  for (int h = 0; h < rows * G; ++h) top[h] = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < last; j += 8) {
+    for (int r = 0; r < rows; ++r) {
+      const int64_t keys = std::min<int64_t>(8, seen0 + r - j);
+      if (keys <= 0) continue;
+      const __m256 real = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(keys)), lane));
       for (int g = 0; g < G; ++g) {
-        const __m256 eb = _mm256_set1_ps(w[g * padded + j]);
-        for (int i = 0; i < P; ++i) acc[g][i] = _mm256_fmadd_ps(eb, vv[i], acc[g][i]);
+        const int h = r * G + g;
+        const __m256 sc = scores8<L>(q + r * q_stride + g * d, kv + j * 2 * d, keys, s);
+        _mm256_storeu_ps(weights.data() + h * padded + j, sc);
+        top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, real));
       }
     }
-    for (int g = 0; g < G; ++g) {
-      const __m256 inv = _mm256_set1_ps(1.f / total[g]);
-      for (int i = 0; i < P; ++i) _mm256_storeu_ps(out + g * d + 8 * (i0 + i), _mm256_mul_ps(acc[g][i], inv));
+  }
+  float total[kTileRows * G];
+  for (int h = 0; h < rows * G; ++h) {
+    const int64_t seen = seen0 + h / G;
+    float* w = weights.data() + h * padded;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top[h]);
+    const __m256 m = _mm256_set1_ps(*std::max_element(lanes, lanes + 8));
+    for (int64_t j = 0; j < seen; j += 8) _mm256_storeu_ps(w + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(w + j), m)));
+    total[h] = 0.f;
+    for (int64_t j = 0; j < seen; ++j) total[h] += w[j];
+  }
+  constexpr int P = L >= 4 ? 4 : L;  // vectors of d per sweep over a block's keys
+  static_assert(L % P == 0, "d must be a multiple of the sweep");
+  for (int64_t j0 = 0; j0 < last; j0 += kValueBlock) {
+    for (int r = 0; r < rows; ++r) {
+      const int64_t j1 = std::min<int64_t>(j0 + kValueBlock, seen0 + r);
+      if (j1 <= j0) continue;
+      const float* w = weights.data() + r * G * padded;
+      float* acc_at = sums.data() + r * G * d;
+      for (int i0 = 0; i0 < L; i0 += P) {
+        __m256 acc[G][P];
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < P; ++i) acc[g][i] = _mm256_loadu_ps(acc_at + g * d + 8 * (i0 + i));
+        for (int64_t j = j0; j < j1; ++j) {
+          const float* v = kv + j * 2 * d + d + 8 * i0;
+          __m256 vv[P];
+          for (int i = 0; i < P; ++i) vv[i] = _mm256_loadu_ps(v + 8 * i);
+          for (int g = 0; g < G; ++g) {
+            const __m256 eb = _mm256_set1_ps(w[g * padded + j]);
+            for (int i = 0; i < P; ++i) acc[g][i] = _mm256_fmadd_ps(eb, vv[i], acc[g][i]);
+          }
+        }
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < P; ++i) _mm256_storeu_ps(acc_at + g * d + 8 * (i0 + i), acc[g][i]);
+      }
     }
+  }
+  for (int h = 0; h < rows * G; ++h) {
+    const __m256 inv = _mm256_set1_ps(1.f / total[h]);
+    float* o = out + (h / G) * out_stride + (h % G) * d;
+    for (int i = 0; i < L; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(sums.data() + h * d + 8 * i), inv));
   }
 }
 
-bool heads_blocked_for(const float* q, const float* kv, float* out, int64_t seen, int64_t d, int64_t group,
-                       float scale) {
-#define BRIGADE_HEADS(L, G) \
-  if (d == 8 * (L) && group == (G)) return heads_blocked<L, G>(q, kv, out, seen, scale), true;
+bool rows_blocked_for(const float* q, int64_t q_stride, const float* kv, float* out, int64_t out_stride,
+                      int64_t seen0, int rows, int64_t d, int64_t group, float scale) {
+#define BRIGADE_HEADS(L, G)                                                                   \
+  if (d == 8 * (L) && group == (G))                                                           \
+    return rows_blocked<L, G>(q, q_stride, kv, out, out_stride, seen0, rows, scale), true;
   BRIGADE_HEADS(2, 1) BRIGADE_HEADS(2, 2) BRIGADE_HEADS(2, 3) BRIGADE_HEADS(2, 4) BRIGADE_HEADS(2, 8)
   BRIGADE_HEADS(4, 1) BRIGADE_HEADS(4, 2) BRIGADE_HEADS(4, 3) BRIGADE_HEADS(4, 4) BRIGADE_HEADS(4, 8)
   BRIGADE_HEADS(8, 1) BRIGADE_HEADS(8, 2) BRIGADE_HEADS(8, 3) BRIGADE_HEADS(8, 4)
@@ -427,22 +474,26 @@ at::Tensor attend_pass(const at::Tensor& q_in, const at::Tensor& new_kv_in, cons
         std::copy(np + ((row_of[c] + i) * KVH + kh) * 2 * d, np + ((row_of[c] + i) * KVH + kh + 1) * 2 * d,
                   base[c] + (kh * cap[c] + starts[c] + i) * 2 * d);
 
-  std::vector<int64_t> chunk_of(row_of[chunks]);
+  // Work items: (tile, KV head), a tile up to kTileRows consecutive rows of one chunk; a KV head's
+  // query heads, and a tile's rows, share its keys' and values' reads.
+  std::vector<std::array<int64_t, 3>> tiles;  // (chunk, first row in the pass, rows)
   for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t r = row_of[c]; r < row_of[c + 1]; ++r) chunk_of[r] = c;
-  // Work items: (query row, KV head); a KV head's query heads share its keys' reads.
-  const int64_t items = row_of[chunks] * KVH;
+    for (int64_t r = row_of[c]; r < row_of[c + 1]; r += kTileRows)
+      tiles.push_back({c, r, std::min<int64_t>(kTileRows, row_of[c + 1] - r)});
+  const int64_t items = static_cast<int64_t>(tiles.size()) * KVH;
   shared_for(0, items, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t row = item / KVH, kh = item % KVH, c = chunk_of[row];
-      const int64_t seen = starts[c] + (row - row_of[c]) + 1;  // keys 0 .. position
+      const auto [c, row, rows] = tiles[item / KVH];
+      const int64_t kh = item % KVH;
+      const int64_t seen = starts[c] + (row - row_of[c]) + 1;  // the tile's first row sees keys 0 .. position
       const float* kv = base[c] + kh * cap[c] * 2 * d;
       const float* qh = qp + (row * H + kh * group) * d;
       float* o = op + row * H * d + kh * group * d;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-      if (!key_by_key && heads_blocked_for(qh, kv, o, seen, d, group, scale)) continue;
+      if (!key_by_key && rows_blocked_for(qh, H * d, kv, o, H * d, seen, static_cast<int>(rows), d, group, scale))
+        continue;
 #endif
-      heads_key_by_key(qh, kv, o, seen, d, group, scale);
+      for (int64_t r = 0; r < rows; ++r) heads_key_by_key(qh + r * H * d, kv, o + r * H * d, seen + r, d, group, scale);
     }
   });
   return out;
