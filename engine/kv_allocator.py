@@ -28,7 +28,7 @@ class KVAllocator:
         capacity = round_up(min(seq.num_tokens + 1, seq.max_total_tokens))
         if not self._take(capacity):
             return False
-        seq.kv = SequenceKV(self.shape, capacity)
+        seq.kv = SequenceKV(self.shape, capacity, seq.max_total_tokens)
         # A prompt being scored computes every position, as vLLM does: no hit has its logits.
         seq.num_computed = 0 if seq.scores_prompt else self.prefix.attach(seq.all_ids, seq.kv)
         return True
@@ -39,7 +39,7 @@ class KVAllocator:
         capacity = round_up(min(parent.num_computed + 1, child.max_total_tokens))
         if not self._take(capacity):
             return False
-        child.kv = SequenceKV(self.shape, capacity)
+        child.kv = SequenceKV(self.shape, capacity, child.max_total_tokens)
         child.kv.data[:, :, :parent.num_computed] = parent.kv.data[:, :, :parent.num_computed]
         child.num_computed = parent.num_computed
         return True
@@ -51,7 +51,7 @@ class KVAllocator:
             return True
         if not self._take(CAPACITY_STEP):
             return False
-        seq.kv.resize(seq.kv.capacity + CAPACITY_STEP, keep=seq.num_computed)
+        seq.kv.resize(seq.kv.capacity + CAPACITY_STEP, keep=seq.num_computed, limit=seq.max_total_tokens)
         return True
 
     def remember(self, seq: Sequence) -> None:

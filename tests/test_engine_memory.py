@@ -79,6 +79,30 @@ def test_the_prefix_cache_gives_way_to_running_sequences(tiny_engine_factory):
     assert engine.scheduler.preemptions == 0  # the cache was evicted instead
 
 
+def test_a_growing_answer_is_charged_step_by_step_and_copied_only_past_its_spare_positions(tiny_engine_factory):
+    # A copy of the whole cache is a stream's longest gap between tokens: the tensor has room for
+    # SPARE_POSITIONS more than the budget is charged for, and the capacity grows into it in place.
+    from engine.kv_cache import CAPACITY_STEP, SPARE_POSITIONS
+
+    engine = tiny_engine_factory(max_wait_ms=0, prefix_cache=False)  # the budget holds this one sequence alone
+    engine.add_request(ids_req("long", words(100, 60), n=700))
+    seen: list[tuple[int, int, int]] = []  # (capacity, charged tokens, tensor address) whenever one changes
+    while engine.has_work():
+        engine.step()
+        running = engine.scheduler.running
+        if running:
+            kv = running[0].kv
+            now = (kv.capacity, engine.kv.used_tokens, kv.data.data_ptr())
+            if not seen or now != seen[-1]:
+                seen.append(now)
+    capacities = [c for c, _, _ in seen]
+    assert capacities == list(range(CAPACITY_STEP, 7 * CAPACITY_STEP + 1, CAPACITY_STEP))  # a step at a time, as before
+    assert all(used == capacity for capacity, used, _ in seen)  # the budget holds the capacity, not the tensor
+    copied_at = [c for (c, _, a), (_, _, before) in zip(seen[1:], seen) if a != before]
+    # Made with 128 + 3 spare steps; copied once, at 640, into a tensor as large as it may ever need (896).
+    assert SPARE_POSITIONS == 3 * CAPACITY_STEP and copied_at == [5 * CAPACITY_STEP]
+
+
 # ---- chunked prefill --------------------------------------------------------------------------
 
 
