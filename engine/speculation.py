@@ -28,7 +28,8 @@ token a step as before. Drafting stops by itself where it does not pay: when mor
 efficiently; vLLM's n-gram speculation is slower than none at high load), and, per sequence, after
 its recent drafts were mostly refused (`min_acceptance` over the last `WINDOW` drafted tokens),
 for `pause_steps` steps. In between, a sequence's drafts shorten as fewer of them hold
-(`Drafter._length`): a verify pass's cost grows with its rows.
+(`Drafter._length`): a verify pass's cost grows with its rows, and past `long_context` (where
+each row's attention is a large part of a step) a sequence drafts one token at most.
 """
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ class SpeculationConfig:
     min_ngram: int = 2
     max_decodes: int = 4  # more sequences decoding than this: none drafts
     min_acceptance: float = 0.3
+    # From this context on a sequence drafts one token at most: each drafted row's attention reads
+    # the whole context, and a one-stream's longest gaps are its widest verify passes. At a
+    # 1,000-token context (default model, 2-core AVX2) a 3-row pass took 1.5 times a one-row step,
+    # a 2-row one 1.12 times; with 2 drafts there, the inter-token p99 was 1.5-1.75x llama-server's.
+    long_context: int = 512
     pause_steps: int = 32
 
 
@@ -79,7 +85,7 @@ class Drafter:
             for n in range(cfg.min_ngram, min(cfg.max_ngram, stop) + 1):
                 self._latest[tuple(ids[stop - n:stop])] = stop
         self._indexed = max(self._indexed, end)
-        k = min(limit, self._length())
+        k = min(limit, self._length(end))
         if k <= 0:
             return []
         for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
@@ -88,15 +94,17 @@ class Drafter:
                 return ids[after:after + k]
         return []
 
-    def _length(self) -> int:
-        """How many tokens to draft now. A verify pass costs more the more rows it has: on an AVX2
+    def _length(self, context: int) -> int:
+        """How many tokens to draft now, at a context of `context` tokens. A verify pass costs more the more rows it has: on an AVX2
         CPU a 2-row pass of the default model costs about what a 1-row step does (its weights'
         reading is the step), a 5-row one about 2.2 times (measured: docs/benchmarks.md), so with
         acceptance a a 4-token draft gives (1 - a^5) / (1 - a) tokens for 2.2 steps' time and a
         1-token one 1 + a for one step's: at a = 0.3, 0.65x against 1.24x. So a sequence drafts
         `tokens` while its recent drafts mostly hold (and before it has any), 2 while about half
         do, 1 below that (and pauses below `min_acceptance`, in `verified`). A refused long draft
-        also costs a stream its longest gap between tokens."""
+        also costs a stream its longest gap between tokens: past `long_context`, one token at most."""
+        if context >= self.config.long_context:
+            return min(1, self.config.tokens)
         drafted = sum(d for d, _ in self._recent)
         if drafted < WINDOW // 8:
             return self.config.tokens

@@ -60,6 +60,14 @@ def test_a_sequence_drafts_fewer_tokens_as_fewer_of_its_drafts_hold():
     assert d.propose(ids, 10) == [3, 4, 5, 6]  # holding again: the whole length again
 
 
+def test_a_long_context_drafts_one_token_at_most():
+    # Each drafted row's attention reads the whole context: past long_context, a verify pass is 2 rows.
+    ids = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert Drafter(SpeculationConfig(tokens=4, long_context=9)).propose(ids, 10) == [3, 4, 5, 6]
+    assert Drafter(SpeculationConfig(tokens=4, long_context=8)).propose(ids, 10) == [3]
+    assert Drafter(SpeculationConfig(tokens=0, long_context=8)).propose(ids, 10) == []
+
+
 class Oracle(Drafter):
     """Drafts taken from the answer the model is known to give (a random tiny model never repeats
     itself, so its own context would draft nothing), with every third draft's third token wrong:
