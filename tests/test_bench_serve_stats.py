@@ -17,9 +17,9 @@ from ops.bench.serve_stats import (
     distribution,
     judge,
     parse_slo,
-    percentile,
     run_metrics,
 )
+from ops.core.percentiles import percentile, statistic
 from ops.bench.serve_workload import (
     InvalidDataset,
     Prompt,
@@ -78,6 +78,17 @@ def test_percentiles_interpolate_between_the_closest_ranks():
     assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
     assert percentile([7.0], 95) == 7.0
     assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_one_statistic_for_canaries_and_benches():
+    # The canary's verdicts and the bench's tables read a latency the same way (ops/core/percentiles.py).
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert statistic(values, "mean") == 2.5 and statistic(values, "p90") == pytest.approx(3.7)
+    assert statistic([], "p50") is None and statistic([], "mean") is None
+    with pytest.raises(ValueError):
+        statistic(values, "median")
     d = distribution(list(range(1, 101)))
     assert d == {"mean": 50.5, "p50": 50.5, "p90": 90.1, "p95": 95.05, "p99": 99.01, "count": 100}
 

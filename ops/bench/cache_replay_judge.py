@@ -22,9 +22,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from ops.bench.quality_questions import wilson_interval
+from ops.core.percentiles import percentile
 from ops.training.pair_model.pairs import Pair
 
 KINDS = ("repeat", "rewording", "lookalike")
@@ -158,7 +157,7 @@ def _round(value: float | None, digits: int = 6) -> float | None:
 
 
 def _ms(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000, 3) if values else None
+    return round(percentile(values, q) * 1000, 3) if values else None
 
 
 def summarize(judged: list[Judged]) -> dict:

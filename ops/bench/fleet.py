@@ -41,13 +41,6 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
-
-
 class Fleet:
     """Redis, `gateways` gateways, a reaper and `workers` workers, each a supervised part that may be
     killed and started again (always from the main thread: see Supervisor). `env` is added to every

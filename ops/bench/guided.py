@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ops.bench.guided_libraries import LIBRARIES
+from ops.core.percentiles import percentile
 
 # A realistic structured answer: a string, an integer, an enum and an array of strings.
 SCHEMA = {
@@ -45,11 +46,6 @@ class WrongMask(AssertionError):
     """The library forbade, or refused, a token of an answer its grammar accepts."""
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _cpu() -> dict:
     """The CPU's name, cores and the vector extensions that matter for the mask (whether a rerun is
     on an AVX2-only or an AMX machine)."""
@@ -68,7 +64,7 @@ def _cpu() -> dict:
 
 def _summary(seconds: list[float], batch: int) -> dict:
     """Median and p90 of a step, and per sequence (a step serves `batch` sequences)."""
-    median, p90 = statistics.median(seconds) * 1e6, _percentile(seconds, 0.9) * 1e6
+    median, p90 = statistics.median(seconds) * 1e6, percentile(seconds, 90) * 1e6
     return {"us_per_step_median": round(median, 1), "us_per_step_p90": round(p90, 1),
             "us_per_token_per_seq_median": round(median / batch, 1),
             "us_per_token_per_seq_p90": round(p90 / batch, 1), "steps": len(seconds)}

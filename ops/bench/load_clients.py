@@ -24,7 +24,7 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from ops.bench.fleet import percentile
+from ops.core.percentiles import percentile
 
 QUESTIONS = [
     "What is the capital of France?", "Name three colors.", "Why is the sky blue?", "Give me a tip for sleeping well.",
@@ -36,6 +36,11 @@ RECV_TIMEOUT_S = 120  # an answer silent this long is a failure ("timeout"), not
 # `make test-long`, a test stopped by its timeout before the run could report what it lost)
 MAX_RECONNECTS = 6  # per request: a request that needs more is a failure
 FAILURES_LISTED = 500  # the report lists the first failures one by one (the counts are whole)
+
+
+def _seconds(value: float | None) -> float | None:
+    """A latency as the report gives it (to 0.1 ms)."""
+    return None if value is None else round(value, 4)
 
 
 @dataclass
@@ -109,8 +114,8 @@ class Tally:
         out = {"requests_sent": self.sent, "requests_completed": self.completed,
                "requests_failed": dict(self.failed), "broken_streams": self.broken_streams,
                "tokens_duplicated": self.duplicated_tokens, "tokens_skipped": self.skipped_tokens,
-               "ttft_s": {"p50": percentile(self.ttft, 0.5), "p99": percentile(self.ttft, 0.99)},
-               "e2e_s": {"p50": percentile(self.e2e, 0.5), "p99": percentile(self.e2e, 0.99)},
+               "ttft_s": {"p50": _seconds(percentile(self.ttft, 50)), "p99": _seconds(percentile(self.ttft, 99))},
+               "e2e_s": {"p50": _seconds(percentile(self.e2e, 50)), "p99": _seconds(percentile(self.e2e, 99))},
                "connect_retries": self.connect_retries}
         if self.resumed or self.resent:
             out.update(resumed=self.resumed, resent_before_queued=self.resent)

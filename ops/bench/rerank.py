@@ -43,6 +43,7 @@ from typing import Callable
 
 import numpy as np
 
+from ops.core.percentiles import percentile
 from ops.training.pair_model.pairs import HAND_TEST, HAND_TUNE, Pair, duplicate_groups, read_pairs, split_of
 
 POOLS = ("lexical", "embedding")
@@ -153,7 +154,7 @@ class Ranked:
                 "mean_rank": round(sum(self.ranks) / n, 3),
                 "ms_per_query": {"timed_queries": len(self.ms), "mean": round(statistics.fmean(self.ms), 1),
                                  "p50": round(statistics.median(self.ms), 1),
-                                 "p90": round(float(np.percentile(self.ms, 90)), 1)} if self.ms else None}
+                                 "p90": round(percentile(self.ms, 90), 1)} if self.ms else None}
 
 
 def paired(pair: Ranked, embedding: Ranked) -> dict:

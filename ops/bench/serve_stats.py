@@ -13,9 +13,8 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from ops.core import slo
+from ops.core.percentiles import percentile, statistic
 from ops.core.slo import LATENCIES, InvalidObjective, Objective  # noqa: F401 (callers import them from here)
 
 PERCENTILES = (50, 90, 95, 99)
@@ -82,25 +81,6 @@ def _round(value: float | None, digits: int = 6) -> float | None:
 
 
 # ---- distributions --------------------------------------------------------------------------------
-
-
-def percentile(values, q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between the closest ranks (numpy's and
-    vLLM's default); None for no values."""
-    if len(values) == 0:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError("a percentile is between 0 and 100")
-    return float(np.percentile(np.asarray(values, dtype=float), q))
-
-
-def statistic(values, stat: str) -> float | None:
-    """`mean` or `pNN` of the values."""
-    if stat == "mean":
-        return float(np.mean(values)) if len(values) else None
-    if stat.startswith("p"):
-        return percentile(values, float(stat[1:]))
-    raise ValueError(f"unknown statistic {stat!r}")
 
 
 def distribution(values) -> dict:

@@ -12,27 +12,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from ops.core.outcomes import Outcome
+from ops.core.percentiles import statistic
 from ops.core.slo import Objective
 
 STANDARD_STATS = ("ttft_p50", "ttft_p95", "tpot_p50", "e2e_p95")  # what `canary status` always shows
 OUTCOME_METRICS = ("ttft", "tpot", "e2e")  # the latencies an outcome has (no inter-token gaps)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between the closest ranks (numpy's default, as bench serve reports)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def statistic(values: list[float], stat: str) -> float | None:
-    if stat == "mean":
-        return sum(values) / len(values) if values else None
-    return percentile(values, float(stat[1:]))
 
 
 @dataclass

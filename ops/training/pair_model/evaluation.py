@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import statistics
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -41,6 +40,7 @@ from cache.answer_cache import reusable_for_rewordings
 from cache.hit_rule import Candidate, OperatingPoint, choose
 from cache.index import Item, VectorIndex
 from cache.store import answer_digest
+from ops.core.percentiles import percentile
 from ops.training.pair_model.bounds import upper_bound
 from ops.training.pair_model.pairs import Pair, duplicate_groups
 
@@ -216,9 +216,7 @@ def paraphrase_metrics(outcomes: list[Outcome], point: OperatingPoint) -> dict:
 def latency(ms: list[float]) -> dict:
     if not ms:
         return {"decision_ms_p50": None, "decision_ms_p99": None}
-    ordered = sorted(ms)
-    return {"decision_ms_p50": round(statistics.median(ordered), 2),
-            "decision_ms_p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}
+    return {"decision_ms_p50": round(percentile(ms, 50), 2), "decision_ms_p99": round(percentile(ms, 99), 2)}
 
 
 METRICS = {"duplicates": duplicate_metrics, "lookalikes": lookalike_metrics, "paraphrases": paraphrase_metrics}

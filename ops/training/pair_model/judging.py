@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from cache.evidence import fit_drop, same_text
+from ops.core.percentiles import percentile
 from ops.training.pair_model.bounds import upper_bound
 from ops.training.pair_model.pairs import Pair
 
@@ -65,6 +66,6 @@ def report(pairs: list[Pair], embedder, margin: float, keep: float = 0.99) -> di
                 "upper95": round(upper_bound(misfits, len(values)), 4)}
 
     finite = rewordings[np.isfinite(rewordings)]
-    keeping = round(float(np.quantile(finite, keep)), 4) if len(finite) else None
+    keeping = round(percentile(finite, 100 * keep), 4) if len(finite) else None
     return {"margin": margin, "rewordings_false_alarms": rate(rewordings), "lookalikes_caught": rate(lookalikes),
             "by_kind": by_kind, f"margin_keeping_{keep:g}_of_rewordings": keeping}
