@@ -46,6 +46,10 @@ class InsertPath:
             return None
         lookup = lookup or Lookup(None)
         answer = "".join(chunks)
+        if query.sampled and repetitive(answer):
+            # A sampled loop is one unlucky draw: kept, it would be what every later ask is served
+            # (a sampled question's first answer makes its pool, and a pool serves its samples).
+            return None
         try:
             if lookup.pool is not None:
                 sample = Sample(chunks, finish_reason, completion_tokens)

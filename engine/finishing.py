@@ -2,7 +2,8 @@
 
 Why, after each token it takes (vLLM's stop checker), in order: end-of-sequence (unless
 ignore_eos), a stop string (engine/detokenizer.py), a stop token id, a guide whose grammar is
-complete: "stop"; max_tokens or the model's context: "length". Nothing but the length ends an
+complete: "stop"; max_tokens or the model's context: "length"; a degenerate loop, where the
+sequence is watched for one (engine/repetition.py): "repetition". Nothing but the length ends an
 answer before min_tokens (vLLM's rule: its EOS and stop token ids are masked,
 engine/logits_processing.py, and its stop strings not looked for). Besides, every choice of a
 request ends "cancelled" when the request is cancelled, and "error" when a pass that carried it
@@ -43,8 +44,10 @@ def stop_reason(seq: Sequence, token: int, eos_ids: set[int], context_length: in
             reason = FinishReason.STOP
         elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= context_length:
             reason = FinishReason.LENGTH
+        elif seq.repeats is not None and seq.repeats.took(seq.output_ids) and may_stop:
+            reason = FinishReason.REPETITION
     # Text held back as a possible stop string is final once the answer ends otherwise.
-    if reason is FinishReason.LENGTH or (reason is FinishReason.STOP and not detok.stopped):
+    if reason in (FinishReason.LENGTH, FinishReason.REPETITION) or (reason is FinishReason.STOP and not detok.stopped):
         text += detok.flush()
     return reason, text
 

@@ -76,6 +76,9 @@ class EngineConfig:
     # Prompt-lookup speculation (engine/speculation.py): draft tokens a plain greedy sequence may
     # have verified per step; 0 turns it off. Only where passes are batch-invariant (the same text).
     speculative_tokens: int = 2  # ops/core/settings.py says why 2
+    # An answer whose last this many tokens are one unit going round ends "repetition"
+    # (engine/repetition.py); 0: none is cut.
+    repetition_stop_tokens: int = 64
 
 
 class Engine:
@@ -117,7 +120,8 @@ class Engine:
         self.inbox = RequestInbox()
         self.finisher = Finisher(self.scheduler, self.inbox, clock)
         self.token_texts = TokenTexts(self.tokenizer)
-        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock)
+        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock,
+                                       config.repetition_stop_tokens)
         self.starter = Starter(self.tokenizer, self.vocab_width)  # a new sequence's detokenizer and guide
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)

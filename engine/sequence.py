@@ -17,6 +17,7 @@ class SequenceStatus(Enum):
 class FinishReason(str, Enum):
     STOP = "stop"
     LENGTH = "length"
+    REPETITION = "repetition"  # a degenerate loop, ended (engine/repetition.py)
     CANCELLED = "cancelled"
     ERROR = "error"
 
@@ -142,8 +143,10 @@ class Sequence:
         self.detok = None
         self.matcher = None
         self.prompt_logprobs: dict[int, dict] | None = None
-        # Its prompt-lookup drafter (engine/speculation.py), made when it first may draft.
+        # Its prompt-lookup drafter (engine/speculation.py), made when it first may draft; the watch
+        # on its output for a degenerate loop (engine/repetition.py; None: not watched).
         self.drafter = None
+        self.repeats = None
 
     @property
     def scores_prompt(self) -> bool:

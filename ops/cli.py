@@ -103,8 +103,13 @@ def cmd_flower(args, settings: Settings) -> int:
 def cmd_chat(args, settings: Settings) -> int:
     from ops.commands.chat import INTERRUPTED, ChatOptions, chat
 
+    # One question asks greedily unless told otherwise: it is a look-up, whose answer should be the
+    # model's most likely one, the same every time it is asked (and cached). Sampled at the default
+    # model's 0.2, "What is the capital of France?" began "L'" about as often as "The" and could run
+    # into a loop. A conversation keeps the served model's own sampling.
+    temperature = args.temperature if args.temperature is not None or args.question is None else 0.0
     options = ChatOptions(
-        url=args.url or settings.ws_url, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        url=args.url or settings.ws_url, max_tokens=args.max_tokens, temperature=temperature, seed=args.seed,
         system=args.system, cache="off" if args.no_cache else "auto", api_key=args.api_key,
         max_message_bytes=settings.max_message_bytes,
     )
@@ -189,8 +194,8 @@ def _add_client_parsers(sub) -> None:
     p.add_argument("question", nargs="?", help="without it: an interactive session")
     p.add_argument("--system", help="a system message that starts the conversation")
     p.add_argument("--max-tokens", type=int, help="default: the served model's (GET /v1/models shows it)")
-    p.add_argument("--temperature", type=float, help="default: the served model's; 0 = greedy (the same answer "
-                   "every time, and cached)")
+    p.add_argument("--temperature", type=float, help="default: 0 for one question (greedy: the model's most likely "
+                   "answer, the same every time, and cached), the served model's in a conversation")
     p.add_argument("--seed", type=int, help="same seed and question, same answer")
     p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
     add_connection_options(p, gateway="ws", api_key=True)

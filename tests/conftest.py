@@ -90,7 +90,7 @@ def tiny_invariant_engine(tiny_model_dir):
     from engine import Engine, EngineConfig
 
     return Engine.load(EngineConfig(model=str(tiny_model_dir), max_batch=16, max_wait_ms=0, torch_threads=1,
-                                    prefix_cache=False))
+                                    prefix_cache=False, repetition_stop_tokens=0))
 
 
 @pytest.fixture
@@ -100,6 +100,8 @@ def tiny_engine_factory(tiny_model_dir):
     def make(**config):
         config.setdefault("torch_threads", 1)
         config.setdefault("dtype", "float32")
+        # The random model's answers loop within a few tokens: none is cut (tests/test_repetition.py cuts).
+        config.setdefault("repetition_stop_tokens", 0)
         return Engine.load(EngineConfig(model=str(tiny_model_dir), **config))
 
     return make

@@ -237,6 +237,10 @@ def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
         # token for token and are cached; the default model samples at 0.2. The tests of the
         # defaults themselves pass BRIGADE_DEFAULT_TEMPERATURE=None.
         "BRIGADE_DEFAULT_TEMPERATURE": "0",
+        # The mechanics run on the tiny random model, whose answers go round in loops within a few
+        # tokens, and need long ones (a fault must land mid-answer): no answer is cut for looping.
+        # The cut is tested on its own (tests/test_repetition.py).
+        "BRIGADE_REPETITION_STOP_TOKENS": "0",
     }
     return with_env(dict(os.environ), **{**base, **extra})
 

@@ -215,6 +215,29 @@ def test_looping_answers_serve_only_the_same_request_and_a_cut_one_may_serve_rew
     assert indexed == 1
 
 
+def test_a_sampled_answer_that_loops_is_never_served_again(settings, embedder, renderer):
+    # A sampled question's answers make a pool that later asks are served from: an unlucky draw that
+    # looped ("L'Étoile, la femme femme, la femme femme, ...") never joins it, nor starts it.
+    loop = "la femme femme, la femme femme, la femme femme, la femme femme, la femme femme, la femme femme,"
+
+    async def main():
+        cache = AnswerCache(settings, embedder)
+        question = ask(renderer, "What is the capital of France?", temperature=0.7)
+        assert question.sampled
+        first = await cache.insert(question, None, [loop], "length", 10, 64)
+        after_loop = await cache.lookup(question)
+        good = await cache.insert(question, None, ["The capital of France is Paris."], "stop", 10, 8)
+        filling = await cache.lookup(question)  # a short pool: a miss the model's answer fills
+        joined = await cache.insert(question, filling, [loop], "length", 10, 64)
+        entry = await cache.store.get_exact(question.exact_key)
+        return first, after_loop, good, filling, joined, entry
+
+    first, after_loop, good, filling, joined, entry = run(main())
+    assert first is None and after_loop.hit is None and after_loop.pool is None
+    assert good is not None and filling.pool == good
+    assert joined is None and entry.pool == 1
+
+
 def test_without_the_pair_model_the_semantic_layer_stays_off_not_loose(settings, embedder, renderer, caplog):
     settings = settings.model_copy(update={"cache_pair_model": "/nonexistent/pair_model.safetensors"})
 

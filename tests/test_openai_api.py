@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -50,6 +52,18 @@ def test_models_lists_the_served_model_and_its_context_length(doors):
     assert models.data[0].id == MODEL  # first: the embedding model and the reranker follow (tests/rerank_cases.py)
     assert [m.id for m in models.data if m.model_extra["kind"] == "generate"] == [MODEL]
     assert models.data[0].model_extra["max_model_len"] == 8192
+
+
+def test_the_readmes_first_command_answers_paris_every_time(doors):
+    # `brigade chat "What is the capital of France?"`, as the README's quick start runs it: one
+    # question is asked greedily, so every run is the model's most likely answer. Sampled at the
+    # model's default 0.2 it began "L'Étoile, ..." about half the time and looped to max_tokens.
+    # Generated anew each time (--no-cache), then as asked plainly (the cache may answer).
+    for extra in (["--no-cache"], ["--no-cache"], ["--no-cache"], []):
+        done = subprocess.run([sys.executable, "-m", "ops.cli", "chat", "--url", f"ws://127.0.0.1:{doors.open}/v1/ws",
+                               *extra, QUESTION], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "The capital of France is Paris.", (extra, done.stdout, done.stderr)
 
 
 def test_greedy_chat_answer_equals_the_websocket_answer_for_the_same_request(doors):

@@ -34,6 +34,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         kernel_dir=settings.kernel_dir,
         grid_dir=settings.grid_dir,
         speculative_tokens=settings.speculative_tokens,
+        repetition_stop_tokens=settings.repetition_stop_tokens,
         device=settings.device,
         dtype=settings.dtype,
         torch_threads=torch_threads(settings),

@@ -154,8 +154,8 @@ REGISTRY.register(VllmNames(_own_collectors))
 class WorkerMetrics:
     """One worker's handles on the metrics above, bound to its model and version labels."""
 
-    FULL_RUN = frozenset({"stop", "length"})  # the ends whose latencies describe a whole answer
-    REASONS = ("stop", "length", "cancelled", "error")
+    FULL_RUN = frozenset({"stop", "length", "repetition"})  # the ends whose latencies describe a whole answer
+    REASONS = ("stop", "length", "repetition", "cancelled", "error")
 
     def __init__(self, model: str, version: str = ""):
         self.model, self.version = model, version

@@ -60,7 +60,10 @@ def response_id(chat: bool, rid: str) -> str:
 
 
 def finish_reason(reason: str | None) -> str | None:
-    # OpenAI knows stop and length (and tool/content ones); cancelled or handed-back answers ended early.
+    # OpenAI knows stop and length (and tool/content ones): an answer ended in a loop was cut short,
+    # "length"; cancelled or handed-back answers ended early.
+    if reason == "repetition":
+        return "length"
     return reason if reason in ("stop", "length") else ("stop" if reason else None)
 
 

@@ -19,7 +19,7 @@ from gateway.doors.openai_render import brigade_extra
 from gateway.doors.responses_schema import ResponseOptions
 
 # Brigade's finish reasons -> the response's status (a cut answer is "incomplete", as OpenAI says).
-STATUS = {"stop": "completed", "length": "incomplete", "cancelled": "cancelled"}
+STATUS = {"stop": "completed", "length": "incomplete", "repetition": "incomplete", "cancelled": "cancelled"}
 
 
 def new_id() -> str:

@@ -230,7 +230,7 @@ class Reply:
 
     @property
     def answered(self) -> bool:
-        return self.end is not None and self.end.get("finish_reason") in ("stop", "length")
+        return self.end is not None and self.end.get("finish_reason") in ("stop", "length", "repetition")
 
 
 async def ask(link: GatewayLink, messages: list[dict], ctrl_c: CtrlC) -> Reply:
@@ -329,6 +329,8 @@ def summary(done: dict) -> str:
         parts.append(f"{usage['prompt_tokens']} prompt tokens")
     if done.get("finish_reason") == "length":
         parts.append("cut at --max-tokens")
+    elif done.get("finish_reason") == "repetition":
+        parts.append("ended: it had begun to repeat itself")
     return ", ".join(parts)
 
 

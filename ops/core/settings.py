@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     # and a longest gap between tokens two thirds as long (docs/benchmarks.md; AVX-512 CPUs not
     # measured for this choice).
     speculative_tokens: int = Field(default=2, ge=0, le=16)
+    # An answer whose last this many tokens repeat one unit of up to 32 tokens, at least 3 times
+    # round, ends with finish_reason "repetition" (OpenAI's API: "length") instead of looping on to
+    # max_tokens (engine/repetition.py); 0: never cut (an answer asked to repeat something).
+    repetition_stop_tokens: int = Field(default=64, ge=0)
     # Where and in what precision the engine runs (engine/placement.py): auto | cpu | cuda | cuda:N,
     # and auto | float32 | mixed | bfloat16 | float16. auto: float32 everywhere (the exact default;
     # half precision changed answers on every CPU kind measured). bfloat16, float16 and mixed are
