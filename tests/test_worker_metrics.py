@@ -415,7 +415,7 @@ def test_a_worker_serving_a_version_names_it_in_every_series_and_in_its_heartbea
         assert any(s.labels.get("model_name") == MODEL for s in samples)
         # The series a dashboard rates are there from the start, under the version's labels.
         reasons = {s.labels["finished_reason"] for s in families["brigade_request_success"].samples}
-        assert reasons == {"stop", "length", "cancelled", "error"}
+        assert reasons == {"stop", "length", "repetition", "cancelled", "error"}
         assert any(s.name == "brigade_time_to_first_token_seconds_count" for s in families[
             "brigade_time_to_first_token_seconds"].samples)
         # The other workers keep their own (unversioned) labels.
