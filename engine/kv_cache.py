@@ -8,8 +8,9 @@ copy per step. On a CPU decode is bound by memory bandwidth, and a paged layout
 again as the attention reads. The price of contiguity is a copy when a sequence outgrows its
 tensor. That copy is one stream's longest gap between tokens: about 27 ms at a 1,150-token
 context of the default model on 2 cores, 3 steps' time. So the tensor is made with SPARE_POSITIONS
-more than the capacity: addresses only, since a page is memory once written, and a page past the
-capacity is written only once the capacity has grown over it. The capacity grows by
+more than the capacity: addresses only on a CPU, since a page is memory once written, and a page
+past the capacity is written only once the capacity has grown over it (a GPU's memory is taken at
+allocation, so there the tensor is the capacity, as before). The capacity grows by
 CAPACITY_STEP, and copies only every 1 + SPARE_POSITIONS / CAPACITY_STEP steps (an answer of up
 to ~500 tokens never).
 
@@ -89,8 +90,9 @@ class SequenceKV:
         s = self.shape
         return torch.empty(s.layers, s.kv_heads, positions, 2 * s.head_dim, dtype=s.dtype, device=s.device)
 
-    @staticmethod
-    def _room(capacity: int, limit: int | None) -> int:
+    def _room(self, capacity: int, limit: int | None) -> int:
+        if self.shape.device.type != "cpu":
+            return capacity  # a GPU allocates every byte at once: no spare beyond the budget's charge
         room = capacity + SPARE_POSITIONS
         return room if limit is None else max(capacity, min(room, round_up(limit)))
 
