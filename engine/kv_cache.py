@@ -97,9 +97,9 @@ class SequenceKV:
         return room if limit is None else max(capacity, min(room, round_up(limit)))
 
     def resize(self, capacity: int, keep: int, limit: int | None = None) -> None:
-        """Grow (or shrink) to `capacity` positions, keeping the first `keep`: within the tensor's
-        spare positions without a copy, else into a new tensor (with spare positions of its own)."""
-        if capacity > self.data.shape[2] or capacity < self.capacity - SPARE_POSITIONS:
+        """Grow to `capacity` positions, keeping the first `keep`: within the tensor's spare positions
+        without a copy, else into a new tensor (with spare positions of its own)."""
+        if capacity > self.data.shape[2]:
             new = self._empty(self._room(capacity, limit))
             if keep:
                 new[:, :, :keep] = self.data[:, :, :keep]

@@ -120,9 +120,9 @@ class Engine:
         self.inbox = RequestInbox()
         self.finisher = Finisher(self.scheduler, self.inbox, clock)
         self.token_texts = TokenTexts(self.tokenizer)
-        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock,
-                                       config.repetition_stop_tokens)
-        self.starter = Starter(self.tokenizer, self.vocab_width)  # a new sequence's detokenizer and guide
+        self.outputs = OutputProcessor(self.finisher, self.token_texts, self.eos_ids, self.context_length, clock)
+        # A new sequence's detokenizer, guide and loop watch.
+        self.starter = Starter(self.tokenizer, self.vocab_width, config.repetition_stop_tokens)
         self.speculation = (SpeculationConfig(tokens=config.speculative_tokens)
                             if config.speculative_tokens > 0 and self.runner.batch_invariant else None)
         self.verifier = Verifier()  # drafts checked against the step's own tokens, and counted

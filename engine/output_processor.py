@@ -15,15 +15,13 @@ from typing import Callable
 from engine.finishing import Finisher, stop_reason
 from engine.logprobs import TokenTexts
 from engine.outputs import SequenceUpdate
-from engine.repetition import RepeatWatch
 from engine.sequence import FinishReason, Sequence
 
 
 class OutputProcessor:
     def __init__(self, finisher: Finisher, token_texts: TokenTexts, eos_ids: set[int], context_length: int,
-                 clock: Callable[[], float], repetition_span: int = 0):
+                 clock: Callable[[], float]):
         self.finisher = finisher
-        self.repetition_span = repetition_span  # engine/repetition.py; 0: no sequence is watched
         self.token_texts = token_texts
         self.eos_ids = eos_ids
         self.context_length = context_length
@@ -59,8 +57,6 @@ class OutputProcessor:
             seq.timing.first_token = now
         seq.output_ids.append(token)
         self.tokens_generated += 1
-        if seq.repeats is None and self.repetition_span and not seq.params.ignore_eos:
-            seq.repeats = RepeatWatch(self.repetition_span)  # ignore_eos asked for exactly max_tokens
         reason, text = stop_reason(seq, token, self.eos_ids, self.context_length)
         update = SequenceUpdate(seq.request_id, len(seq.output_ids) - 1, token, text,
                                 prompt_tokens=len(seq.prompt_ids), choice=seq.choice, logprobs=entry)

@@ -57,8 +57,14 @@ inline void axpy(float* out, float w, const float* v, int64_t d) {
 }
 
 // A work item's query rows at most: consecutive rows of one chunk, which read their KV head's keys
-// and values once together (a verify pass's drafted rows, a prompt chunk's rows).
+// and values once together (a verify pass's drafted rows, a prompt chunk's rows) where the blocked
+// path shares those reads (AVX2's `rows_blocked`). AVX-512's goes a row at a time, so there a row is
+// its own item, as many items as before for the threads to share.
+#if defined(__AVX512F__)
+constexpr int kTileRows = 1;
+#else
 constexpr int kTileRows = 4;
+#endif
 
 // One query row's `group` heads (q [group, d], out [group, d], zeroed) over its `seen` keys, one
 // key at a time: the order that defines every number here.
