@@ -77,7 +77,7 @@ from gateway.doors.ws_door import WebSocketDoor
 from gateway.doors.ws_protocol import ClientProtocol
 from gateway.protocol import ProtocolError, RequestRules
 from ops.core import fleet, keys, redis_clients
-from ops.core.canary import Controller
+from ops.rollout.canary import Controller
 from ops.core.ports import bind_error
 from ops.core.queue import QueueSender
 from ops.core.redis_clients import async_client

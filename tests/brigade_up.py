@@ -18,7 +18,7 @@ class BrigadeUp:
         self.env, self.log_path = env, log_path
         self.port = int(env["BRIGADE_GATEWAY_PORT"])
         self._log = open(log_path, "w") if stdout is None else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", *args], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.commands.cli", "up", *args], env=env,
                                      cwd=Path(__file__).resolve().parent.parent, stdout=self._log or stdout,
                                      stderr=subprocess.STDOUT, **popen)
 

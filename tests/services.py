@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
-from ops.redis_ha import TLSFiles, replica_of
+from ops.stack.redis_ha import TLSFiles, replica_of
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -120,7 +120,7 @@ class RedisServer:
 
 
 class RedisHAServer:
-    """A real primary, `replicas` replicas (two by default) and three sentinels (ops/redis_ha.py) on
+    """A real primary, `replicas` replicas (two by default) and three sentinels (ops/stack/redis_ha.py) on
     free ports, seen by a Stack as its Redis: `url` is the redis+sentinel:// URL every Brigade
     process gets, `client` follows the primary through failovers. `kill_primary` is the fault: SIGKILL of whichever node
     the sentinels name primary. With `tls` every node and sentinel speaks only TLS, and `url` is
@@ -128,7 +128,7 @@ class RedisHAServer:
 
     def __init__(self, tmp: Path, replicas: int = 2, tls: TLSFiles | None = None):
         from ops.core.redis_clients import client
-        from ops.redis_ha import RedisHA
+        from ops.stack.redis_ha import RedisHA
 
         if shutil.which("redis-server") is None:
             pytest.fail(REDIS_INSTALL_HINT, pytrace=False)
@@ -171,14 +171,14 @@ class RedisHAServer:
 
 
 class BrigadeProcess:
-    """`python -m ops.cli <part>` with the given environment, its output in a log file."""
+    """`python -m ops.commands.cli <part>` with the given environment, its output in a log file."""
 
     def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None,
                  wrap: Callable[[list[str]], list[str]] | None = None):
         self.env, self.log_path = env, log_path
         self.log = open(log_path, "w")
         self._asked = False
-        argv = [sys.executable, "-m", "ops.cli", part, *(extra or [])]
+        argv = [sys.executable, "-m", "ops.commands.cli", part, *(extra or [])]
         self.proc = subprocess.Popen(
             wrap(argv) if wrap else argv,  # `wrap`: run inside a network namespace (ip netns exec)
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,

@@ -226,7 +226,7 @@ def _done(rid: str):
 @pytest.mark.parametrize("shadow_first", [False, True])
 @pytest.mark.parametrize("same", [True, False])
 def test_a_shadow_is_compared_with_the_served_answer_whichever_ends_first(redis_server, shadow_first, same):
-    from ops.core import outcomes
+    from ops.rollout import outcomes
 
     async def scenario():
         async with admission_on(redis_server.url) as (admission, background):

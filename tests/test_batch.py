@@ -30,7 +30,7 @@ class BatchStack(Stack):
     """The stack, and `brigade batch` and the batch API as a user drives them."""
 
     def batch(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", self.http, *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "ops.commands.cli", "batch", "--url", self.http, *args], cwd=ROOT,
                               env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def job(self, job_id: str) -> dict:
@@ -349,7 +349,7 @@ def test_with_keys_a_job_belongs_to_its_key_and_its_lines_are_charged_to_it(stac
         env, url = keyed.env, keyed.http_url
         key = create_key(stack.redis.url, "batcher")
         source = write_lines(tmp_path / "keyed.jsonl", [line(i, max_tokens=4) for i in range(3)])
-        run = lambda *a: subprocess.run([sys.executable, "-m", "ops.cli", "batch", "--url", url, *a], cwd=ROOT,
+        run = lambda *a: subprocess.run([sys.executable, "-m", "ops.commands.cli", "batch", "--url", url, *a], cwd=ROOT,
                                         env=env, capture_output=True, text=True, timeout=300)
         refused = run("submit", str(source))
         assert refused.returncode != 0 and "401" in refused.stderr, refused.stderr
@@ -359,7 +359,7 @@ def test_with_keys_a_job_belongs_to_its_key_and_its_lines_are_charged_to_it(stac
         assert len(read_output(tmp_path / "k.out")) == 3
         # Another caller (the keyless gateway's anonymous one) does not see it.
         assert httpx.get(f"{stack.http}/v1/batches/{job_id}", timeout=10).status_code == 404
-        usage = subprocess.run([sys.executable, "-m", "ops.cli", "keys", "usage", "--json"], cwd=ROOT, env=env,
+        usage = subprocess.run([sys.executable, "-m", "ops.commands.cli", "keys", "usage", "--json"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         row = next(json.loads(x) for x in usage.stdout.splitlines() if json.loads(x)["name"].startswith("batcher-"))
         assert row["requests"] == 3 and row["completion_tokens"] > 0, row

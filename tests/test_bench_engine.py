@@ -36,7 +36,7 @@ def test_bench_engine_shows_progress_and_reports_the_default_beside_float32(tiny
     env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1", TERM="xterm",
                BRIGADE_DTYPE="float32")
     stdout, screen = run_on_a_terminal(
-        [sys.executable, "-m", "ops.cli", "bench", "engine", "--n", "1,2", "--max-tokens", "4",
+        [sys.executable, "-m", "ops.commands.cli", "bench", "engine", "--n", "1,2", "--max-tokens", "4",
          "--compare", "float32-invariant,float32-mkl"], env)
     report = json.loads(stdout)
     assert [row["n"] for row in report["results"]] == [1, 2]

@@ -75,7 +75,7 @@ def test_turn_k_sends_the_system_prompt_then_each_earlier_turn_with_its_answer_t
     (["--workload", "chat-turns", "--turns", "0"], "must be at least 1"),
 ])
 def test_flags_of_the_other_workload_or_out_of_range_exit_2(capsys, flags, says):
-    from ops.cli import main
+    from ops.commands.cli import main
 
     assert main(["bench", "serve", "--url", f"http://127.0.0.1:{free_port()}", *flags]) == 2
     assert says in capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_every_turn_carries_the_growing_history_and_a_conversation_holds_its_slo
     prefix cache is null with its reason."""
     recorder.received.clear()
     out = tmp_path / "turns.json"
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--url",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "serve", "--url",
                            f"http://127.0.0.1:{recorder.port}", "--backend", backend, "--workload", "chat-turns",
                            "--conversations", "3", "--turns", "3", "--tenants", "2", "--system-tokens", "60",
                            "--max-concurrency", "2", "--max-tokens", "5", "--ignore-eos", "--cache", "off",

@@ -27,14 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_bad_objective_exits_2_before_sending_anything(capsys):
-    from ops.cli import main
+    from ops.commands.cli import main
 
     assert main(["bench", "serve", "--url", f"http://127.0.0.1:{free_port()}", "--slo", "ttft_p95<=2"]) == 2
     assert "unit" in capsys.readouterr().err
 
 
 def test_a_target_that_does_not_answer_exits_2_with_a_message(capsys):
-    from ops.cli import main
+    from ops.commands.cli import main
 
     port = free_port()
     for backend in ("ws", "openai"):
@@ -44,7 +44,7 @@ def test_a_target_that_does_not_answer_exits_2_with_a_message(capsys):
 
 
 def test_an_endless_run_is_refused(capsys):
-    from ops.cli import main
+    from ops.commands.cli import main
 
     assert main(["bench", "serve", "--duration", "5"]) == 2
     assert "--rate or --max-concurrency" in capsys.readouterr().err
@@ -73,7 +73,7 @@ def stack(redis_server, tiny_model_dir, tmp_path_factory):
 
 
 def bench_serve(url: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--url", url, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "serve", "--url", url, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -144,13 +144,13 @@ def test_the_plot_is_a_real_png(short_runs, backend):
 
 def test_capacity_reads_the_runs_and_shows_its_arithmetic(short_runs):
     paths = [str(short_runs[b][1]) for b in ("ws", "openai")]
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "capacity", "--qps", "10", "--slo", "ttft_p95<=60s",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "capacity", "--qps", "10", "--slo", "ttft_p95<=60s",
                            "--from", *paths, "--json", "-"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["chosen"] in paths and plan["workers"] == plan["workers_by_rate"] >= 1
     assert plan["workers"] == math.ceil(10 * plan["e2e_mean_s"] / plan["concurrency_per_worker"] - 1e-9)
-    strict = subprocess.run([sys.executable, "-m", "ops.cli", "capacity", "--qps", "10", "--slo", "ttft_p95<=1ms",
+    strict = subprocess.run([sys.executable, "-m", "ops.commands.cli", "capacity", "--qps", "10", "--slo", "ttft_p95<=1ms",
                              "--from", *paths], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert strict.returncode == 1 and "no run meets every objective" in strict.stderr
 
@@ -222,7 +222,7 @@ def test_chat_turns_send_each_turn_with_the_answers_before_it_and_read_the_worke
 
 
 def test_scale_refuses_a_bad_fleet_size_before_starting_anything():
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "1,zero"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "scale", "--workers", "1,zero"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--workers takes fleet sizes" in done.stderr, done.stderr
 
@@ -232,7 +232,7 @@ def test_scale_starts_its_own_fleet_of_two_workers_and_reports_its_throughput(tm
     request, the report has the asked shape, and the fleet is stopped in order (the tiny model)."""
     out = tmp_path / "scale.json"
     env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "2", "--num-requests",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "scale", "--workers", "2", "--num-requests",
                            "6", "--max-tokens", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=400, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -254,7 +254,7 @@ def test_scale_runs_the_chat_turns_under_a_routing_mode_and_reads_its_own_fleets
     and the prefix-cache tokens read from that fleet's own worker (its Redis, not the settings')."""
     out = tmp_path / "scale.json"
     env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir), BRIGADE_TORCH_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "scale", "--workers", "1", "--routing", "shared",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "scale", "--workers", "1", "--routing", "shared",
                            "--workload", "chat-turns", "--conversations", "2", "--turns", "2", "--system-tokens", "80",
                            "--max-tokens", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=400, env=env)
@@ -309,7 +309,7 @@ def test_cache_replay_counts_every_hit_and_judges_it_by_the_text_it_served(stack
     max_tokens 12 is a namespace of its own: nothing the module's other tests stored can answer it."""
     pairs = replay_pairs_file(tmp_path)
     out = tmp_path / "replay.json"
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
                            str(pairs), "--max-tokens", "12", "--cache-threshold", "0", "--repeat-ratio", "0.3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -347,7 +347,7 @@ def test_cache_replay_in_rounds_reads_the_caches_evidence_after_each(stack, tmp_
     each. max_tokens 10: a namespace of its own."""
     pairs = replay_pairs_file(tmp_path)
     out = tmp_path / "rounds.json"
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "cache-replay", "--url", lenient[stack], "--pairs",
                            str(pairs), "--max-tokens", "10", "--cache-threshold", "0", "--repeat-ratio", "0",
                            "--rounds", "2", "--settle", "1", "--redis-url", stack_redis[stack], "--json",
                            str(out)],

@@ -95,7 +95,7 @@ def recorder():
 
 def _bench(recorder: RecordingServer, backend: str, out: Path, *flags: str) -> tuple[list[dict], dict]:
     recorder.received.clear()
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--url",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "serve", "--url",
                            f"http://127.0.0.1:{recorder.port}", "--backend", backend, "--num-requests", "3",
                            "--max-tokens", "5", "--json", str(out), *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -80,7 +80,7 @@ def test_without_cmake_the_build_says_what_to_install_and_downloads_nothing(tmp_
 
 def test_the_engine_bench_says_so_before_loading_anything_when_the_peer_cannot_be_built(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path / "empty-bin"), BRIGADE_PEER_DIR=str(tmp_path / "peers"))
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "engine", "--peer", "llama-cpp", "--n", "1"],
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "engine", "--peer", "llama-cpp", "--n", "1"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "make bench-peers" in done.stderr, done.stderr[-2000:]
 
@@ -306,7 +306,7 @@ def test_versus_runs_the_same_load_against_brigade_and_llama_server(tmp_path):
         pytest.fail(f"llama.cpp's llama-server is not built in {folder}: run `make bench-peers`")
     out, plot = tmp_path / "versus.json", tmp_path / "versus.png"
     env = {k: v for k, v in os.environ.items() if k != "BRIGADE_MODEL"}
-    done = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "serve", "--versus", "llama-server",
+    done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "bench", "serve", "--versus", "llama-server",
                            "--concurrency", "2", "--prompt-lengths", "short", "--num-requests", "2", "--max-tokens",
                            "8", "--runs", "2", "--json", str(out), "--plot", str(plot)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

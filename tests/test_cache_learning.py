@@ -230,5 +230,5 @@ def test_the_judge_reads_rewordings_as_fitting_and_catches_answers_about_another
         fits = judge(pair.q2, pair.q1, pair.answer, None, embedder, margin, 0.9).fits
         drop = (embedder.embed_one(pair.q1) - embedder.embed_one(pair.q2)) @ embedder.embed_one(pair.answer)
         assert fits == (float(drop) <= margin + 1e-6) or abs(float(drop) - margin) < 1e-4
-    with pytest.raises(ValueError, match="ops.answer_pairs"):
+    with pytest.raises(ValueError, match="ops.training.pair_model.answer_pairs"):
         report([Pair("What is two plus two?", "How much is 2 + 2?", True)], embedder, margin)

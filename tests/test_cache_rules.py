@@ -109,7 +109,7 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
 
     verdicts = tmp_path / "verdicts.jsonl"  # a person read one of the two hits: right
     verdicts.write_text(json.dumps({"key": verdict_key(rows[0][1], rows[0][0]), "same": True}) + "\n")
-    out = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
+    out = subprocess.run([sys.executable, "-m", "ops.commands.cli", "cache", "eval", "--duplicates", str(pairs),
                           "--lookalikes", str(pairs), "--paraphrases", str(pairs), "--verdicts", str(verdicts),
                           "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -122,11 +122,11 @@ def test_eval_runs_offline_with_no_redis_and_reports_every_kind(tmp_path):
     assert report["lookalikes"]["default"]["served_when_different"] == 0.0
     assert report["duplicates"]["decision_ms_p50"] > 0
 
-    missing = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval"], env=env, capture_output=True,
+    missing = subprocess.run([sys.executable, "-m", "ops.commands.cli", "cache", "eval"], env=env, capture_output=True,
                              text=True, timeout=120)
     assert missing.returncode == 2 and "--duplicates" in missing.stderr
     verdicts.write_text('{"same": true}\n')  # no key: refused before any model loads, saying what a line holds
-    bad = subprocess.run([sys.executable, "-m", "ops.cli", "cache", "eval", "--duplicates", str(pairs),
+    bad = subprocess.run([sys.executable, "-m", "ops.commands.cli", "cache", "eval", "--duplicates", str(pairs),
                           "--verdicts", str(verdicts)], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and '"key"' in bad.stderr and "--verdicts" in bad.stderr
 

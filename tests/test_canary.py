@@ -1,4 +1,4 @@
-"""Canary releases (ops/core/canary.py, `brigade canary`) on a real redis-server.
+"""Canary releases (ops/rollout/canary.py, `brigade canary`) on a real redis-server.
 
 Two versions are registered directly (no weights are read), their outcomes written as a gateway
 writes them, and the controller driven by `tick(now=...)`: outcomes carry the real write time
@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from ops.bench import serve_stats
-from ops.core import canary, keys, outcomes, registry
-from ops.core.canary import CanaryError, Controller
-from ops.core.outcomes import Outcome
+from ops.core import keys
+from ops.rollout import canary, outcomes, registry
+from ops.rollout.canary import CanaryError, Controller
+from ops.rollout.outcomes import Outcome
 from ops.core.redis_clients import client as redis_client
-from ops.core.registry import ModelEntry, RouteSpec, Share
+from ops.rollout.registry import ModelEntry, RouteSpec, Share
 from ops.core.settings import Settings
-from ops.core.slo import InvalidObjective, parse_slo
+from ops.rollout.slo import InvalidObjective, parse_slo
 
 ROOT = Path(__file__).resolve().parent.parent
 BRIGADE = ROOT / ".venv" / "bin" / "brigade"

@@ -62,7 +62,7 @@ def _need_a_namespace() -> None:
 def test_every_fault_under_load_loses_no_request_token_or_batch_line(tiny_model_dir, tmp_path):
     _need_a_namespace()
     out = tmp_path / "chaos.json"
-    argv = [sys.executable, "-m", "ops.cli", "bench", "chaos", "--seconds", "75", "--clients", "40",
+    argv = [sys.executable, "-m", "ops.commands.cli", "bench", "chaos", "--seconds", "75", "--clients", "40",
             "--sse-clients", "6", "--batch-lines", "200", "--kill-worker-every", "20", "--kill-redis-primary", "2",
             "--kill-gateway", "1", "--cut-seconds", "10", "--max-tokens", "48", "--batch-wait", "120",
             "--model", str(tiny_model_dir), "--json", str(out)]

@@ -1,7 +1,7 @@
 """One CLI convention, and no secret printed, on real processes.
 
 Every command that talks to a service takes its connection options (--url, --api-key, --redis-url)
-after its deepest subcommand, or from the environment, run as a user runs it (`python -m ops.cli`
+after its deepest subcommand, or from the environment, run as a user runs it (`python -m ops.commands.cli`
 in a subprocess) against a real redis-server, a real gateway with keys required and a real worker
 (the tiny model: these tests are about the command line, not the answers). The CLI's own defaults
 point where nothing listens, so a command that ignored an option would fail. Misplaced, unknown
@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops.cli import build_parser
-from ops.cli_options import report_failure
+from ops.commands.cli import build_parser
+from ops.commands.cli_options import report_failure
 from ops.core.logs import RedactingFormatter
 from ops.core.redaction import redact
 from tests.services import RedisServer, Stack, create_key, free_port, wait_until
@@ -53,7 +53,7 @@ def client_env(**extra: str | None) -> dict:
 
 
 def brigade(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *argv], cwd=ROOT, env=env or client_env(),
+    return subprocess.run([sys.executable, "-m", "ops.commands.cli", *argv], cwd=ROOT, env=env or client_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 

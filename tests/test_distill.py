@@ -25,7 +25,7 @@ from ops.training.distill.student import (
 )
 from ops.training.distill.trainer import TrainConfig, Trainer, answer_batch, answer_logits
 
-BRIGADE = [sys.executable, "-m", "ops.cli"]
+BRIGADE = [sys.executable, "-m", "ops.commands.cli"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ops.core import registry
+from ops.rollout import registry
 from tests.clients import ask
 from tests.services import Stack
 

@@ -33,7 +33,7 @@ def row_of(module: Path, rows: dict[str, str]) -> str | None:
 
 
 def named(module: Path, row: str, text: str) -> bool:
-    """Whether a row names the module: by its own name, or by its path (`ops/model_store.py`)."""
+    """Whether a row names the module: by its own name, or by its path (`ops/rollout/model_store.py`)."""
     paths = {ROOT / p for p in PATH_NAME.findall(text)} | {ROOT / row / p for p in PATH_NAME.findall(text)}
     return module.name in MODULE_NAME.findall(text) or module in paths
 
@@ -56,7 +56,8 @@ def test_the_map_reader_finds_the_rows_and_their_packages():
 
 def test_every_module_is_on_the_map():
     rows = map_rows(ARCHITECTURE.read_text())
-    assert set(rows) >= {f"{p}/" for p in PACKAGES}, f"the map's rows: {sorted(rows)}"
+    # A package is a row, or its sub-packages are (ops/ is only its floors).
+    assert all(any(row.startswith(f"{p}/") for row in rows) for p in PACKAGES), f"the map's rows: {sorted(rows)}"
     missing = []
     for module in modules():
         row = row_of(module, rows)

@@ -50,7 +50,7 @@ class Chat:
         env.pop("BRIGADE_API_KEY", None)
         if key_in_env:
             env["BRIGADE_API_KEY"] = doors.key
-        self.proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "chat", "--url", doors.url, *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.commands.cli", "chat", "--url", doors.url, *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env, cwd=ROOT)
         self._out, self._err = bytearray(), bytearray()
@@ -309,7 +309,7 @@ def test_up_on_a_port_in_use_says_so_and_starts_nothing(tmp_path):
         held.listen()
         port = held.getsockname()[1]
         env = service_env(server.url, port, DOORS_MARK=mark)
-        up = subprocess.run([sys.executable, "-m", "ops.cli", "up"], env=env, cwd=ROOT, capture_output=True,
+        up = subprocess.run([sys.executable, "-m", "ops.commands.cli", "up"], env=env, cwd=ROOT, capture_output=True,
                             text=True, timeout=30)
         started = _processes_marked(f"DOORS_MARK={mark}")
         heartbeats = worker_statuses(server.client)

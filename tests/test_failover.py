@@ -228,14 +228,14 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         answer = asyncio.run(main())
         assert answer.end["type"] == "error" and answer.end["code"] == "worker_failed", answer.end
         assert len(kills) == 3, kills
-        listing = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "list"], env=fleet.env,
+        listing = subprocess.run([sys.executable, "-m", "ops.commands.cli", "dlq", "list"], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
         entries = [json.loads(line) for line in listing.stdout.splitlines()]
         assert [e["request_id"] for e in entries] == [answer.request_id], listing.stdout + listing.stderr
         assert entries[0]["attempts"] == 3 and entries[0]["messages"][0]["content"] == POISON
         fleet.wait_ready(gateways=["gateway"])
         # An operator retries it (the "poison" is gone now); the client follows it with resume.
-        retried = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "retry", answer.request_id], env=fleet.env,
+        retried = subprocess.run([sys.executable, "-m", "ops.commands.cli", "dlq", "retry", answer.request_id], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
         assert retried.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, retried.stdout
         rest = asyncio.run(resume(fleet.url, answer.request_id, answer.indexes[-1] if answer.tokens else -1))
@@ -244,7 +244,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         assert indexes == list(range(len(indexes))) and len(indexes) == rest.end["usage"]["completion_tokens"]
         # And `drop` forgets an entry.
         fleet.redis.client.lpush(keys.DEAD_LETTERS, json.dumps({"request_id": "x", "attempts": 3, "reason": "t", "at": 0}))
-        dropped = subprocess.run([sys.executable, "-m", "ops.cli", "dlq", "drop", "x"], env=fleet.env,
+        dropped = subprocess.run([sys.executable, "-m", "ops.commands.cli", "dlq", "drop", "x"], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
         assert dropped.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, dropped.stdout
     finally:

@@ -2,18 +2,24 @@
 
 An import counts wherever it is written: at the top, inside a function, under TYPE_CHECKING.
 The floors, bottom up:
-- ops.core imports nothing else of Brigade;
+- ops.core (the foundation) imports nothing else of Brigade;
 - engine imports nothing else of Brigade;
 - cache imports ops.core;
-- workers import ops.core and engine;
-- gateway imports ops.core and cache;
+- ops.rollout (the registry of versions, the canary, outcomes, objectives, the model store) imports
+  ops.core, and the engine's model files for the store;
+- ops.stack (the supervisor and a local Redis HA set, which start every part as a child process)
+  imports ops.core;
+- workers import ops.core, ops.rollout and engine;
+- gateway imports ops.core, ops.rollout and cache;
 - cache and gateway may also import the engine's model-free modules (SHARED_ENGINE: how a chat
   becomes prompt text, the tool-call schemas, the grammar check), so every door renders and checks
   exactly as the engine will;
 - ops.training (offline training: distillation, the pair model's fine-tuning and tuning) imports
   ops.core, engine and cache, and nothing runtime imports it: a worker or a gateway never carries
   training code;
-- the rest of ops (commands and benchmarks) may import anything.
+- ops.bench (the benchmarks) imports any floor but the commands;
+- ops.commands (the `brigade` command line, the top floor) may import anything, and nothing
+  imports it.
 And no module reaches itself through its imports: no two files import each other, and no longer
 circle either. Nor does any module but ops/core/settings.py read a BRIGADE_ variable: settings reach
 every part through its constructor.
@@ -29,15 +35,21 @@ MAY_IMPORT = {
     "ops.core": {"ops.core"},
     "engine": {"engine"},
     "cache": {"cache", "ops.core"},
-    "workers": {"workers", "ops.core", "engine"},
-    "gateway": {"gateway", "ops.core", "cache"},
+    "ops.rollout": {"ops.rollout", "ops.core", "engine"},
+    "ops.stack": {"ops.stack", "ops.core"},
+    "workers": {"workers", "ops.core", "ops.rollout", "engine"},
+    "gateway": {"gateway", "ops.core", "ops.rollout", "cache"},
     "ops.training": {"ops.training", "ops.core", "engine", "cache"},
-    "ops": {"ops", "ops.core", "ops.training", "engine", "cache", "workers", "gateway"},
+    "ops.bench": {"ops.bench", "ops.core", "ops.rollout", "ops.stack", "ops.training", "engine", "cache", "workers",
+                  "gateway"},
+    "ops.commands": {"ops.commands", "ops.bench", "ops.core", "ops.rollout", "ops.stack", "ops.training", "engine",
+                     "cache", "workers", "gateway"},
+    "ops": {"ops"},
 }
 # What a worker or a gateway process runs; offline training stays out of all of it.
-RUNTIME = ("ops.core", "engine", "cache", "workers", "gateway")
-# Floors that are folders of ops/, below the commands and benchmarks around them.
-OPS_FLOORS = ("ops.core", "ops.training")
+RUNTIME = ("ops.core", "ops.rollout", "engine", "cache", "workers", "gateway")
+# ops/ is its floors, each a package: nothing of ops lives outside them (data and dashboards aside).
+OPS_FLOORS = ("ops.core", "ops.rollout", "ops.stack", "ops.training", "ops.bench", "ops.commands")
 SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided", "engine.prefix_index"}
 
 
@@ -138,6 +150,14 @@ def test_the_graph_reader_sees_imports_wherever_they_are_written(tmp_path):
                       "def f():\n    from ops.core import keys\n")
     assert imported_modules("a.b", module, known) == {"engine.x", "ops.core.keys"}
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_ops_is_its_floors_and_nothing_else():
+    """Every module of ops/ sits in one of its floors' packages: a module dropped loose in ops/ would
+    belong to no floor, and the picture of who stands on whom would stop saying where it goes."""
+    loose = sorted(m for m in modules() if m.startswith("ops.") and floor(m) not in OPS_FLOORS)
+    assert not loose, "modules of ops/ outside its floors (move each into the package of its floor):\n" + "\n".join(loose)
+    assert all(floor in MAY_IMPORT for floor in OPS_FLOORS)
 
 
 def test_every_floor_imports_only_the_floors_beneath_it():

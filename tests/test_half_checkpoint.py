@@ -82,7 +82,7 @@ def test_brigade_prepare_writes_a_copy_stored_in_halves_and_says_what_it_needs(t
     import sys
 
     env = dict(os.environ, BRIGADE_MODEL=str(tiny_model_dir))
-    cli = [sys.executable, "-m", "ops.cli", "prepare", "--stored-as", "bfloat16"]
+    cli = [sys.executable, "-m", "ops.commands.cli", "prepare", "--stored-as", "bfloat16"]
     missing = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--out" in missing.stderr
     made = subprocess.run(cli + ["--out", str(tmp_path / "copy")], env=env, capture_output=True, text=True, timeout=300)

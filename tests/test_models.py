@@ -19,7 +19,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from ops.core import keys, outcomes, registry
+from ops.core import keys
+from ops.rollout import outcomes, registry
 from tests.clients import Answer, ask
 from tests.services import Stack, http_get, wait_until
 
@@ -38,7 +39,7 @@ class Models(Stack):
 
 
 def brigade(stack: Stack, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "ops.cli", *args], env=stack.env, cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ops.commands.cli", *args], env=stack.env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     if check and proc.returncode != 0:
         raise AssertionError(f"brigade {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.core import registry
+from ops.rollout import registry
 from tests.services import free_port
 
 BRIGADE = str(Path(sys.executable).with_name("brigade"))

@@ -60,7 +60,7 @@ def test_the_readmes_first_command_answers_paris_every_time(doors):
     # model's default 0.2 it began "L'Étoile, ..." about half the time and looped to max_tokens.
     # Generated anew each time (--no-cache), then as asked plainly (the cache may answer).
     for extra in (["--no-cache"], ["--no-cache"], ["--no-cache"], []):
-        done = subprocess.run([sys.executable, "-m", "ops.cli", "chat", "--url", f"ws://127.0.0.1:{doors.open}/v1/ws",
+        done = subprocess.run([sys.executable, "-m", "ops.commands.cli", "chat", "--url", f"ws://127.0.0.1:{doors.open}/v1/ws",
                                *extra, QUESTION], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "The capital of France is Paris.", (extra, done.stdout, done.stderr)

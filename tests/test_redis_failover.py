@@ -1,4 +1,4 @@
-"""Redis fails over under load: a real primary, two replicas and three sentinels (ops/redis_ha.py),
+"""Redis fails over under load: a real primary, two replicas and three sentinels (ops/stack/redis_ha.py),
 every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
 Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
 a real batch job and a real API key. Nothing is mocked. On the same real-model stack, last, a

@@ -346,7 +346,7 @@ def test_a_failed_tls_handshake_says_which_setting_to_change():
 
 
 def test_a_killed_data_node_starts_again_as_the_replica_of_the_node_promoted_in_its_place(tmp_path):
-    from ops.redis_ha import RedisHA, replica_of
+    from ops.stack.redis_ha import RedisHA, replica_of
 
     ha = RedisHA(tmp_path, data_ports=[7001, 7002, 7003], sentinel_ports=[7011, 7012, 7013])
     parts = ha.parts(server="redis-server")
@@ -390,7 +390,7 @@ def test_a_bad_or_unanswered_sentinel_url_is_one_line_that_says_what_to_do():
     import sys
 
     def brigade(*args: str, url: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "ops.commands.cli", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=60, env={**__import__("os").environ, "BRIGADE_REDIS_URL": url})
 
     bad = brigade("status", url="redis+sentinel://:pw@127.0.0.1:1")

@@ -98,7 +98,7 @@ def stack(certificates, sentinel_stack, flower_port, tiny_model_dir, tmp_path_fa
 
 
 def brigade(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ops.commands.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -331,7 +331,7 @@ def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
                          + json.dumps({"messages": [{"role": "user", "content": "Name a season."}], "max_tokens": 12}) + "\n")
 
     def brigade(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "ops.commands.cli", *args], env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout[out.stdout.index("{"):])

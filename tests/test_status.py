@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def status(url: str, *extra: str) -> subprocess.CompletedProcess:
     env = {"BRIGADE_REDIS_URL": url, "PATH": "/usr/bin:/bin", "BRIGADE_MAX_BATCH": "16"}
-    return subprocess.run([sys.executable, "-m", "ops.cli", "status", *extra], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ops.commands.cli", "status", *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -71,7 +71,7 @@ def test_status_shows_workers_queue_lanes_cache_and_dead_letters(redis_server):
 
 
 def test_status_groups_workers_and_queues_by_model_version(redis_server):
-    from ops.core import registry
+    from ops.rollout import registry
 
     r = redis_server.client
     now = time.time()

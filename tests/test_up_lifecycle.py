@@ -93,7 +93,7 @@ def test_a_second_up_on_the_same_data_folder_refuses_to_start_a_redis_there(ups)
     first.wait_ready()
     redis_url, port = f"redis://127.0.0.1:{free_port()}/0", free_port()
     env = dict(first.env, BRIGADE_REDIS_URL=redis_url, BRIGADE_GATEWAY_PORT=str(port))
-    second = subprocess.run([sys.executable, "-m", "ops.cli", "up"], env=env, cwd=ROOT, capture_output=True,
+    second = subprocess.run([sys.executable, "-m", "ops.commands.cli", "up"], env=env, cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert second.returncode == 1, second.stdout + second.stderr
     assert "is in use by another `brigade up`'s Redis" in second.stderr, second.stderr
@@ -186,7 +186,7 @@ def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consumin
         return [json.loads(m)["headers"]["id"] for name in keys.queue_lists(settings.model_name)
                 for m in redis_server.client.lrange(name, 0, -1)]
 
-    worker = subprocess.Popen([sys.executable, "-m", "ops.cli", "worker", "--name", f"{case}@test"], cwd=ROOT,
+    worker = subprocess.Popen([sys.executable, "-m", "ops.commands.cli", "worker", "--name", f"{case}@test"], cwd=ROOT,
                               env=service_env(redis_server.url, free_port(), **extra), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -222,7 +222,7 @@ while True:
 
 
 def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_path):
-    from ops.supervision import PartExited, Supervisor
+    from ops.stack.supervision import PartExited, Supervisor
 
     stopped = tmp_path / "stopped"
     supervisor = Supervisor()

@@ -223,7 +223,7 @@ def test_loading_the_engine_leaves_no_openmp_pool_behind(tiny_model_dir):
 
 _SPIN_BEFORE_TORCH = """
 import os, sys
-from ops.cli import build_parser
+from ops.commands.cli import build_parser
 from ops.core.settings import Settings, openmp_spin
 args = build_parser().parse_args(["worker"])
 loaded_first = "torch" in sys.modules  # main's spin would come too late for libgomp

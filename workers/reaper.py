@@ -22,7 +22,7 @@ import uuid
 import redis
 
 from ops.core import keys, redis_clients
-from ops.core.canary import Controller
+from ops.rollout.canary import Controller
 from ops.core.queue import QueueSender
 from ops.core.settings import Settings
 from workers.claims import ClaimStore
@@ -41,7 +41,7 @@ class Reaper:
         self._up_since: float | None = None  # when this reaper last found Redis answering after a failure
         self._run_id: str | None = None  # the Redis server that answered the last pass
         # Canaries are stepped by whichever controller holds their lease: a gateway's, or this one,
-        # so canaries keep their objectives when no gateway runs (ops/core/canary.py).
+        # so canaries keep their objectives when no gateway runs (ops/rollout/canary.py).
         self.canaries = Controller(self.redis, f"reaper:{uuid.uuid4().hex[:12]}", settings)
         self._canary_at = 0.0
 

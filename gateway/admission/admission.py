@@ -37,7 +37,8 @@ from gateway.admission.shadows import Shadows
 from gateway.delivery.events import Done, Token
 from gateway.delivery.router import ReplyRouter, Route, Sink
 from gateway.protocol import Generate, ProtocolError, runnable
-from ops.core import fleet, keys, outcomes
+from ops.core import fleet, keys
+from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings

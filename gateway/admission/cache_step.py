@@ -24,7 +24,7 @@ from gateway.admission.lifecycle import RequestContext, RequestLifecycle, output
 from gateway.admission.request_store import RequestStore
 from gateway.delivery.events import Done, Token, cached_events
 from gateway.protocol import Generate, ProtocolError
-from ops.core import outcomes
+from ops.rollout import outcomes
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it

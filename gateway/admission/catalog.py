@@ -1,6 +1,6 @@
 """The models this gateway can route to, and which version each request gets.
 
-A snapshot of the registry (ops/core/registry.py) kept in memory: reloaded whenever its revision
+A snapshot of the registry (ops/rollout/registry.py) kept in memory: reloaded whenever its revision
 number moves (polled every registry_poll_s, one GET), so a route change reaches this gateway
 within a fraction of a second and is applied whole. Beside it, the versions live workers say
 they serve (their heartbeats, read by the load monitor each second): a model is known when it is
@@ -12,7 +12,7 @@ Choosing a version, in order: a version the request pins (`model: "name@v2"`); t
 one user stays on one version); without a route, the model's stable version.
 
 The canary controller runs here too (`run_canaries`): every gateway tries for its lease each
-tick, and the one that holds it steps every running canary (ops/core/canary.py).
+tick, and the one that holds it steps every running canary (ops/rollout/canary.py).
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ from typing import Callable
 import redis.asyncio as aioredis
 
 from gateway.protocol import ProtocolError
-from ops.core import fleet, keys, registry
+from ops.core import fleet, keys
+from ops.rollout import registry
 from ops.core.messages import ChatMessage, SamplingDefaults
-from ops.core.registry import Snapshot
+from ops.rollout.registry import Snapshot
 from ops.core.sampling_defaults import GenerationConfigError, sampling_defaults
 from ops.core.settings import Settings
 

@@ -38,7 +38,8 @@ from gateway.delivery.events import StreamError, Token
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
 from gateway.protocol import ProtocolError
-from ops.core import keys, outcomes
+from ops.core import keys
+from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 

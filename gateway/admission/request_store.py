@@ -4,7 +4,7 @@ A request goes on the queue as three writes: its record (for a resume, a reaper,
 worker), its unclaimed mark (the reaper's way to find a message lost before its claim), then the
 message itself. Stopping a request marks it cancelled everywhere (queued, it never runs; running,
 its worker frees the slot). Each answer's outcome goes into its version's stream, which canaries
-compare (ops/core/outcomes.py).
+compare (ops/rollout/outcomes.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import time
 import redis.asyncio as aioredis
 
 from gateway.admission.catalog import Choice
-from ops.core import keys, outcomes
+from ops.core import keys
+from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.queue import SEND_ERRORS, QueueSender
 from ops.core.redis_clients import through_failover
@@ -65,7 +66,7 @@ class RequestStore:
             log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
 
     async def record(self, choice: Choice, outcome: outcomes.Outcome) -> None:
-        """One outcome in its version's stream, which canaries compare (ops/core/outcomes.py)."""
+        """One outcome in its version's stream, which canaries compare (ops/rollout/outcomes.py)."""
         try:
             await outcomes.record(self.redis, self.settings, choice.model, choice.version, outcome)
         except aioredis.RedisError as exc:

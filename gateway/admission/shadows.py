@@ -1,6 +1,6 @@
 """Shadow copies: a served request run again on another version, measured, never delivered.
 
-A route may give some versions a shadow copy of its requests (`brigade route`, ops/core/registry.py).
+A route may give some versions a shadow copy of its requests (`brigade route`, ops/rollout/registry.py).
 A copy runs in the batch lane (behind all interactive work, preempted for it), under its own id
 and no key: it is never delivered, never cached, never charged. Its latency, its error and whether
 its text equals the served answer go into its version's outcomes and the shadow counter; whichever
@@ -20,7 +20,8 @@ from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
 from gateway.delivery.events import ClientEvent
 from gateway.delivery.router import ReplyRouter, Route, Sink
-from ops.core import keys, outcomes
+from ops.core import keys
+from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 

@@ -37,7 +37,7 @@ from ops.bench.fleet import Fleet
 from ops.bench.load_clients import Tally, sse_client, websocket_client
 from ops.bench.netns import CutLink, NamespaceUnavailable
 from ops.core import keys
-from ops.supervision import PartExited, say
+from ops.stack.supervision import PartExited, say
 
 ROOT = Path(__file__).resolve().parents[2]
 WHOLE_WAIT_S = 120  # a fault waits this long at most for the fleet to be whole after the last one

@@ -1,6 +1,6 @@
 """A Brigade of its own on free ports, for the benchmarks that break it (`bench soak`, `bench chaos`).
 
-redis-server (or a primary, replicas and three sentinels: ops/redis_ha.py), gateways, a reaper and
+redis-server (or a primary, replicas and three sentinels: ops/stack/redis_ha.py), gateways, a reaper and
 workers, under one Supervisor, so that any of them may be SIGKILLed and started again. Parts are
 named `gateway-0`, `worker-1`, `redis-primary`, ... One worker may run inside a network namespace
 (ops/bench/netns.py): Redis then listens on the namespace link's host address too, and everyone
@@ -26,8 +26,8 @@ from ops.core import redis_clients
 from ops.core.fleet import live_workers
 from ops.core.ports import free_port
 from ops.core.settings import get_settings
-from ops.redis_ha import RedisHA, replica_of
-from ops.supervision import Supervisor, stop_graces
+from ops.stack.redis_ha import RedisHA, replica_of
+from ops.stack.supervision import Supervisor, stop_graces
 
 
 def rss_mb(pid: int) -> float | None:
@@ -89,7 +89,7 @@ class Fleet:
         self.cut_worker = self.workers[-1] if cut_link else None
 
     def _start(self, part: str, args: list[str], inside: bool = False, **env: str) -> None:
-        argv = [sys.executable, "-m", "ops.cli", *args]
+        argv = [sys.executable, "-m", "ops.commands.cli", *args]
         self.supervisor.start(part, self.cut_link.command(argv) if inside else argv, env=dict(self.env, **env),
                               log=self.workdir / f"{part}.log")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.bench.peer_llama_cpp import peer_environment
 from ops.core.ports import free_port
-from ops.supervision import PartExited, Supervisor
+from ops.stack.supervision import PartExited, Supervisor
 
 START_TIMEOUT_S = 120.0
 SLOT_ROUNDING = 256  # a slot's context, in tokens, rounded up to this

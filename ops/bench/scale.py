@@ -26,9 +26,9 @@ from ops.bench.serve import run as run_load
 from ops.bench.serve_config import LoadConfig
 from ops.core.ports import free_port
 from ops.core.settings import Settings
-from ops.supervision import PartExited, Supervisor
+from ops.stack.supervision import PartExited, Supervisor
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.cli` runs
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.commands.cli` runs
 START_TIMEOUT_S = 300.0
 ROUTINGS = ("shared", "prefix")  # BRIGADE_ROUTING's values (ops/core/settings.py, routing)
 
@@ -85,7 +85,7 @@ class Fleet:
 
     def __enter__(self) -> "Fleet":
         # --ephemeral: each size gets a fresh, empty Redis, not the last size's queue and records.
-        self.supervisor.start("up", [sys.executable, "-m", "ops.cli", "up", "--ephemeral", "--workers", str(self.workers)],
+        self.supervisor.start("up", [sys.executable, "-m", "ops.commands.cli", "up", "--ephemeral", "--workers", str(self.workers)],
                               env=self.env, cwd=ROOT, log=self.log_path, death_signal=signal.SIGTERM)
         try:
             self.supervisor.wait_for(lambda: self.ready_workers() >= self.workers, START_TIMEOUT_S, interval_s=0.5)

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from urllib.parse import urlparse, urlunparse
 
 from ops.bench.conversations import ChatTurns
-from ops.commands.load_flags import CHAT_TURNS_FLAGS, DEFAULT_NUM_REQUESTS
 from ops.core.redaction import redact_url
 from ops.core.settings import Settings
+
+DEFAULT_NUM_REQUESTS = 100
+CHAT_TURNS_FLAGS = ("conversations", "turns", "tenants", "system_tokens")  # conversations.py's ChatTurns
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from ops.core import slo
+from ops.rollout import slo
 from ops.core.percentiles import percentile, statistic
-from ops.core.slo import LATENCIES, InvalidObjective, Objective  # noqa: F401 (callers import them from here)
+from ops.rollout.slo import LATENCIES, InvalidObjective, Objective  # noqa: F401 (callers import them from here)
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -133,7 +133,7 @@ def run_metrics(results: list[RequestResult], duration_s: float) -> dict:
 
 
 def parse_slo(text: str) -> list[Objective]:
-    """A load test's objectives (ops/core/slo.py has the syntax): absolute only, since a run has
+    """A load test's objectives (ops/rollout/slo.py has the syntax): absolute only, since a run has
     no stable version to be a ratio of; a ratio (`ttft_p95<=1.2x`) is refused with InvalidObjective."""
     return slo.parse_slo(text, allow_ratios=False)
 

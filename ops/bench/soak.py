@@ -3,7 +3,7 @@
 It starts its own fleet on free ports (ops/bench/fleet.py: redis-server, the gateway, a reaper and
 two workers), so that it may SIGKILL workers: every `kill_every_s` one worker is killed and started again (0: none).
 With `redis_primary_kills` N the fleet's Redis is a primary, two replicas and three sentinels
-(ops/redis_ha.py) and the primary is SIGKILLed N times, evenly spaced: each time the sentinels
+(ops/stack/redis_ha.py) and the primary is SIGKILLed N times, evenly spaced: each time the sentinels
 promote a replica, and once they have, the killed node is started again (it rejoins as a replica). Each
 client (ops/bench/load_clients.py) loops over one connection: ask, read to the end, ask again. The
 report (JSON) counts requests completed and failed (by error code), checks every answer's indexes
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ops.bench.fleet import Fleet, rss_mb
 from ops.bench.load_clients import Tally, websocket_client
-from ops.supervision import PartExited
+from ops.stack.supervision import PartExited
 
 
 async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float, max_tokens: int,

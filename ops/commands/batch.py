@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.core.jsonl import JsonLinesError, numbered_rows
 from ops.core.settings import Settings
 from ops.training.pair_model.bounds import Targets
@@ -256,7 +256,7 @@ def add_parser(sub) -> None:
     e.add_argument("--split", choices=["all", "test", "tune"], default="all",
                    help="evaluate every pair, or only the held-out split train-verifier never trained on")
     e.add_argument("--judge", nargs="+", help="pair files whose q1s carry the model's answers (python -m "
-                   "ops.answer_pairs): how the evidence's judge reads each kind at BRIGADE_CACHE_JUDGE_MARGIN "
+                   "ops.training.pair_model.answer_pairs): how the evidence's judge reads each kind at BRIGADE_CACHE_JUDGE_MARGIN "
                    "(rewordings read as not fitting, look-alikes caught)")
     e.add_argument("--limit", type=int, help="at most this many pairs per file")
     e.add_argument("--verdicts", help="a person's verdicts on the --duplicates hits (JSONL, e.g. "

@@ -1,5 +1,5 @@
 """`brigade canary ...`: start a canary release, watch it side by side with the stable version,
-promote or abort it by hand (ops/core/canary.py decides the rest, in whichever process holds the lease)."""
+promote or abort it by hand (ops/rollout/canary.py decides the rest, in whichever process holds the lease)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import logging
 import re
 from datetime import datetime, timezone
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.core.settings import Settings
 
 _DURATION = re.compile(r"^(?P<value>\d+(?:\.\d*)?|\.\d+)(?P<unit>ms|s|m|h)?$")
@@ -111,7 +111,7 @@ def print_status(report: dict) -> None:
 
 
 def _start(client, args) -> int:
-    from ops.core import canary
+    from ops.rollout import canary
 
     record = canary.start(client, args.name, args.version, args.steps, args.interval, args.slo, args.min_requests,
                           window_s=args.window)
@@ -122,7 +122,7 @@ def _start(client, args) -> int:
 
 
 def _status(client, args) -> int:
-    from ops.core import canary
+    from ops.rollout import canary
 
     report = canary.status(client, args.name)
     if args.json:
@@ -133,7 +133,7 @@ def _status(client, args) -> int:
 
 
 def _promote(client, args) -> int:
-    from ops.core import canary
+    from ops.rollout import canary
 
     decision = canary.promote(client, args.name)
     print(f"{decision.model}@{decision.version} promoted: it takes 100% and is the stable version now")
@@ -141,7 +141,7 @@ def _promote(client, args) -> int:
 
 
 def _abort(client, args) -> int:
-    from ops.core import canary
+    from ops.rollout import canary
 
     decision = canary.abort(client, args.name, reason=args.reason)
     print(f"{decision.model}@{decision.version} aborted: its share is 0, the stable version takes 100%")
@@ -153,7 +153,7 @@ _COMMANDS = {"start": _start, "status": _status, "promote": _promote, "abort": _
 
 def run(args, settings: Settings) -> int:
     from ops.commands.models import run_registry_command
-    from ops.core.slo import InvalidObjective
+    from ops.rollout.slo import InvalidObjective
 
     def command(client, settings, args) -> int:
         return _COMMANDS[args.canary_command](client, args)

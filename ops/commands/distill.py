@@ -18,9 +18,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ops.cli_options import add_connection_options
-from ops.core import redis_clients, registry
-from ops.core.registry import RegistryError
+from ops.commands.cli_options import add_connection_options
+from ops.core import redis_clients
+from ops.rollout import registry
+from ops.rollout.registry import RegistryError
 from ops.core.settings import Settings, get_settings, torch_threads
 
 log = logging.getLogger("brigade.distill")
@@ -287,7 +288,7 @@ def _register(args, settings: Settings, student_folder: Path) -> str | None:
     """The trained student registered as --out (unless --eval-only or --no-register): its ref."""
     if args.eval_only or args.no_register:
         return None
-    from ops.model_store import add_model
+    from ops.rollout.model_store import add_model
 
     entry, said = add_model(redis_clients.client(settings.redis_url), settings, args.out, student_folder,
                             replace=args.replace)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.core.redaction import redact
 from ops.core.redis_address import describe
 from ops.core.redis_clients import one_line

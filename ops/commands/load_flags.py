@@ -6,11 +6,10 @@ import argparse
 import math
 
 from ops.bench.conversations import CHARS_PER_TOKEN, ChatTurns
+from ops.bench.serve_config import DEFAULT_NUM_REQUESTS
 
-DEFAULT_NUM_REQUESTS = 100
 DEFAULT_TIMEOUT_S = 900.0
 WORKLOADS = ("questions", "chat-turns")
-CHAT_TURNS_FLAGS = ("conversations", "turns", "tenants", "system_tokens")  # ops/bench/conversations.py's ChatTurns
 
 CAPACITY_DESCRIPTION = """\
 Workers needed for a traffic level, from `brigade bench serve --json` runs at several --rate values
@@ -22,7 +21,7 @@ Exit 0 with a plan, 1 when no run meets the objectives, 2 for bad flags or files
 
 def add_serve_arguments(p: argparse.ArgumentParser, title: str) -> None:
     """The flags of bench serve's load, on `bench serve` and `bench scale` (--url, --api-key,
-    --max-tokens and --json are theirs: ops/bench/command.py)."""
+    --max-tokens and --json are theirs: ops/commands/bench.py)."""
     g = p.add_argument_group(title)
     g.add_argument("--backend", choices=["ws", "openai"], default="ws",
                    help="Brigade's WebSocket, or the OpenAI streaming API (also vLLM's)")

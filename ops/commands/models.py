@@ -1,8 +1,8 @@
 """`brigade models ...`: register prepared model versions, list and show them, pull their weights.
 
 The disk work (the store, copies, conversions, pulls, which version a worker serves) is
-ops/model_store.py; the registry (entries, stable versions, the default model) is
-ops/core/registry.py, in Redis. This module is their command line.
+ops/rollout/model_store.py; the registry (entries, stable versions, the default model) is
+ops/rollout/registry.py, in Redis. This module is their command line.
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from pathlib import Path
 import redis
 from pydantic import ValidationError
 
-from ops.cli_options import add_connection_options
-from ops.core import redis_clients, registry
+from ops.commands.cli_options import add_connection_options
+from ops.core import redis_clients
+from ops.rollout import registry
 from ops.core.redaction import redact, redact_url
-from ops.core.registry import ModelEntry, RegistryError, Snapshot
+from ops.rollout.registry import ModelEntry, RegistryError, Snapshot
 from ops.core.settings import Settings
-from ops.model_store import add_model, pull_model, remove_model
+from ops.rollout.model_store import add_model, pull_model, remove_model
 
 
 def _when(at: float) -> str:

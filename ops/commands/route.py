@@ -1,6 +1,6 @@
 """`brigade route ...`: the share of a model's requests each version gets, and its shadow copies.
 
-A route is ops/core/registry.py's RouteSpec: shares that add up to 100, the sticky mode (what the
+A route is ops/rollout/registry.py's RouteSpec: shares that add up to 100, the sticky mode (what the
 gateway hashes so that one key, user or conversation stays on one version) and shadows (versions
 that also run a copy of some requests, measured, never delivered). Each change is one transaction
 that the gateways see whole within their registry poll. A model without a route sends every request
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.commands.models import run_registry_command
-from ops.core import registry
-from ops.core.registry import RegistryError, RouteSpec, Share, Snapshot
+from ops.rollout import registry
+from ops.rollout.registry import RegistryError, RouteSpec, Share, Snapshot
 from ops.core.settings import Settings
 
 

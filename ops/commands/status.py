@@ -19,7 +19,8 @@ from dataclasses import asdict
 
 import redis
 
-from ops.core import fleet, keys, redis_clients, registry
+from ops.core import fleet, keys, redis_clients
+from ops.rollout import registry
 from ops.core.fleet import scale_signal
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings

@@ -1,7 +1,7 @@
 """`brigade up`: Redis (when none answers), the workers, the gateway and a reaper (and Flower) on
 one machine, stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself.
 
-Each part is a child process (`python -m ops.cli PART`) that reads its settings from its
+Each part is a child process (`python -m ops.commands.cli PART`) that reads its settings from its
 environment: `up`'s own, with the redis+sentinel:// URL of `--redis-ha`'s set when it started one.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def redis_answers(url: str) -> bool:
 
 def cmd_up(args, settings: Settings) -> int:
     from ops.core.ports import CannotListen, ensure_free
-    from ops.supervision import STOP_SIGNALS, Supervisor, say, stop_graces
+    from ops.stack.supervision import STOP_SIGNALS, Supervisor, say, stop_graces
 
     if args.workers < 1:
         print("brigade up: --workers must be at least 1", file=sys.stderr)
@@ -96,7 +96,7 @@ def _parts(args) -> dict[str, list[str]]:
     kills them outright: a drain needs the order and a Redis, which is going at the same moment;
     what they held is recovered from Redis at the next start (the reaper moves the dead workers'
     requests)."""
-    me = [sys.executable, "-m", "ops.cli"]
+    me = [sys.executable, "-m", "ops.commands.cli"]
     parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
     host = socket.gethostname()
     model = ["--model", args.model] if args.model else []
@@ -111,7 +111,7 @@ def _parts(args) -> dict[str, list[str]]:
 def _start_local_redis(args, supervisor, settings: Settings, stopping) -> int | None:
     """A redis-server on the settings' local address, when none answers there; the exit status
     of `up` when it cannot (or `up` was stopped meanwhile), else None."""
-    from ops.supervision import FolderInUse, PartExited, hold_folder
+    from ops.stack.supervision import FolderInUse, PartExited, hold_folder
 
     if is_sentinel(settings.redis_url):
         print(f"Redis at {redact_url(settings.redis_url)} does not answer: start its sentinels and nodes, "
@@ -174,9 +174,9 @@ def _up_models_step(model: str | None, settings: Settings) -> str | None:
     stops `up` with its reason before any part starts. Returns that reason, or None."""
     from engine.model_files import ModelNotFound
     from ops.core import redis_clients
-    from ops.core.registry import RegistryError
-    from ops.model_store import ModelNotHere, register_default_model, resolve_served
-    from ops.supervision import say
+    from ops.rollout.registry import RegistryError
+    from ops.rollout.model_store import ModelNotHere, register_default_model, resolve_served
+    from ops.stack.supervision import say
 
     try:
         registered = register_default_model(redis_clients.client(settings.redis_url), settings)
@@ -189,11 +189,11 @@ def _up_models_step(model: str | None, settings: Settings) -> str | None:
 
 
 def _start_redis_ha(supervisor, settings, stopping):
-    """`up --redis-ha`: a primary, two replicas and three sentinels on free ports (ops/redis_ha.py),
+    """`up --redis-ha`: a primary, two replicas and three sentinels on free ports (ops/stack/redis_ha.py),
     a trial whose data is not kept between runs; every part started after it gets the
     redis+sentinel:// URL (`ha.url`). Returns the set, or None when it did not come up."""
-    from ops.redis_ha import RedisHA
-    from ops.supervision import PartExited, say
+    from ops.stack.redis_ha import RedisHA
+    from ops.stack.supervision import PartExited, say
 
     folder = settings.home / "redis-ha"
     shutil.rmtree(folder, ignore_errors=True)  # its ports are new every run: old sentinel files would mislead
@@ -221,8 +221,8 @@ def _rejoin_redis_node(supervisor, ha, ended: tuple[str, int], stopping) -> None
     old primary would come back as primary with its last second of writes lost, and no failover
     would have happened), as that primary's replica (redis_ha.replica_of). A sentinel is started
     again at once."""
-    from ops.redis_ha import replica_of
-    from ops.supervision import say
+    from ops.stack.redis_ha import replica_of
+    from ops.stack.supervision import say
 
     name, code = ended
     say(f"Redis HA: {name} exited (code {code}); the others serve on", sys.stdout)

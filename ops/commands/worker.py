@@ -21,8 +21,8 @@ def served_settings(model: str | None, settings: Settings) -> Settings | str:
     serves BRIGADE_MODEL unversioned), or an error line when it cannot serve it."""
     import redis
 
-    from ops.core.registry import RegistryError
-    from ops.model_store import ModelNotHere, resolve_served
+    from ops.rollout.registry import RegistryError
+    from ops.rollout.model_store import ModelNotHere, resolve_served
 
     try:
         served = resolve_served(model, settings)

@@ -402,7 +402,7 @@ def responses_max(settings: Settings) -> int:
 RESPONSES = f"{PREFIX}:responses"  # sorted set: response id -> created at (unix seconds), capped
 
 
-# ---- models, routes, canaries (ops/core/registry.py, ops/core/canary.py) --------------------------
+# ---- models, routes, canaries (ops/rollout/registry.py, ops/rollout/canary.py) --------------------------
 # The registry's hashes hold one field per registered version, route or model: bounded by operator
 # action, as API keys are. Outcome streams are capped and expire; a canary's record is one value
 # per model, its decision log capped.

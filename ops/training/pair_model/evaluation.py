@@ -23,7 +23,7 @@ to stay under;
 - paraphrases (every pair a rewording, like GPTCache's documentation benchmark): recall, and the
   share of look-ups served another entry's answer.
 
-A pair that carries q1's answer and finish reason (ops/answer_pairs.py) stores q1 only when the
+A pair that carries q1's answer and finish reason (ops/training/pair_model/answer_pairs.py) stores q1 only when the
 live cache would make its answer servable to rewordings (`reusable_for_rewordings`); its q2 is
 then a miss, as it would be live.
 """

@@ -10,7 +10,7 @@ the verdicts, so two rates matter:
 - look-alikes read as not fitting (the judge's power), by kind: a kind it cannot see is bounded
   only offline, by the held-out bounds the trained point and its floor were chosen with.
 
-Input: labelled pairs whose q1 carries the model's answer (`python -m ops.answer_pairs`, as for
+Input: labelled pairs whose q1 carries the model's answer (`python -m ops.training.pair_model.answer_pairs`, as for
 `--paraphrases`). Each rate comes with its one-sided 95% upper bound (bounds.py), and the report
 gives the margin at which a share (`keep`) of the rewordings read as fitting: the margin the
 setting's default was chosen at, on the tune files.
@@ -46,7 +46,7 @@ def report(pairs: list[Pair], embedder, margin: float, keep: float = 0.99) -> di
     missing = sum(p.answer is None for p in pairs)
     if missing:
         raise ValueError(f"{missing} pairs carry no answer for q1: give the file the model's answers first "
-                         "(python -m ops.answer_pairs IN.jsonl OUT.jsonl)")
+                         "(python -m ops.training.pair_model.answer_pairs IN.jsonl OUT.jsonl)")
     d = drops(pairs, embedder)
     kinds: dict[str, list[int]] = {}
     for i, p in enumerate(pairs):

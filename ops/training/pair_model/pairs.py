@@ -23,7 +23,7 @@ class Pair:
     q1: str
     q2: str
     duplicate: bool
-    # The model's answer to q1 and how it ended (ops/answer_pairs.py), when the file has them: the
+    # The model's answer to q1 and how it ended (ops/training/pair_model/answer_pairs.py), when the file has them: the
     # eval then stores q1 for rewordings only when the live cache would give its answer a vector.
     answer: str | None = None
     finish_reason: str | None = None

@@ -11,9 +11,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from ops.core.outcomes import Outcome
+from ops.rollout.outcomes import Outcome
 from ops.core.percentiles import statistic
-from ops.core.slo import Objective
+from ops.rollout.slo import Objective
 
 STANDARD_STATS = ("ttft_p50", "ttft_p95", "tpot_p50", "e2e_p95")  # what `canary status` always shows
 OUTCOME_METRICS = ("ttft", "tpot", "e2e")  # the latencies an outcome has (no inter-token gaps)

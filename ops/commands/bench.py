@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ops.cli_options import add_connection_options
+from ops.commands.cli_options import add_connection_options
 from ops.commands.load_flags import add_serve_arguments
 from ops.core.settings import Settings
 

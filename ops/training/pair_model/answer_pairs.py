@@ -4,7 +4,7 @@
 (cache/insert_path.reusable_for_rewordings: how the answer ended, whether it loops), so its
 recall counts what a gateway really serves, not every question as if its answer were fit.
 
-    python -m ops.answer_pairs IN.jsonl OUT.jsonl [--max-tokens 48] [--dtype auto]
+    python -m ops.training.pair_model.answer_pairs IN.jsonl OUT.jsonl [--max-tokens 48] [--dtype auto]
 
 IN: lines {"q1", "q2", "duplicate"}. OUT: the same lines plus "answer", "finish_reason" and
 "max_tokens". Answers are greedy, as every cached answer is, through the real engine.

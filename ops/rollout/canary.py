@@ -3,10 +3,10 @@ set to 0 the moment it breaks one.
 
 A canary's record (keys.canary(model), JSON) names the canary and the stable version it is
 compared with, the steps (percents, ending at 100), how long each step lasts, the objectives
-(ops/core/slo.py, ratios against the stable version in the same window) and the fewest requests a
+(ops/rollout/slo.py, ratios against the stable version in the same window) and the fewest requests a
 verdict needs. One controller at a time steps every running canary: whoever holds
 keys.CANARY_LEASE (any gateway, or the reaper) calls `Controller.tick` every canary_tick_s. A tick
-reads both versions' outcomes (ops/core/outcomes.py) over the sliding window and decides:
+reads both versions' outcomes (ops/rollout/outcomes.py) over the sliding window and decides:
 - a breach, with enough requests: rolled back (route stable=100, canary=0), the reason and the
   evidence (both versions' numbers, each objective's value and limit) kept in the record;
 - every objective held, enough requests, and the step has lasted its interval: the next step;
@@ -31,11 +31,12 @@ from typing import Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from ops.core import keys, outcomes, registry
-from ops.core.canary_verdicts import Verdict, VersionStats, breach_reason, judge
-from ops.core.registry import RegistryError, RouteSpec, Share
+from ops.core import keys
+from ops.rollout import outcomes, registry
+from ops.rollout.canary_verdicts import Verdict, VersionStats, breach_reason, judge
+from ops.rollout.registry import RegistryError, RouteSpec, Share
 from ops.core.settings import Settings
-from ops.core.slo import InvalidObjective, Objective, parse_slo
+from ops.rollout.slo import InvalidObjective, Objective, parse_slo
 
 log = logging.getLogger("brigade.canary")
 

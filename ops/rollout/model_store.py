@@ -5,7 +5,7 @@ from a shared folder, removed, and which version a worker serves.
 system allows) or converts a GGUF file into it once, and `pull` fills this machine's store from a
 shared folder, checking the weights against the registry's checksum. A copy is written to a hidden
 temporary folder and renamed into place, so a half copy is never registered nor served. The
-registry itself (entries, stable versions, the default model) is ops/core/registry.py, in Redis.
+registry itself (entries, stable versions, the default model) is ops/rollout/registry.py, in Redis.
 
 `resolve_served` is what `brigade worker --model NAME[@VERSION]` (and `brigade up`) serve.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import redis
 
-from ops.core import keys, redis_clients, registry
-from ops.core.registry import ModelEntry, RegistryError, Snapshot
+from ops.core import keys, redis_clients
+from ops.rollout import registry
+from ops.rollout.registry import ModelEntry, RegistryError, Snapshot
 from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, FILE_FIELDS
 from ops.core.settings import Settings
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from ops.cli_options import BrigadeParser, add_connection_options, report_failure, resolve_connection
+from ops.commands.cli_options import BrigadeParser, add_connection_options, report_failure, resolve_connection
 from ops.commands.up import cmd_up
 from ops.commands.worker import cmd_worker
 from ops.core.logs import setup_logging
@@ -200,9 +200,9 @@ def _add_client_parsers(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="always generate (no cached answers)")
     add_connection_options(p, gateway="ws", api_key=True)
     p.set_defaults(fn=cmd_chat)
-    from ops.bench.command import add_bench_parser
+    from ops.commands.bench import add_bench_parser
 
-    add_bench_parser(sub).set_defaults(fn=_run_of("ops.bench.command"))
+    add_bench_parser(sub).set_defaults(fn=_run_of("ops.commands.bench"))
     from ops.commands.cache import add_parser
 
     add_parser(sub)
