@@ -27,7 +27,7 @@ from gateway import tool_calls
 from gateway.delivery.events import Refused
 from ops.core.messages import ChatMessage, GenerateParams, QueuedRequest, SamplingDefaults
 from ops.core.sampling_defaults import load_sampling_defaults
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 
 
 class ProtocolError(Exception):
@@ -253,7 +253,7 @@ class RequestRules:
             raise ProtocolError("invalid_field", f"`{name}`: {err['msg']}", rid, name) from None
 
 
-def _check_limits(params: GenerateParams, s: Settings, rid: str) -> None:
+def _check_limits(params: GenerateParams, s: GatewaySettings, rid: str) -> None:
     """The gateway's own limits: on the values asked (at the door), and again on the values that
     run (`runnable`: a default's too). A field still unset is checked when it is filled."""
     _check_further_fields(params, rid)

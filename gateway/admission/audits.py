@@ -23,7 +23,7 @@ from gateway.admission.request_store import RequestStore
 from gateway.delivery.events import ClientEvent
 from gateway.delivery.router import ReplyRouter, Route, Sink
 from ops.core.messages import QueuedRequest, ReplyEvent
-from ops.core.settings import Settings
+from ops.core.settings import CacheSettings
 
 if TYPE_CHECKING:  # not at run time: the cache brings the embedding model (and torch) with it
     from cache.answer_cache import AnswerCache, Hit
@@ -52,7 +52,7 @@ class AuditSink(Sink):
 
 
 class Audits:
-    def __init__(self, settings: Settings, router: ReplyRouter, store: RequestStore, spawn: Callable):
+    def __init__(self, settings: CacheSettings, router: ReplyRouter, store: RequestStore, spawn: Callable):
         self.share = settings.cache_audit_share
         self.router = router
         self.store = store

@@ -37,7 +37,7 @@ from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, 
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.protocol import ProtocolError
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 
 if TYPE_CHECKING:
     from cache.embedder import Embedder
@@ -75,7 +75,7 @@ def parse_embeddings(body: Any, name: str, dim: int, settings: Settings) -> Embe
     return EmbeddingAsk(_inputs(body.get("input"), settings), fmt == "base64")
 
 
-def _inputs(given: Any, settings: Settings) -> list[str]:
+def _inputs(given: Any, settings: GatewaySettings) -> list[str]:
     if given is None:
         raise ProtocolError("missing_field", "`input` is required: a string or a list of strings", None, "input")
     inputs = [given] if isinstance(given, str) else given

@@ -19,12 +19,12 @@ from gateway.admission.limits import KeyLimiter
 from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError
 from ops.core.redis_clients import through_failover
-from ops.core.settings import Settings
+from ops.core.settings import CacheSettings, Settings
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # the packaged embedding model's name, when no folder is set
 
 
-def embedding_model_name(settings: Settings) -> str:
+def embedding_model_name(settings: CacheSettings) -> str:
     """The name the embedding model is served under: its folder's, or the packaged model's."""
     return Path(settings.embedding_model).name if settings.embedding_model else EMBEDDING_MODEL
 

@@ -23,7 +23,7 @@ import numpy as np
 from cache.pair_model import MAX_TOKENS
 from gateway.doors.held_models import embedding_model_name
 from gateway.protocol import ProtocolError
-from ops.core.settings import Settings
+from ops.core.settings import CacheSettings, Settings
 
 if TYPE_CHECKING:
     from cache.embedder import Embedder
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 RERANKER_NAME = "brigade-pair-model"
 
 
-def reranker_name(settings: Settings) -> str:
+def reranker_name(settings: CacheSettings) -> str:
     """The shipped pair model's name, or the file stem of BRIGADE_CACHE_PAIR_MODEL's."""
     return Path(settings.cache_pair_model).stem if settings.cache_pair_model else RERANKER_NAME
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.doors import openai_schema as oa
 from gateway.protocol import ProtocolError
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 
 COMMON_FIELDS = {"model", "user", "request_id", "cache_salt"}
 # vLLM's pooling fields, each with the values that mean what Brigade does anyway.
@@ -77,7 +77,7 @@ def _common(body: Any, known: set[str]) -> str | None:
     return model
 
 
-def _text(value: Any, where: str, settings: Settings) -> str:
+def _text(value: Any, where: str, settings: GatewaySettings) -> str:
     """A text of the body; `where` names it (`documents[2]`), the error's param its field (`documents`)."""
     field = where.split("[")[0]
     if not isinstance(value, str) or not value:
@@ -88,7 +88,7 @@ def _text(value: Any, where: str, settings: Settings) -> str:
     return value
 
 
-def _count(n: int, field: str, settings: Settings) -> None:
+def _count(n: int, field: str, settings: GatewaySettings) -> None:
     if n > settings.rerank_max_documents:
         raise _invalid(field, f"has {n} items; the limit is {settings.rerank_max_documents} "
                               "(BRIGADE_RERANK_MAX_DOCUMENTS)")

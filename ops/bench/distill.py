@@ -19,7 +19,7 @@ from ops.bench.engine import bench_requests, brigade_seconds
 from ops.bench.quality import accuracy, precision_flags, spread
 from ops.bench.quality_answers import Progress, ask_batched
 from ops.bench.quality_questions import load_questions
-from ops.core.settings import Settings
+from ops.core.settings import EngineSettings
 from ops.training.distill.corpus import Example
 from ops.training.distill.evaluation import AGREEMENT_TOKENS, agreement, gap_closed, perplexity
 
@@ -37,7 +37,7 @@ class Candidate:
     engine: Engine
 
 
-def candidate(name: str, model, tokenizer, folder: str, device: str, settings: Settings) -> Candidate:
+def candidate(name: str, model, tokenizer, folder: str, device: str, settings: EngineSettings) -> Candidate:
     model = model.eval()
     engine = Engine(model, tokenizer, EngineConfig(model=folder, max_batch=32, max_wait_ms=0, device=device,
                                                    dtype="float32", kv_budget_tokens=EVAL_KV_TOKENS,

@@ -17,7 +17,7 @@ import httpx
 from websockets.asyncio.client import connect
 
 from ops.core.redaction import redact_url
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 
 QUESTIONS = [
     "What is the capital of France?", "List three colors.", "Name a fruit.", "What is 2 + 2?",
@@ -57,7 +57,7 @@ async def _http_once(client: httpx.AsyncClient, url: str, question: str, max_tok
     return first, time.perf_counter() - start
 
 
-async def _run(settings: Settings, base: str | None, rounds: int, max_tokens: int, api_key: str | None) -> dict:
+async def _run(settings: GatewaySettings, base: str | None, rounds: int, max_tokens: int, api_key: str | None) -> dict:
     http_base = base or settings.http_url
     ws_url = http_base.replace("http", "ws", 1) + "/v1/ws"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -12,7 +12,7 @@ from urllib.parse import urlparse, urlunparse
 
 from ops.bench.conversations import ChatTurns
 from ops.core.redaction import redact_url
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 
 DEFAULT_NUM_REQUESTS = 100
 CHAT_TURNS_FLAGS = ("conversations", "turns", "tenants", "system_tokens")  # conversations.py's ChatTurns
@@ -63,7 +63,7 @@ class LoadConfig:
         return out
 
 
-def target_urls(backend: str, url: str | None, settings: Settings) -> tuple[str, str]:
+def target_urls(backend: str, url: str | None, settings: GatewaySettings) -> tuple[str, str]:
     """(the endpoint, the HTTP base) from --url (a base such as http://host:port, with or without /v1,
     or a ws:// URL) or the settings' gateway."""
     if not url:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ops.commands.cli_options import add_connection_options
 from ops.core.redaction import redact, redact_url
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings
 
 FINAL = {"completed", "failed", "cancelled", "expired"}
 
@@ -89,7 +89,7 @@ class Client:
         return size
 
 
-def run(args, settings: Settings) -> int:
+def run(args, settings: GatewaySettings) -> int:
     client = Client(args.url or settings.http_url, args.api_key)
     try:
         return COMMANDS[args.batch_command](client, args)

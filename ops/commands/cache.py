@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ops.commands.cli_options import add_connection_options
 from ops.core.jsonl import JsonLinesError, numbered_rows
-from ops.core.settings import Settings
+from ops.core.settings import GatewaySettings, Settings
 from ops.training.pair_model.bounds import Targets
 from ops.training.pair_model.pairs import CHAT_TEST, CHAT_TUNE
 
@@ -91,7 +91,7 @@ async def settled_evidence(settings: Settings, quiet_s: float = 6.0, timeout_s: 
     return report
 
 
-async def warm(settings: Settings, path: str, concurrency: int, url: str | None = None,
+async def warm(settings: GatewaySettings, path: str, concurrency: int, url: str | None = None,
                api_key: str | None = None) -> dict:
     """Ask every question of a JSONL file through the gateway, so the answers land in the cache."""
     from websockets.asyncio.client import connect

@@ -12,7 +12,7 @@ from ops.commands.up import cmd_up
 from ops.commands.worker import cmd_worker
 from ops.core.logs import setup_logging
 from ops.core.redis_address import tls_options
-from ops.core.settings import Settings, openmp_spin
+from ops.core.settings import GatewaySettings, Settings, openmp_spin
 
 
 def cmd_prepare(args, settings: Settings) -> int:
@@ -100,7 +100,7 @@ def cmd_flower(args, settings: Settings) -> int:
     os.execve(sys.executable, argv, env)
 
 
-def cmd_chat(args, settings: Settings) -> int:
+def cmd_chat(args, settings: GatewaySettings) -> int:
     from ops.commands.chat import INTERRUPTED, ChatOptions, chat
 
     # One question asks greedily unless told otherwise: it is a look-up, whose answer should be the

@@ -12,7 +12,7 @@ from ops.commands.cli_options import add_connection_options
 from ops.core.redaction import redact
 from ops.core.redis_address import describe
 from ops.core.redis_clients import one_line
-from ops.core.settings import Settings
+from ops.core.settings import RedisSettings, Settings
 
 
 def _where(url: str) -> str:
@@ -91,7 +91,7 @@ async def _usage(store, args) -> int:
 _COMMANDS = {"create": _create, "list": _list, "revoke": _revoke, "usage": _usage}
 
 
-async def _run(args, settings: Settings) -> int:
+async def _run(args, settings: RedisSettings) -> int:
     from gateway.admission.api_keys import KeyStore
     from ops.core.redis_clients import async_client
 

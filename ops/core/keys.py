@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ops.core.settings import Settings
+    from ops.core.settings import BatchSettings, CacheSettings, GatewaySettings, RolloutSettings, WorkerSettings
 
 PREFIX = "brigade"
 
@@ -36,12 +36,12 @@ def stream(request_id: str) -> str:
     return f"{PREFIX}:stream:{request_id}"
 
 
-def stream_maxlen(settings: Settings) -> int:
+def stream_maxlen(settings: WorkerSettings) -> int:
     """Events a replay log keeps (approximately: XADD MAXLEN ~); above max_tokens_limit."""
     return settings.stream_maxlen
 
 
-def stream_ttl_s(settings: Settings) -> int:
+def stream_ttl_s(settings: WorkerSettings) -> int:
     """How long a request stays replayable and resumable after its last write."""
     return settings.stream_ttl_s
 
@@ -51,7 +51,7 @@ def request(request_id: str) -> str:
     return f"{PREFIX}:request:{request_id}"
 
 
-def request_ttl_s(settings: Settings) -> int:
+def request_ttl_s(settings: WorkerSettings) -> int:
     return settings.stream_ttl_s  # as long as its stream: a resume needs both
 
 
@@ -60,7 +60,7 @@ def cancelled(request_id: str) -> str:
     return f"{PREFIX}:cancelled:{request_id}"
 
 
-def cancelled_ttl_s(settings: Settings) -> int:
+def cancelled_ttl_s(settings: WorkerSettings) -> int:
     return settings.cancel_ttl_s
 
 
@@ -73,7 +73,7 @@ def worker(instance: str) -> str:
     return f"{PREFIX}:worker:{instance}"
 
 
-def worker_ttl_ms(settings: Settings) -> int:
+def worker_ttl_ms(settings: WorkerSettings) -> int:
     """A heartbeat's life: the worker refreshes it while it lives; its expiry is the worker's death."""
     return int(settings.heartbeat_ttl_s * 1000)
 
@@ -88,7 +88,7 @@ def claim(request_id: str) -> str:
     return f"{PREFIX}:claim:{request_id}"
 
 
-def claim_ttl_s(settings: Settings) -> int:
+def claim_ttl_s(settings: WorkerSettings) -> int:
     return settings.stream_ttl_s  # the fencing record lives as long as what it fences
 
 
@@ -111,7 +111,7 @@ TAKEN = f"{PREFIX}:taken"
 DEAD_LETTERS = f"{PREFIX}:dlq"  # list of JSON entries: requests that crashed max_attempts workers
 
 
-def dead_letters_max(settings: Settings) -> int:
+def dead_letters_max(settings: WorkerSettings) -> int:
     """Entries the dead-letter list keeps (the newest)."""
     return settings.dlq_max
 
@@ -121,7 +121,7 @@ def settled(request_id: str) -> str:
     return f"{PREFIX}:settled:{request_id}"
 
 
-def settled_ttl_s(settings: Settings) -> int:
+def settled_ttl_s(settings: WorkerSettings) -> int:
     return settings.stream_ttl_s
 
 
@@ -130,7 +130,7 @@ def resumed(request_id: str) -> str:
     return f"{PREFIX}:resumed:{request_id}"
 
 
-def resumed_ttl_s(settings: Settings) -> int:
+def resumed_ttl_s(settings: WorkerSettings) -> int:
     return settings.stream_ttl_s
 
 
@@ -201,7 +201,7 @@ def prefix_blocks(instance: str) -> str:
     return f"{PREFIX}:prefix:{instance}"
 
 
-def prefix_ttl_s(settings: Settings) -> int:
+def prefix_ttl_s(settings: WorkerSettings) -> int:
     return max(int(settings.heartbeat_ttl_s * 10), 30)
 
 
@@ -211,7 +211,7 @@ def prefix_ttl_s(settings: Settings) -> int:
 PREFIX_LOG = f"{PREFIX}:prefix:log"
 
 
-def prefix_log_maxlen(settings: Settings) -> int:
+def prefix_log_maxlen(settings: WorkerSettings) -> int:
     return settings.prefix_log_maxlen
 
 
@@ -226,22 +226,22 @@ def cache_entry(entry_id: str) -> str:
     return f"{PREFIX}:cache:entry:{entry_id}"
 
 
-def cache_entry_ttl_s(settings: Settings) -> int:
+def cache_entry_ttl_s(settings: CacheSettings) -> int:
     """An entry's life, and its exact key's: they expire together (the sweep tidies the rest)."""
     return settings.cache_ttl_s
 
 
-def cache_max_entries(settings: Settings) -> int:
+def cache_max_entries(settings: CacheSettings) -> int:
     """Entries in CACHE_LRU, and so in the expiry set, namespaces and entry-namespace hash (LRU eviction)."""
     return settings.cache_max_entries
 
 
-def cache_log_maxlen(settings: Settings) -> int:
+def cache_log_maxlen(settings: CacheSettings) -> int:
     """Events CACHE_LOG keeps (approximately): a gateway further behind rebuilds its index."""
     return settings.cache_log_maxlen
 
 
-def cache_hard_negatives_max(settings: Settings) -> int:
+def cache_hard_negatives_max(settings: CacheSettings) -> int:
     return settings.cache_hard_negatives_max
 
 
@@ -254,16 +254,16 @@ def cache_samples(entry_id: str) -> str:
     return f"{PREFIX}:cache:samples:{entry_id}"
 
 
-def cache_samples_max(settings: Settings) -> int:
+def cache_samples_max(settings: CacheSettings) -> int:
     return settings.cache_samples
 
 
-def cache_evidence_max(settings: Settings) -> int:
+def cache_evidence_max(settings: CacheSettings) -> int:
     """Observations CACHE_EVIDENCE keeps (the newest); the list also expires when nothing is added."""
     return settings.cache_evidence_max
 
 
-def cache_evidence_ttl_s(settings: Settings) -> int:
+def cache_evidence_ttl_s(settings: CacheSettings) -> int:
     return settings.cache_ttl_s
 
 
@@ -361,12 +361,12 @@ def batch_lease(job_id: str) -> str:
     return f"{PREFIX}:batch:{job_id}:lease"
 
 
-def batch_lease_ttl_s(settings: Settings) -> int:
+def batch_lease_ttl_s(settings: BatchSettings) -> int:
     """The lease lapses this long after its holder stops renewing it (and another gateway takes over)."""
     return int(settings.batch_lease_s)
 
 
-def batch_ttl_s(settings: Settings, window_s: float) -> int:
+def batch_ttl_s(settings: BatchSettings, window_s: float) -> int:
     """batch_job, batch_in_flight and batch_file: the completion window, then the retention."""
     return int(window_s + settings.batch_retention_s)
 
@@ -390,11 +390,11 @@ def response(response_id: str) -> str:
     return f"{PREFIX}:response:{response_id}"
 
 
-def response_ttl_s(settings: Settings) -> int:
+def response_ttl_s(settings: GatewaySettings) -> int:
     return int(settings.responses_ttl_s)
 
 
-def responses_max(settings: Settings) -> int:
+def responses_max(settings: GatewaySettings) -> int:
     """Responses kept in RESPONSES (and so stored): past it, the oldest go."""
     return settings.responses_max
 
@@ -420,11 +420,11 @@ def outcomes(model: str, version: str) -> str:
     return f"{PREFIX}:outcomes:{model}@{version}"
 
 
-def outcomes_maxlen(settings: Settings) -> int:
+def outcomes_maxlen(settings: RolloutSettings) -> int:
     return settings.outcomes_maxlen
 
 
-def outcomes_ttl_s(settings: Settings) -> int:
+def outcomes_ttl_s(settings: RolloutSettings) -> int:
     """An idle version's outcomes expire; every write renews the TTL."""
     return settings.outcomes_ttl_s
 

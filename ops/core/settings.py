@@ -1,6 +1,11 @@
-"""The one settings object: every knob Brigade has, read from BRIGADE_* variables.
+# Over 400 lines: every BRIGADE_ variable with the comment that says what it is for, in one file because it is the one place the environment is read.
+"""The one settings object: every knob Brigade has, read from BRIGADE_* variables, in sections by part.
 
-Each field documents its default; the settings table in docs/settings.md is written from here.
+Each section is a class of its own (host, Redis, gateway, engine, worker, cache, batch, rollout),
+in the manner of vLLM's ModelConfig, CacheConfig and SchedulerConfig; `Settings` is all of them,
+read from the environment once, where a process starts. A part's constructor names the section it
+reads where it reads one alone. Each field documents its default; the settings table in
+docs/settings.md is written from here.
 """
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ops.core.redis_address import is_sentinel, with_tls_defaults
@@ -31,20 +36,32 @@ def _default_data_dir() -> Path:
     return Path(base) / "brigade"
 
 
-# One class on purpose (STYLE.md: one settings object from BRIGADE_* variables): every setting of every
-# part is declared here, once, grouped by part below; each part is handed this object or the fields it uses.
-class Settings(BaseSettings):
-    """Every BRIGADE_* variable, one field each with the comment that says what it is for. The class
-    is long because it is the one place the environment is read (tests/test_floors.py holds every
-    other module to that), not because it does more than one job."""
-
-    model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
+class HostSettings(BaseModel):
+    """Where this machine keeps what Brigade builds and what must outlive a restart, and how much it
+    logs: every part's."""
 
     # Where prepared model folders and other build products live (not in git: too large).
     home: Path = Field(default_factory=_default_home)
     # Where what must survive a restart lives: the append-only file of the Redis that `brigade up`
     # starts (unless --ephemeral) and batch jobs' files.
     data_dir: Path = Field(default_factory=_default_data_dir)
+    # The level of every command's and part's log lines (ops/core/logs.py).
+    log_level: str = "INFO"
+    # llama.cpp built beside Brigade for the benchmarks (ops/bench/llama_cpp_build.py). Empty:
+    # ~/.cache/brigade/peers (under XDG_CACHE_HOME when set).
+    peer_dir: str = ""
+
+    @property
+    def peers_dir(self) -> Path:
+        if self.peer_dir:
+            return Path(self.peer_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
+
+
+class RedisSettings(BaseModel):
+    """The Redis every part talks to: its URL, TLS, and what a failover must not lose. Handed to
+    every client factory (ops/core/redis_clients.py)."""
+
     redis_url: str = "redis://127.0.0.1:6379/0"
     # TLS to Redis, for a rediss:// or rediss+sentinel:// URL (docs/operations.md, "Redis over TLS"):
     # the default for each of redis-py's ssl_* options that the URL's query leaves out (a URL's own
@@ -62,6 +79,42 @@ class Settings(BaseSettings):
     redis_tls_verify: str = Field(default="required", pattern="^(required|none)$")
     # Whether the certificate must name the URL's host (ssl_check_hostname; so must a sentinel's).
     redis_tls_check_hostname: bool = True
+    # The writes whose loss a failover must not cause (a worker's claim before it acts on it, a
+    # request's record before its message is sent) are confirmed on this many replicas (Redis
+    # WAIT), so a failover cannot promote a replica that lacks them (Sentinel promotes the most
+    # up-to-date one). -1: one with a redis+sentinel:// URL, none otherwise (a lone Redis has none).
+    confirm_replicas: int = -1
+    # How long such a write waits for them; past it the writer goes on (a lost claim fences its
+    # worker, which queues the request again; refusing would stop all work whenever a replica is
+    # away), and a worker logs event=claim_unconfirmed.
+    confirm_ms: int = 500
+    # A gateway asked to queue a request while a Sentinel failover leaves no primary tries again
+    # for this long before answering `unavailable` (a failover takes 2-3 s with down-after 1 s).
+    # -1: 10 s with a redis+sentinel:// URL, 0 otherwise (a lone Redis that does not answer is down).
+    failover_wait_s: float = -1
+    # Redis unreachable this long: the gateway fails the requests it is waiting on.
+    redis_outage_grace_s: float = 30.0
+
+    @property
+    def sentinel(self) -> bool:
+        return is_sentinel(self.redis_url)
+
+    @property
+    def confirmations(self) -> int:
+        if self.confirm_replicas >= 0:
+            return self.confirm_replicas
+        return 1 if self.sentinel else 0
+
+    @property
+    def failover_budget_s(self) -> float:
+        if self.failover_wait_s >= 0:
+            return self.failover_wait_s
+        return 10.0 if self.sentinel else 0.0
+
+
+class GatewaySettings(BaseModel):
+    """The gateway's doors: where it listens, what a request may hold, keys and guards, the defaults
+    it fills in, admission and routing (gateway/)."""
 
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8765
@@ -111,45 +164,64 @@ class Settings(BaseSettings):
     metrics_auth: str = Field(default="off", pattern="^(off|required)$")
     # Seconds a client is told to wait (Retry-After) when the service is overloaded or has no worker.
     retry_after_s: int = 2
-
-    # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
-    model: str = ""
-    model_name: str = "smollm2-135m-instruct"
-    # The registered version this worker serves (set by `brigade worker --model NAME@VERSION`);
-    # empty: unversioned, the folder above under model_name (an empty registry).
-    model_version: str = ""
-    # The model store: each registered version's prepared folder, store/NAME/VERSION. Workers on
-    # other machines fill theirs with `brigade models pull`. Empty: BRIGADE_HOME/store.
-    model_store: str = ""
-    # A version's finished requests kept for canaries (a capped stream per version, with a TTL).
-    outcomes_maxlen: int = 20_000
-    outcomes_ttl_s: int = 7 * 86_400
-    # How often a gateway looks for registry and route changes (one GET of a revision number).
-    registry_poll_s: float = 0.25
-    # The canary controller's lease (whoever holds it steps every canary) and its tick.
-    canary_lease_s: float = 5.0
-    canary_tick_s: float = 1.0
-    # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
-    max_batch: int = 32
     # Stored responses of POST /v1/responses (`store`, `previous_response_id`, GET by id): how long
     # each is kept, and how many at most (the oldest go first).
     responses_ttl_s: float = Field(default=86_400.0, gt=0)
     responses_max: int = Field(default=10_000, ge=1)
-    # Batch jobs (gateway/batch/batch_runner.py): where their files live (every gateway must see the same
-    # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
-    # the runner's lease and how often gateways look for jobs to run.
-    # Under the data dir, not BRIGADE_HOME (a cache): a job's records survive in Redis now, and
-    # they must not point at result files that a cache clean-up removed.
-    batch_files_dir: str = ""  # empty: BRIGADE_DATA_DIR/batches
-    batch_window: int = 0  # 0: the live workers' batch width, shared among this gateway's jobs
-    batch_max_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
-    batch_retention_s: float = 86_400.0
-    batch_completion_window_s: float = 86_400.0
-    batch_lease_s: float = 10.0
-    batch_poll_s: float = 1.0
-    # The autoscaling signal's requests per worker (ops/core/fleet.ScaleSignal); 0: max_batch.
-    scale_target_per_worker: int = 0
-    max_wait_ms: float = 10.0
+    # Prefix-aware routing (docs/scaling.md): `prefix` sends a request whose prompt begins with
+    # blocks a worker's prefix cache holds to that worker's own queue, weighed against its load;
+    # `shared`: every request on the version's one shared queue, taken by whichever worker is free.
+    routing: Literal["prefix", "shared"] = "prefix"
+    # Prompt tokens a worker's cache must hold beyond another's for each request more of load
+    # (queued, running, waiting in its engine) it carries: the price of load in prefill tokens.
+    route_load_tokens: int = 128
+    # Past this many requests more than the least loaded worker, a worker gets no routed request
+    # whatever it holds: the request goes to the least loaded (a load fallback).
+    route_imbalance: int = 8
+    # Overload: refuse new work past this queue depth (messages waiting for a worker).
+    max_queue_depth: int = 1000
+    # Prompts in one /v1/completions request (an evaluation harness's batch): each is a request of
+    # its own through admission, so this bounds what one body fans out to (vLLM's bound is 1024).
+    max_prompts_per_request: int = 128
+    # A client that disconnects may resume on a new connection within this time; after it, the
+    # gateway cancels the abandoned requests.
+    resume_grace_s: float = 15.0
+    # POST /v1/embeddings (served by the cache's embedder): inputs in one request (OpenAI's limit)
+    # and characters in one input (the model reads its first 256 word pieces; more is cut).
+    embedding_max_inputs: int = Field(default=2048, ge=1)
+    embedding_max_input_chars: int = Field(default=16_384, ge=1)
+    # POST /v1/rerank and /v1/score (the pair model, or the embedding model's cosine): documents or
+    # pairs in one request, characters in one text (the pair model reads 128 word pieces of a pair,
+    # the embedding model 256 of a text; more is cut), and pairs per forward pass: each pass holds
+    # the model that the cache's lookups use too, so they get in between a large request's passes.
+    rerank_max_documents: int = Field(default=1000, ge=1)
+    rerank_max_text_chars: int = Field(default=16_384, ge=1)
+    rerank_batch_pairs: int = Field(default=32, ge=1)
+
+    @property
+    def auth_required(self) -> bool:
+        if self.auth:
+            return self.auth == "required"
+        return self.gateway_host not in LOOPBACK_HOSTS
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.gateway_host}:{self.gateway_port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.gateway_host}:{self.gateway_port}/v1/ws"
+
+
+class EngineSettings(BaseModel):
+    """The engine a worker holds: the model, its batch and KV memory, precision, kernels and threads
+    (engine/, through workers/engine_loading.py)."""
+
+    # A Hugging Face causal-LM folder; empty means the prepared SmolLM2-135M-Instruct.
+    model: str = ""
+    model_name: str = "smollm2-135m-instruct"
+    # Sequences one engine runs at once; the KV budget bounds it too (engine/scheduler.py).
+    max_batch: int = 32
     # KV memory budget in tokens; kv_budget_bytes, when set, wins and is converted per model.
     kv_budget_tokens: int = 32_768
     kv_budget_bytes: int | None = None
@@ -204,6 +276,14 @@ class Settings(BaseSettings):
     # it before torch loads; a GOMP_SPINCOUNT already in the environment wins.
     openmp_spin_count: int = 1000
 
+
+class WorkerSettings(BaseModel):
+    """A worker's life beside its engine: Celery, heartbeats and the reaper, claims, stealing,
+    draining, the reply streams, metrics and Flower (workers/)."""
+
+    # The autoscaling signal's requests per worker (ops/core/fleet.ScaleSignal); 0: max_batch.
+    scale_target_per_worker: int = 0
+    max_wait_ms: float = 10.0
     # Celery: concurrency bounds the requests one worker holds (running + waiting in its engine).
     # 0: twice max_batch, so that finished rows refill at once from requests already held.
     worker_concurrency: int = 0
@@ -238,55 +318,32 @@ class Settings(BaseSettings):
     # stamped up to this much later than a lost request is still taken for one that may wait
     # behind it. Clocks further apart cost a duplicate message (skipped at its claim), never a loss.
     queue_clock_skew_s: float = 2.0
-    # Prefix-aware routing (docs/scaling.md): `prefix` sends a request whose prompt begins with
-    # blocks a worker's prefix cache holds to that worker's own queue, weighed against its load;
-    # `shared`: every request on the version's one shared queue, taken by whichever worker is free.
-    routing: Literal["prefix", "shared"] = "prefix"
-    # Prompt tokens a worker's cache must hold beyond another's for each request more of load
-    # (queued, running, waiting in its engine) it carries: the price of load in prefill tokens.
-    route_load_tokens: int = 128
-    # Past this many requests more than the least loaded worker, a worker gets no routed request
-    # whatever it holds: the request goes to the least loaded (a load fallback).
-    route_imbalance: int = 8
     # An idle worker takes a request routed to a busy one that has not taken it after this long.
     steal_after_s: float = 0.25
     # Entries of the prefix-cache log (keys.PREFIX_LOG) Redis keeps for the gateways' indexes.
     prefix_log_maxlen: int = 50_000
     dlq_max: int = 10_000
-    # The writes whose loss a failover must not cause (a worker's claim before it acts on it, a
-    # request's record before its message is sent) are confirmed on this many replicas (Redis
-    # WAIT), so a failover cannot promote a replica that lacks them (Sentinel promotes the most
-    # up-to-date one). -1: one with a redis+sentinel:// URL, none otherwise (a lone Redis has none).
-    confirm_replicas: int = -1
-    # How long such a write waits for them; past it the writer goes on (a lost claim fences its
-    # worker, which queues the request again; refusing would stop all work whenever a replica is
-    # away), and a worker logs event=claim_unconfirmed.
-    confirm_ms: int = 500
-    # A gateway asked to queue a request while a Sentinel failover leaves no primary tries again
-    # for this long before answering `unavailable` (a failover takes 2-3 s with down-after 1 s).
-    # -1: 10 s with a redis+sentinel:// URL, 0 otherwise (a lone Redis that does not answer is down).
-    failover_wait_s: float = -1
     # SIGTERM: running requests get this long to finish, then continue on another worker.
     drain_seconds: float = 10.0
     # Celery's own redelivery of an unacked message (the second line behind the reaper). Healthy
     # requests that run longer are delivered again, and the duplicate is skipped by its claim.
     visibility_timeout_s: int = 300
-    # Overload: refuse new work past this queue depth (messages waiting for a worker).
-    max_queue_depth: int = 1000
-    # Prompts in one /v1/completions request (an evaluation harness's batch): each is a request of
-    # its own through admission, so this bounds what one body fans out to (vLLM's bound is 1024).
-    max_prompts_per_request: int = 128
-    # A client that disconnects may resume on a new connection within this time; after it, the
-    # gateway cancels the abandoned requests.
-    resume_grace_s: float = 15.0
-    # Redis unreachable this long: the gateway fails the requests it is waiting on.
-    redis_outage_grace_s: float = 30.0
     # The per-request replay stream: capped length and a TTL so that it can never grow unbounded.
     stream_maxlen: int = 8192
     stream_ttl_s: int = 3600
     cancel_ttl_s: int = 3600
+    flower_host: str = "127.0.0.1"
+    flower_port: int = 5555
+    flower_user: str = "brigade"
+    flower_password: str = "brigade"
+    # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
+    flower_show_prompts: bool = False
 
-    # ---- the answer cache ----
+
+class CacheSettings(BaseModel):
+    """The answer cache: its Redis, bounds, the semantic rule and its evidence, the embedding model
+    (cache/)."""
+
     # Empty: the same Redis as everything else. A separate instance keeps cache load apart.
     cache_redis_url: str = ""
     cache_enabled: bool = True
@@ -332,30 +389,52 @@ class Settings(BaseSettings):
     embedding_model: str = ""  # a sentence-transformers folder; empty: all-MiniLM-L6-v2 (packaged)
     embedding_threads: int = 1
     embedding_int8: bool = False
-    # POST /v1/embeddings (served by the cache's embedder): inputs in one request (OpenAI's limit)
-    # and characters in one input (the model reads its first 256 word pieces; more is cut).
-    embedding_max_inputs: int = Field(default=2048, ge=1)
-    embedding_max_input_chars: int = Field(default=16_384, ge=1)
-    # POST /v1/rerank and /v1/score (the pair model, or the embedding model's cosine): documents or
-    # pairs in one request, characters in one text (the pair model reads 128 word pieces of a pair,
-    # the embedding model 256 of a text; more is cut), and pairs per forward pass: each pass holds
-    # the model that the cache's lookups use too, so they get in between a large request's passes.
-    rerank_max_documents: int = Field(default=1000, ge=1)
-    rerank_max_text_chars: int = Field(default=16_384, ge=1)
-    rerank_batch_pairs: int = Field(default=32, ge=1)
 
-    flower_host: str = "127.0.0.1"
-    flower_port: int = 5555
-    flower_user: str = "brigade"
-    flower_password: str = "brigade"
-    # Flower shows each task's arguments; by default without the prompt text (debugging opt-in).
-    flower_show_prompts: bool = False
 
-    # The level of every command's and part's log lines (ops/core/logs.py).
-    log_level: str = "INFO"
-    # llama.cpp built beside Brigade for the benchmarks (ops/bench/llama_cpp_build.py). Empty:
-    # ~/.cache/brigade/peers (under XDG_CACHE_HOME when set).
-    peer_dir: str = ""
+class BatchSettings(BaseModel):
+    """Batch jobs (gateway/batch/): their files, window, retention and the runner's lease."""
+
+    # Batch jobs (gateway/batch/batch_runner.py): where their files live (every gateway must see the same
+    # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
+    # the runner's lease and how often gateways look for jobs to run.
+    # Under the data dir, not BRIGADE_HOME (a cache): a job's records survive in Redis now, and
+    # they must not point at result files that a cache clean-up removed.
+    batch_files_dir: str = ""  # empty: BRIGADE_DATA_DIR/batches
+    batch_window: int = 0  # 0: the live workers' batch width, shared among this gateway's jobs
+    batch_max_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
+    batch_retention_s: float = 86_400.0
+    batch_completion_window_s: float = 86_400.0
+    batch_lease_s: float = 10.0
+    batch_poll_s: float = 1.0
+
+
+class RolloutSettings(BaseModel):
+    """Model versions and canaries (ops/rollout/): the version a worker serves, the store, outcomes,
+    the registry's poll and the canary's lease."""
+
+    # The registered version this worker serves (set by `brigade worker --model NAME@VERSION`);
+    # empty: unversioned, the folder above under model_name (an empty registry).
+    model_version: str = ""
+    # The model store: each registered version's prepared folder, store/NAME/VERSION. Workers on
+    # other machines fill theirs with `brigade models pull`. Empty: BRIGADE_HOME/store.
+    model_store: str = ""
+    # A version's finished requests kept for canaries (a capped stream per version, with a TTL).
+    outcomes_maxlen: int = 20_000
+    outcomes_ttl_s: int = 7 * 86_400
+    # How often a gateway looks for registry and route changes (one GET of a revision number).
+    registry_poll_s: float = 0.25
+    # The canary controller's lease (whoever holds it steps every canary) and its tick.
+    canary_lease_s: float = 5.0
+    canary_tick_s: float = 1.0
+
+
+class Settings(BaseSettings, HostSettings, RedisSettings, GatewaySettings, EngineSettings, WorkerSettings,
+               CacheSettings, BatchSettings, RolloutSettings):
+    """Every BRIGADE_* variable: the sections above, read from the environment in one place
+    (tests/test_floors.py holds every other module to that). What is drawn from two sections is
+    here."""
+
+    model_config = SettingsConfigDict(env_prefix="BRIGADE_", extra="ignore")
 
     @model_validator(mode="after")
     def _tls_in_redis_urls(self) -> "Settings":
@@ -389,36 +468,8 @@ class Settings(BaseSettings):
         return Path(self.model_store).expanduser() if self.model_store else self.home / "store"
 
     @property
-    def peers_dir(self) -> Path:
-        if self.peer_dir:
-            return Path(self.peer_dir)
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "brigade" / "peers"
-
-    @property
     def cache_redis(self) -> str:
         return self.cache_redis_url or self.redis_url
-
-    @property
-    def sentinel(self) -> bool:
-        return is_sentinel(self.redis_url)
-
-    @property
-    def confirmations(self) -> int:
-        if self.confirm_replicas >= 0:
-            return self.confirm_replicas
-        return 1 if self.sentinel else 0
-
-    @property
-    def failover_budget_s(self) -> float:
-        if self.failover_wait_s >= 0:
-            return self.failover_wait_s
-        return 10.0 if self.sentinel else 0.0
-
-    @property
-    def auth_required(self) -> bool:
-        if self.auth:
-            return self.auth == "required"
-        return self.gateway_host not in LOOPBACK_HOSTS
 
     @property
     def task_threads(self) -> int:
@@ -428,28 +479,20 @@ class Settings(BaseSettings):
     def per_worker_target(self) -> int:
         return self.scale_target_per_worker or self.max_batch
 
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.gateway_host}:{self.gateway_port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://{self.gateway_host}:{self.gateway_port}/v1/ws"
-
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
 
 
-def openmp_spin(settings: Settings) -> None:
+def openmp_spin(settings: EngineSettings) -> None:
     """Put the settings' OpenMP spin count in this process's environment, where libgomp reads it
     once, as torch loads it: call before anything imports torch (a later call changes nothing)."""
     if settings.openmp_spin_count > 0:
         os.environ.setdefault("GOMP_SPINCOUNT", str(settings.openmp_spin_count))
 
 
-def torch_threads(settings: Settings) -> int:
+def torch_threads(settings: EngineSettings) -> int:
     """Threads for torch: the cores this process may really use (FACTS: oversubscription is ruinous)."""
     if settings.torch_threads > 0:
         return settings.torch_threads

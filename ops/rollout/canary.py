@@ -35,7 +35,7 @@ from ops.core import keys
 from ops.rollout import outcomes, registry
 from ops.rollout.canary_verdicts import Verdict, VersionStats, breach_reason, judge
 from ops.rollout.registry import RegistryError, RouteSpec, Share
-from ops.core.settings import Settings
+from ops.core.settings import RolloutSettings
 from ops.rollout.slo import InvalidObjective, Objective, parse_slo
 
 log = logging.getLogger("brigade.canary")
@@ -317,7 +317,7 @@ class Controller:
     """Steps every running canary while it holds keys.CANARY_LEASE; any number may run (in each
     gateway, in the reaper), one acts. Call `tick()` every settings.canary_tick_s."""
 
-    def __init__(self, client: redis.Redis, owner_id: str, settings: Settings):
+    def __init__(self, client: redis.Redis, owner_id: str, settings: RolloutSettings):
         self.client, self.owner_id = client, owner_id
         self.lease_ms = max(1, int(settings.canary_lease_s * 1000))
         self.reader = outcomes.WindowReader()  # both versions' windows, read incrementally tick by tick
