@@ -27,7 +27,7 @@ from engine.finishing import Finisher
 from engine.inbox import RequestInbox
 from engine.kv_allocator import KVAllocator
 from engine.kv_cache import KVMemory, KVShape
-from engine.logprobs import TokenTexts, score_prompts, token_logprobs
+from engine.logprobs import TokenTexts, token_logprobs
 from engine.model_files import offline
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
@@ -36,8 +36,9 @@ from engine.placement import Placement, resolve
 from engine.prefix_cache import PrefixCache
 from engine.prefix_index import PrefixChanges
 from engine.sampling import sample
+from engine.sampling_rows import sampling_rows
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import Chunk, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 from engine.speculation import Drafter, SpeculationConfig, Verifier, attach_drafts
 from engine.starting import Starter
 from engine.tokenizer import SerializedTokenizer
@@ -217,7 +218,7 @@ class Engine:
             logits = self.runner.forward(chunks)
             self.scheduler.computed(chunks)
             self.prefill_tokens += sum(max(0, min(c.start + c.length, len(c.seq.prompt_ids)) - c.start) for c in chunks)
-            sampled, logits, drafted = self._sampling_rows(chunks, logits)
+            sampled, logits, drafted = sampling_rows(chunks, logits, self.token_texts, self._fork)
             tokens = sample(logits, sampled, self.eos_ids, self.starter.guides)
             logprobs = token_logprobs(logits, sampled, tokens, self.token_texts)
             kept = self.verifier.verify(drafted, sampled, tokens)
@@ -305,40 +306,12 @@ class Engine:
             updates += self.finisher.cancel(group)
         return updates
 
-    def _sampling_rows(self, chunks: list[Chunk], logits: torch.Tensor
-                       ) -> tuple[list[Sequence], torch.Tensor, dict[Sequence, tuple[Chunk, torch.Tensor]]]:
-        """The sequences that take a token this step and their rows of `logits`, and each drafted
-        chunk with its positions' logits (verified once its first token is sampled). On the way, a
-        scored prompt's logprobs are collected, and a request's first token forks its further
-        choices (each sampling from its parent's row)."""
-        sampled, rows, scored, at = [], [], [], 0
-        drafted: dict[Sequence, tuple[Chunk, torch.Tensor]] = {}
-        for c in chunks:
-            if c.every_position:
-                scored.append((c, at))
-                at += c.length
-            elif c.draft:  # its first row samples as any decode row; the others verify the draft
-                drafted[c.seq] = (c, logits[at:at + c.length])
-                sampled.append(c.seq)
-                rows.append(at)
-                at += c.length
-                continue
-            elif c.samples:
-                at += 1
-            if c.samples and not c.seq.scores_only:
-                sampled.append(c.seq)
-                rows.append(at - 1)
-        if scored:
-            score_prompts(scored, logits, self.token_texts)
-        for seq, row in list(zip(sampled, rows)):
-            if seq.params.n == 1 or seq.output_ids:
-                continue  # forks happen at a request's first token only
-            for child in self.inbox.get(seq.request_id).fork(seq):
-                self.starter.start(child)
-                self.scheduler.fork(seq, child)
-                if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
-                    sampled.append(child)
-                    rows.append(row)
-        if rows == list(range(logits.shape[0])):
-            return sampled, logits, drafted  # the plain case: one row per sampled sequence, in order
-        return sampled, logits[rows], drafted
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """A request's further choices at its first token, started and scheduled: those running now."""
+        running = []
+        for child in self.inbox.get(seq.request_id).fork(seq):
+            self.starter.start(child)
+            self.scheduler.fork(seq, child)
+            if child.status is SequenceStatus.RUNNING:  # else it waits, and is prefilled later
+                running.append(child)
+        return running

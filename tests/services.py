@@ -1,3 +1,4 @@
+# Over 400 lines: every real service a test starts (Redis, an HA set, workers, gateways, the Stack), so no test module starts its own.
 """Real services for the tests: a redis-server on a free port, `brigade worker` and
 `brigade gateway` processes, and `Stack`, the one way a test module starts them together, waits
 for them, breaks them and stops them (`brigade up` itself: tests/brigade_up.py). Nothing here is a

@@ -1,3 +1,4 @@
+# Over 400 lines: the key store, the limiter and the CLI on one real Redis, with the same key's life traced across them.
 """API keys and their per-key limits on a real redis-server: the store, the limiter, the CLI (what
 needs no Redis: tests/test_api_keys_offline.py)."""
 from __future__ import annotations

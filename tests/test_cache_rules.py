@@ -1,3 +1,4 @@
+# Over 400 lines: the cache's hit rule and every veto, each with the cases that hold it, apart from any process.
 """The answer cache's rules and their evaluation, without Redis, the embedding model or FAISS in the
 test process: the hit rule (proposals, vetoes, the band, bars, rivals), the evidence bound, the evaluation's
 metrics, `brigade cache eval` run offline as a subprocess, and the generated lookalikes and

@@ -1,3 +1,4 @@
+# Over 400 lines: one module-scoped real stack that every command's connection options are tried against.
 """One CLI convention, and no secret printed, on real processes.
 
 Every command that talks to a service takes its connection options (--url, --api-key, --redis-url)

@@ -1,3 +1,4 @@
+# Over 400 lines: one module-scoped real stack of two workers that each fault is driven through.
 """Workers die, streams don't: real redis-server, two real `brigade worker` processes, a real
 reaper, real gateways and WebSocket clients. Faults are real signals: SIGKILL, SIGTERM,
 SIGSTOP/SIGCONT, and a Redis restart. The tiny model answers (what is proven is the mechanics of

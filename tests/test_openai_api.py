@@ -1,3 +1,4 @@
+# Over 400 lines: one module-scoped real stack that the official client drives through every endpoint.
 """The OpenAI-compatible door, driven by the official `openai` package against real processes: a real
 redis-server, a real `brigade worker` with the default model, real gateways over real HTTP.
 

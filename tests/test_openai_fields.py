@@ -1,3 +1,4 @@
+# Over 400 lines: every field of the OpenAI bodies, each read into a request apart from any socket.
 """The OpenAI door's further fields, apart from any socket: bodies into `Generate`s
 (gateway/doors/openai_schema.py), events into bodies and stream chunks (gateway/doors/openai_render.py,
 gateway/doors/http_door.py's `_Stream`), tools into prompts and back (engine/chat_prompt.py,

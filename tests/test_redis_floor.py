@@ -1,3 +1,4 @@
+# Over 400 lines: the Redis floor's every script and client, each on the real redis-server it shares.
 """The Redis floor (ops/core): one client factory, every Lua script in one folder with its keys in
 KEYS, and every growing key's bound asked of ops/core/keys.py. On a real redis-server."""
 from __future__ import annotations

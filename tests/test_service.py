@@ -1,3 +1,4 @@
+# Over 400 lines: one module-scoped real stack (the real model) that the end-to-end answers are compared on.
 """Brigade end to end: real redis-server, a real `brigade worker` (Celery) process, the real
 gateway process, real WebSocket clients, the real default model."""
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: one module-scoped real stack of two workers whose metrics every test scrapes.
 """Every worker's Prometheus /metrics, scraped from real processes: a real redis-server, two real
 `brigade worker` processes on one host, a real reaper and gateway, real WebSocket clients, the
 tiny model (what is counted does not depend on the words). Counts are checked as differences

@@ -1,3 +1,4 @@
+# Over 400 lines: the question templates of every category, each beside the facts it asks; their output is bench/data/quality_questions.jsonl.
 """Writes ops/bench/data/quality_questions.jsonl, the question set of `brigade bench quality`.
 
 The facts, yes/no and multiple-choice questions below were written by hand for Brigade (no outside

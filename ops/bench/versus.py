@@ -1,3 +1,4 @@
+# Over 400 lines: one flow read top to bottom: the plan, both programs' setups, the alternating runs, the per-run ratios and the table.
 """`brigade bench serve --versus llama-server`: the same load against Brigade and against llama.cpp's
 server, in one run, on the same cores, in a form a skeptic accepts.
 

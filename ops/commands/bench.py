@@ -1,3 +1,4 @@
+# Over 400 lines: one subcommand per benchmark target, each target's flags beside the function that runs it.
 """`brigade bench <target>`: one subcommand per benchmark, each with its own flags, and what runs it.
 
 Building the parser imports no benchmark (and so neither torch nor numpy): each target's code is

@@ -1,3 +1,4 @@
+# Over 400 lines: every Redis key shape Brigade uses is named in this one module, each with its bound beside it.
 """Every Redis key and channel Brigade uses, one function per shape, with its bound beside it.
 
 Every key that can grow carries a TTL or a cap, and the function that says how long or how many

@@ -1,4 +1,4 @@
-# Over 400 lines: every BRIGADE_ variable with the comment that says what it is for, in one file because it is the one place the environment is read.
+# Over 400 lines: every BRIGADE_ variable with its comment, here because this is the one place the environment is read.
 """The one settings object: every knob Brigade has, read from BRIGADE_* variables, in sections by part.
 
 Each section is a class of its own (host, Redis, gateway, engine, worker, cache, batch, rollout),

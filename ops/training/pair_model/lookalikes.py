@@ -1,3 +1,4 @@
+# Over 400 lines: each kind of generated look-alike with its word lists, short rules read side by side.
 """Generated training pairs that show the verifier what changes a question's meaning.
 
 Labelled duplicate data (QQP) rarely shows a question next to its mirror image, so a pair model
