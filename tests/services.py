@@ -1,8 +1,9 @@
 # Over 400 lines: every real service a test starts (Redis, an HA set, workers, gateways, the Stack), so no test module starts its own.
 """Real services for the tests: a redis-server on a free port, `brigade worker` and
 `brigade gateway` processes, and `Stack`, the one way a test module starts them together, waits
-for them, breaks them and stops them (`brigade up` itself: tests/brigade_up.py). Nothing here is a
-mock."""
+for them, breaks them and stops them (`brigade up` itself: tests/brigade_up.py). Its processes are
+parts of the same ops Stack as `brigade up`'s and the benchmarks' (ops/stack/stack.py), and its
+Redis has their command line. Nothing here is a mock."""
 from __future__ import annotations
 
 import asyncio
@@ -12,19 +13,21 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterator
 
 import pytest
 import redis
 
 from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
 from ops.stack.redis_ha import TLSFiles, replica_of
+from ops.stack.stack import Stack as Parts
+from ops.stack.stack import redis_command
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -97,11 +100,9 @@ class RedisServer:
         self.port = free_port()
         self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         # `also_bind`: the host's end of network namespaces' links, for parts started inside them.
-        self.args = [self.binary, "--port", str(self.port), "--bind", " ".join(("127.0.0.1", *also_bind)), "--save", "",
-                     "--appendonly", "yes" if persistent else "no", "--dir", str(tmp),
-                     *(tls.server_args(self.port) if tls else []),
-                     # Clients from a namespace's link are not loopback: Redis's protected mode would refuse them.
-                     *(["--protected-mode", "no"] if also_bind else [])]
+        # Clients from a namespace's link are not loopback: Redis's protected mode would refuse them.
+        self.args = redis_command(self.binary, self.port, ("127.0.0.1", *also_bind), tmp, persistent=persistent,
+                                  protected=not also_bind) + (tls.server_args(self.port) if tls else [])
         self.client = redis.Redis.from_url(self.url, decode_responses=True, **(tls.client_options() if tls else {}))
         self.start()
 
@@ -172,18 +173,12 @@ class RedisHAServer:
 
 
 class BrigadeProcess:
-    """`python -m ops.commands.cli <part>` with the given environment, its output in a log file."""
+    """One Brigade part a test's Stack started (ops/stack/stack.py: `python -m ops.commands.cli <part>`),
+    with the environment it runs with and its log file."""
 
-    def __init__(self, part: str, env: dict, log_path: Path, extra: list[str] | None = None,
-                 wrap: Callable[[list[str]], list[str]] | None = None):
-        self.env, self.log_path = env, log_path
-        self.log = open(log_path, "w")
+    def __init__(self, proc: subprocess.Popen, env: dict, log_path: Path, log: IO):
+        self.proc, self.env, self.log_path, self.log = proc, env, log_path, log
         self._asked = False
-        argv = [sys.executable, "-m", "ops.commands.cli", part, *(extra or [])]
-        self.proc = subprocess.Popen(
-            wrap(argv) if wrap else argv,  # `wrap`: run inside a network namespace (ip netns exec)
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
-        )
 
     @property
     def port(self) -> int:
@@ -305,10 +300,12 @@ class Stack:
         self.redis, self.logs, self.own_redis = redis, logs, own_redis
         self.port = free_port()  # the gateway named "gateway"; any other gateway gets a port of its own
         self.env = service_env(redis.url, self.port, **env)
+        # Every process is a part of one ops Stack, as `brigade up`'s and the benchmarks' are; this
+        # class stops them itself (all asked at once: see `stop`).
+        self.parts = Parts(self.env, logs)
         self.gateways: dict[str, BrigadeProcess] = {}
         self.workers: dict[str, BrigadeProcess] = {}
         self.started: list[BrigadeProcess] = []  # every process, in start order, replaced ones too
-        self._starts: dict[str, int] = {}
 
     def __enter__(self) -> "Stack":
         return self
@@ -337,10 +334,10 @@ class Stack:
 
     def start(self, part: str, name: str | None = None, extra: list[str] | None = None,
               wrap: Callable[[list[str]], list[str]] | None = None, **env: str | None) -> BrigadeProcess:
-        """`brigade <part>` in the stack's environment; its log is `<name>.log`, and a name started
-        again (a replacement) gets `<name>-2.log`, so that the first one's log stays readable.
-        `wrap`: how to run it elsewhere (a network namespace's `CutLink.command`)."""
-        return self._launch(part, name or part, with_env(self.env, **env), extra, wrap)
+        """`brigade <part>` in the stack's environment with `env`'s changes; its log is `<name>.log`,
+        and a name started again (a replacement) gets `<name>-2.log`, so that the first one's log
+        stays readable. `wrap`: how to run it elsewhere (a network namespace's `CutLink.command`)."""
+        return self._launch(part, name or part, env, extra, wrap)
 
     def start_gateway(self, name: str = "gateway", wrap: Callable[[list[str]], list[str]] | None = None,
                       **env: str | None) -> BrigadeProcess:
@@ -354,11 +351,15 @@ class Stack:
         self.workers[name] = self.start("worker", name, ["--name", name], wrap=wrap, **env)
         return self.workers[name]
 
-    def _launch(self, part: str, name: str, env: dict, extra: list[str] | None,
+    def _launch(self, part: str, name: str, env: dict[str, str | None], extra: list[str] | None,
                 wrap: Callable[[list[str]], list[str]] | None = None) -> BrigadeProcess:
-        self._starts[name] = self._starts.get(name, 0) + 1
-        n = self._starts[name]
-        proc = BrigadeProcess(part, env, self.logs / (f"{name}.log" if n == 1 else f"{name}-{n}.log"), extra, wrap)
+        # Tied to this process's life (killed should pytest die) when started from the main thread; a
+        # part a test's thread starts is not, as the tie would follow that thread and kill the part
+        # as soon as the thread ends.
+        tied = signal.SIGKILL if threading.current_thread() is threading.main_thread() else None
+        proc = self.parts.start(part, name, extra or [], env=env, wrap=wrap, death_signal=tied)
+        started = self.parts.supervisor.parts[name]
+        proc = BrigadeProcess(proc, started.env or self.env, Path(started.log.name), started.log)
         self.started.append(proc)
         return proc
 
@@ -428,7 +429,7 @@ class Stack:
         (a deploy, or a crash and a restart); returns once the new one is ready."""
         old = self.gateways[name]
         old.stop()
-        self.gateways[name] = self._launch("gateway", name, old.env, None)
+        self.gateways[name] = self._launch("gateway", name, old.env, None)  # its every variable, as it ran
         self.wait_ready(workers=[], gateways=[name], timeout=timeout)
         return self.gateways[name]
 

@@ -17,7 +17,7 @@ import pytest
 from ops.core import keys
 from ops.core.settings import Settings
 from tests.brigade_up import BrigadeUp, still_running
-from tests.services import BrigadeProcess, RedisServer, free_port, service_env, wait_until, worker_statuses
+from tests.services import RedisServer, Stack, free_port, service_env, wait_until, worker_statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,8 +142,7 @@ def test_flower_asked_to_stop_while_redis_is_gone_stops(tmp_path):
     now it exits, cleanly, well inside the deadline (a hang fails the wait)."""
     server = RedisServer(tmp_path)
     port = free_port()
-    env = service_env(server.url, free_port(), BRIGADE_FLOWER_PORT=str(port))
-    flower = BrigadeProcess("flower", env, tmp_path / "flower.log")
+    flower = Stack(server, tmp_path, BRIGADE_FLOWER_PORT=str(port)).start("flower")
     try:
         wait_until(lambda: flower_listens(port), 120, what="Flower to listen")
         server.stop()
@@ -227,9 +226,11 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
     stopped = tmp_path / "stopped"
     supervisor = Supervisor()
     try:
-        for name in ("redis", "worker-1", "worker-2", "reaper", "gateway"):  # started out of order on purpose
+        # Started out of order on purpose; a part's role is its name's first word unless given.
+        for name, role in (("redis", None), ("worker-1", None), ("w2@test", "worker"), ("reaper", None),
+                           ("gateway", None)):
             supervisor.start(name, [sys.executable, "-c", RECORDS_ITS_STOP, str(stopped), name],
-                             log=tmp_path / f"{name}.log")
+                             log=tmp_path / f"{name}.log", role=role)
         supervisor.wait_for(lambda: all((tmp_path / f"{n}.log").read_text() for n in supervisor.parts), 60)
         first = supervisor.process("worker-1").pid
         supervisor.kill_and_restart("worker-1")
@@ -241,7 +242,7 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
     finally:
         supervisor.stop()
     lines = stopped.read_text().split()
-    assert lines[0] == "gateway" and sorted(lines[1:3]) == ["worker-1", "worker-2"] and lines[3:] == ["reaper", "redis"]
+    assert lines[0] == "gateway" and sorted(lines[1:3]) == ["w2@test", "worker-1"] and lines[3:] == ["reaper", "redis"]
     # A part that ends while the supervisor waits for something else is said, with its exit code.
     ending = Supervisor()
     ending.start("reaper", [sys.executable, "-c", "raise SystemExit(3)"])

@@ -1,7 +1,8 @@
 """A Brigade of its own on free ports, for the benchmarks that break it (`bench soak`, `bench chaos`).
 
 redis-server (or a primary, replicas and three sentinels: ops/stack/redis_ha.py), gateways, a reaper and
-workers, under one Supervisor, so that any of them may be SIGKILLed and started again. Parts are
+workers, started as one Stack (ops/stack/stack.py), so that any of them may be SIGKILLed and started
+again. Parts are
 named `gateway-0`, `worker-1`, `redis-primary`, ... One worker may run inside a network namespace
 (ops/bench/netns.py): Redis then listens on the namespace link's host address too, and everyone
 reaches it there, so that the link can be cut under that worker alone.
@@ -9,13 +10,10 @@ reaches it there, so that the link can be cut under that worker alone.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +25,8 @@ from ops.core.fleet import live_workers
 from ops.core.ports import free_port
 from ops.core.settings import get_settings
 from ops.stack.redis_ha import RedisHA, replica_of
-from ops.stack.supervision import Supervisor, stop_graces
+from ops.stack.stack import Stack, readyz_workers, redis_command
+from ops.stack.supervision import stop_graces
 
 
 def rss_mb(pid: int) -> float | None:
@@ -54,7 +53,8 @@ class Fleet:
         server = shutil.which("redis-server")
         if server is None:
             raise SystemExit("redis-server is not installed: sudo apt-get install -y redis-server")
-        self.supervisor = Supervisor(grace_s=stop_graces(get_settings()))
+        self.stack = Stack(logs=workdir, grace_s=stop_graces(get_settings()))
+        self.supervisor = self.stack.supervisor  # Redis and the faults act on its parts
         self.cut_link = cut_link
         self.restarts: Counter[str] = Counter()
         self._redis: redis.Redis | None = None
@@ -69,14 +69,13 @@ class Fleet:
         else:
             port, host = free_port(), cut_link.host_ip if cut_link else "127.0.0.1"
             binds = [host, "127.0.0.1"] if cut_link else [host]
-            self.supervisor.start("redis", [server, "--port", str(port), "--bind", *binds, "--protected-mode",
-                                            "no" if cut_link else "yes", "--save", "", "--appendonly", "no",
-                                            "--dir", str(workdir)], log=workdir / "redis.log",
-                                  death_signal=signal.SIGTERM)
+            self.supervisor.start("redis", redis_command(server, port, binds, workdir, protected=cut_link is None),
+                                  log=workdir / "redis.log", death_signal=signal.SIGTERM)
             redis_url = f"redis://{host}:{port}/0"
         # Every gateway must see the same batch files (docs/batch.md); the bench's own folder.
         self.env = dict(os.environ, BRIGADE_REDIS_URL=redis_url, BRIGADE_TORCH_THREADS="1", PYTHONUNBUFFERED="1",
                         BRIGADE_BATCH_FILES_DIR=str(workdir / "batches"), **(env or {}))
+        self.stack.env = self.env
         self.ports = [free_port() for _ in range(gateways)]
         self.gateways = [f"gateway-{i}" for i in range(gateways)]
         for part, port in zip(self.gateways, self.ports):
@@ -88,10 +87,8 @@ class Fleet:
             self._start(part, ["worker", "--name", f"{worker_prefix}{i}@bench"], inside=inside)
         self.cut_worker = self.workers[-1] if cut_link else None
 
-    def _start(self, part: str, args: list[str], inside: bool = False, **env: str) -> None:
-        argv = [sys.executable, "-m", "ops.commands.cli", *args]
-        self.supervisor.start(part, self.cut_link.command(argv) if inside else argv, env=dict(self.env, **env),
-                              log=self.workdir / f"{part}.log")
+    def _start(self, name: str, args: list[str], inside: bool = False, **env: str) -> None:
+        self.stack.start(args[0], name, args[1:], env=env, wrap=self.cut_link.command if inside else None)
 
     # ---- where it answers, and whether it is whole -------------------------------------------------
 
@@ -112,14 +109,7 @@ class Fleet:
 
     def ready(self) -> bool:
         """Every gateway ready and seeing every worker's heartbeat."""
-        for url in self.http_urls:
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-                    if json.loads(r.read())["workers"] < len(self.workers):
-                        return False
-            except (OSError, ValueError, KeyError):
-                return False
-        return True
+        return all((readyz_workers(url) or 0) >= len(self.workers) for url in self.http_urls)
 
     @property
     def redis(self) -> redis.Redis:

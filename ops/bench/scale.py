@@ -14,21 +14,18 @@ workers' prefix-cache hit ratio over its run (bench serve's `prefix_cache`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from ops.bench.serve import run as run_load
 from ops.bench.serve_config import LoadConfig
 from ops.core.ports import free_port
 from ops.core.settings import Settings
-from ops.stack.supervision import PartExited, Supervisor
-
-ROOT = Path(__file__).resolve().parents[2]  # the checkout, where `python -m ops.commands.cli` runs
+from ops.stack.stack import Stack, readyz_workers
+from ops.stack.supervision import PartExited
 START_TIMEOUT_S = 300.0
 ROUTINGS = ("shared", "prefix")  # BRIGADE_ROUTING's values (ops/core/settings.py, routing)
 
@@ -64,7 +61,7 @@ class Fleet:
         self.workers = workers
         self.port = free_port()
         self.redis_port = free_port()
-        self.log_path = log_dir / f"fleet-{workers}{tag}.log"
+        self.name = f"fleet-{workers}{tag}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIGADE_")}
         env.update({
             "BRIGADE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
@@ -81,12 +78,13 @@ class Fleet:
         self.env = env
         # One part, `up` itself, which supervises the fleet's own parts; it stops them in order
         # when it gets SIGTERM, and gets SIGTERM too should this benchmark die.
-        self.supervisor = Supervisor(order=("up",), grace_s={"up": 60.0})
+        self.stack = Stack(env, log_dir, order=("up",), grace_s={"up": 60.0})
+        self.supervisor = self.stack.supervisor
+        self.log_path = log_dir / f"{self.name}.log"
 
     def __enter__(self) -> "Fleet":
         # --ephemeral: each size gets a fresh, empty Redis, not the last size's queue and records.
-        self.supervisor.start("up", [sys.executable, "-m", "ops.commands.cli", "up", "--ephemeral", "--workers", str(self.workers)],
-                              env=self.env, cwd=ROOT, log=self.log_path, death_signal=signal.SIGTERM)
+        self.stack.start("up", self.name, ["--ephemeral", "--workers", str(self.workers)], death_signal=signal.SIGTERM)
         try:
             self.supervisor.wait_for(lambda: self.ready_workers() >= self.workers, START_TIMEOUT_S, interval_s=0.5)
         except PartExited:
@@ -103,11 +101,7 @@ class Fleet:
         return self.env["BRIGADE_REDIS_URL"]
 
     def ready_workers(self) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as resp:
-                return int(json.loads(resp.read()).get("workers", 0))
-        except (OSError, ValueError):
-            return 0
+        return readyz_workers(f"http://127.0.0.1:{self.port}") or 0
 
     def __exit__(self, *exc) -> None:
         self.supervisor.stop()

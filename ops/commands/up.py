@@ -1,8 +1,9 @@
 """`brigade up`: Redis (when none answers), the workers, the gateway and a reaper (and Flower) on
 one machine, stopped in order on Ctrl-C, SIGTERM, SIGHUP or SIGPIPE, and killed with `up` itself.
 
-Each part is a child process (`python -m ops.commands.cli PART`) that reads its settings from its
-environment: `up`'s own, with the redis+sentinel:// URL of `--redis-ha`'s set when it started one.
+Each part is a child process of one Stack (ops/stack/stack.py: `python -m ops.commands.cli PART`)
+that reads its settings from its environment: `up`'s own, with the redis+sentinel:// URL of
+`--redis-ha`'s set when it started one.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def redis_answers(url: str) -> bool:
 
 def cmd_up(args, settings: Settings) -> int:
     from ops.core.ports import CannotListen, ensure_free
-    from ops.stack.supervision import STOP_SIGNALS, Supervisor, say, stop_graces
+    from ops.stack.stack import Stack
+    from ops.stack.supervision import STOP_SIGNALS, say, stop_graces
 
     if args.workers < 1:
         print("brigade up: --workers must be at least 1", file=sys.stderr)
@@ -54,15 +56,16 @@ def cmd_up(args, settings: Settings) -> int:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
-    supervisor = Supervisor(grace_s=stop_graces(settings))
-    ha, env = None, None
+    stack = Stack(grace_s=stop_graces(settings))
+    supervisor = stack.supervisor  # Redis, the HA set and the watch are its parts too
+    ha = None
     if args.redis_ha:
         ha = _start_redis_ha(supervisor, settings, lambda: stopping)
         if ha is None:
             supervisor.stop()
             return 1
         settings = settings.model_copy(update={"redis_url": ha.url})
-        env = {**os.environ, "BRIGADE_REDIS_URL": ha.url}  # every part started after the set runs on it
+        stack.env = {**os.environ, "BRIGADE_REDIS_URL": ha.url}  # every part started after the set runs on it
     elif not redis_answers(settings.redis_url):
         failed = _start_local_redis(args, supervisor, settings, lambda: stopping)
         if failed is not None:
@@ -72,8 +75,8 @@ def cmd_up(args, settings: Settings) -> int:
         supervisor.stop()
         print(f"brigade up: {problem}", file=sys.stderr)
         return 1
-    for name, argv in _parts(args).items():
-        supervisor.start(name, argv, env=env)
+    for name, (part, part_args) in _parts(args).items():
+        stack.start(part, name, part_args)
     say(f"Brigade is starting: the chat page at {settings.http_url}/, the OpenAI API at {settings.http_url}/v1, "
         f"the WebSocket at {settings.ws_url} (readiness: {settings.http_url}/readyz); Ctrl-C stops everything",
         sys.stdout)
@@ -91,26 +94,26 @@ def cmd_up(args, settings: Settings) -> int:
     return status
 
 
-def _parts(args) -> dict[str, list[str]]:
-    """The parts' command lines. Should `up` die without stopping its parts (SIGKILL), the kernel
-    kills them outright: a drain needs the order and a Redis, which is going at the same moment;
-    what they held is recovered from Redis at the next start (the reaper moves the dead workers'
-    requests)."""
-    me = [sys.executable, "-m", "ops.commands.cli"]
-    parts = {"gateway": me + ["gateway"], "reaper": me + ["reaper"]}
+def _parts(args) -> dict[str, tuple[str, list[str]]]:
+    """Each part's name, and the part with its arguments. Should `up` die without stopping its parts
+    (SIGKILL), the kernel kills them outright: a drain needs the order and a Redis, which is going at
+    the same moment; what they held is recovered from Redis at the next start (the reaper moves the
+    dead workers' requests)."""
+    parts = {"gateway": ("gateway", []), "reaper": ("reaper", [])}
     host = socket.gethostname()
     model = ["--model", args.model] if args.model else []
     for i in range(1, args.workers + 1):
-        parts["worker" if args.workers == 1 else f"worker-{i}"] = me + (
-            ["worker", *model] if args.workers == 1 else ["worker", *model, "--name", f"brigade-{os.getpid()}-{i}@{host}"])
+        parts["worker" if args.workers == 1 else f"worker-{i}"] = ("worker", [*model] if args.workers == 1 else [
+            *model, "--name", f"brigade-{os.getpid()}-{i}@{host}"])
     if args.flower:
-        parts["flower"] = me + ["flower"]
+        parts["flower"] = ("flower", [])
     return parts
 
 
 def _start_local_redis(args, supervisor, settings: Settings, stopping) -> int | None:
     """A redis-server on the settings' local address, when none answers there; the exit status
     of `up` when it cannot (or `up` was stopped meanwhile), else None."""
+    from ops.stack.stack import redis_command
     from ops.stack.supervision import FolderInUse, PartExited, hold_folder
 
     if is_sentinel(settings.redis_url):
@@ -136,12 +139,10 @@ def _start_local_redis(args, supervisor, settings: Settings, stopping) -> int | 
     # overcommit) that a development machine need not act on.
     settings.home.mkdir(parents=True, exist_ok=True)
     redis_log = settings.home / "redis.log"
-    if args.ephemeral:
-        keep = ["--appendonly", "no"]
-    else:
-        # An append-only file, written to disk every second: keys, cached answers, batch jobs
-        # and dead letters outlive a restart and a crash, losing at most the last second.
-        # No RDB snapshots besides: the file alone restores everything.
+    data = None
+    if not args.ephemeral:
+        # An append-only file: keys, cached answers, batch jobs and dead letters outlive a restart
+        # and a crash, losing at most the last second.
         data = settings.data_dir.expanduser() / "redis"
         data.mkdir(parents=True, exist_ok=True)
         try:
@@ -150,10 +151,9 @@ def _start_local_redis(args, supervisor, settings: Settings, stopping) -> int | 
             print(f"{data} is in use by another `brigade up`'s Redis: stop it, or give this one its own "
                   "BRIGADE_DATA_DIR (or --ephemeral)", file=sys.stderr)
             return 1
-        keep = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data)]
     # Redis dies with `up` by SIGTERM, which closes the append-only file cleanly.
-    supervisor.start("redis", [server, "--port", str(url.port or 6379), "--bind", bind, "--save", "", *keep,
-                               "--logfile", str(redis_log)], death_signal=signal.SIGTERM)
+    supervisor.start("redis", redis_command(server, url.port or 6379, [bind], data, persistent=data is not None,
+                                            log=redis_log), death_signal=signal.SIGTERM)
     # Loading a large append-only file takes a while (Redis answers LOADING until done).
     try:
         if not supervisor.wait_for(lambda: redis_answers(settings.redis_url), 60, stopping=stopping,

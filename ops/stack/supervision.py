@@ -137,16 +137,18 @@ class Part:
     env: dict[str, str] | None
     cwd: Path | None
     log: IO | None
-    death_signal: signal.Signals
+    death_signal: signal.Signals | None  # None: not tied to this process (see Supervisor.start)
+    role: str
 
 
 class Supervisor:
     """Named child processes of this one: started tied to it, watched, stopped in `order`.
 
-    A part's role is its name up to the first "-" (`worker-2` stops with the workers); every role
-    must be in `order`. Children get their own sessions, so that Ctrl-C reaches only this process,
-    which then stops them in order and nothing is left talking to a part that is gone. Should this
-    process die without stopping them (SIGKILL), each gets its `death_signal` from the kernel.
+    A part's role is given where it starts, or else its name up to the first "-" (`worker-2` stops
+    with the workers); every role must be in `order`. Children get their own sessions, so that
+    Ctrl-C reaches only this process, which then stops them in order and nothing is left talking to
+    a part that is gone. Should this process die without stopping them (SIGKILL), each gets its
+    `death_signal` from the kernel.
     Parts are started from the main thread (PR_SET_PDEATHSIG follows the forking thread)."""
 
     def __init__(self, order: tuple[str, ...] = STOP_ORDER, grace_s: dict[str, float] | None = None,
@@ -161,14 +163,19 @@ class Supervisor:
         return name.split("-")[0]
 
     def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-              log: Path | None = None, death_signal: signal.Signals = signal.SIGKILL) -> subprocess.Popen:
-        """Start a part; its output goes to `log` (appended: a part started again keeps one log), else here."""
-        if self.role(name) not in self.order:
-            raise ValueError(f"part {name!r}: its role is not one of {', '.join(self.order)}")
+              log: Path | None = None, death_signal: signal.Signals | None = signal.SIGKILL,
+              role: str | None = None) -> subprocess.Popen:
+        """Start a part; its output goes to `log` (appended: a part started again keeps one log), else here.
+        `death_signal` None: the part is not tied to this process's life (a part started from a thread
+        that ends before it should: the tie follows the forking thread)."""
+        role = role or self.role(name)
+        if role not in self.order:
+            raise ValueError(f"part {name!r}: its role {role!r} is not one of {', '.join(self.order)}")
         out = open(log, "a") if log is not None else None
         process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                   start_new_session=True, preexec_fn=tied_to_this_process(death_signal))
-        self.parts[name] = Part(argv, process, env, cwd, out, death_signal)
+                                   start_new_session=True,
+                                   preexec_fn=tied_to_this_process(death_signal) if death_signal is not None else None)
+        self.parts[name] = Part(argv, process, env, cwd, out, death_signal, role)
         return process
 
     def process(self, name: str) -> subprocess.Popen:
@@ -186,7 +193,8 @@ class Supervisor:
         if part.log is not None:
             part.log.close()
         log = Path(part.log.name) if part.log is not None else None
-        return self.start(name, argv or part.argv, env=part.env, cwd=part.cwd, log=log, death_signal=part.death_signal)
+        return self.start(name, argv or part.argv, env=part.env, cwd=part.cwd, log=log, death_signal=part.death_signal,
+                          role=part.role)
 
     def exited(self) -> tuple[str, int] | None:
         """The first part found ended, with its exit code; None while all run."""
@@ -223,11 +231,11 @@ class Supervisor:
     def stop(self, announce: Callable[[str], None] | None = None) -> None:
         """Stop every part, role by role in `order`, each role given its grace."""
         running = [role for role in self.order
-                   if any(self.role(n) == role and p.process.poll() is None for n, p in self.parts.items())]
+                   if any(p.role == role and p.process.poll() is None for p in self.parts.values())]
         if running and announce is not None:
             announce(f"stopping {', then '.join(running)}")
         for role in self.order:
-            group = [p.process for n, p in self.parts.items() if self.role(n) == role]
+            group = [p.process for p in self.parts.values() if p.role == role]
             if group:
                 stop_processes(group, grace_s=self.grace_s.get(role, self.default_grace_s))
         for part in self.parts.values():
