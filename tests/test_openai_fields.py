@@ -1,7 +1,7 @@
 # Over 400 lines: every field of the OpenAI bodies, each read into a request apart from any socket.
 """The OpenAI door's further fields, apart from any socket: bodies into `Generate`s
 (gateway/doors/openai_schema.py), events into bodies and stream chunks (gateway/doors/openai_render.py,
-gateway/doors/http_door.py's `_Stream`), tools into prompts and back (engine/chat_prompt.py,
+its `ChunkStream`), tools into prompts and back (engine/chat_prompt.py,
 gateway/tool_calls.py). The same fields against real processes: tests/test_openai_depth.py."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gateway import tool_calls
 from gateway.delivery.events import Done, Token
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
-from gateway.doors.http_door import _Stream
+from gateway.doors.openai_render import ChunkStream
 from gateway.doors.ws_protocol import ClientProtocol
 from gateway.protocol import ProtocolError, RequestRules
 from ops.core.settings import Settings
@@ -120,7 +120,7 @@ def test_a_prompt_only_scored_is_echoed_with_its_scores_from_its_done_event():
     assert choice["logprobs"]["token_logprobs"] == [None, -1.5] and choice["logprobs"]["tokens"] == ["Hi", " there"]
     assert choice["logprobs"]["top_logprobs"] == [None, {" you": -0.5}]
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}
-    stream = _Stream(opts, "r")
+    stream = ChunkStream(opts, "r")
     chunks = list(stream.done(done, "r"))
     assert chunks[0]["choices"][0]["text"] == "Hi there"
     assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.5]
@@ -275,7 +275,7 @@ def test_n_choices_with_logprobs_render_whole_and_streamed_alike():
     first = whole["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in first] == ["Hi", " there"] and first[1]["logprob"] == render.LOWEST_LOGPROB
     assert first[0]["top_logprobs"] == [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]}]
-    stream = _Stream(opts, "r")
+    stream = ChunkStream(opts, "r")
     chunks = [c for e in EVENTS for c in stream.token(e)] + list(stream.done(DONE, "r"))
     texts, scored, finishes = ["", ""], [[], []], {}
     for c in chunks:
@@ -294,7 +294,7 @@ def test_vllms_prompt_logprobs_ride_in_the_first_chunk_and_the_whole_body():
     prompt = [{"token": "A", "id": 4, "logprob": None, "top": []},
               {"token": " B", "id": 9, "logprob": -3.0, "top": [[" X", -1.0, 8]]}]
     event = Token("r", 0, " C", prompt_logprobs=prompt)
-    chunks = list(_Stream(opts, "r").token(event))
+    chunks = list(ChunkStream(opts, "r").token(event))
     expected = [None, {"8": {"logprob": -1.0, "rank": 1, "decoded_token": " X"},
                        "9": {"logprob": -3.0, "rank": None, "decoded_token": " B"}}]
     assert chunks[0]["prompt_logprobs"] == expected
@@ -317,7 +317,7 @@ def test_completions_echo_puts_the_prompt_and_its_scores_first():
 
 def test_a_streamed_tool_call_arrives_whole_in_one_delta():
     opts = oa.Options(True, True, False, "m", "max_tokens", tools=[WEATHER], tool_choice="required")
-    stream = _Stream(opts, "r")
+    stream = ChunkStream(opts, "r")
     pieces = ['[{"name": "get_weather", ', '"parameters": {"city": "Oslo"}}]']
     chunks = [c for i, p in enumerate(pieces) for c in stream.token(Token("r", i, p))]
     assert chunks == []  # held: calls are read from the whole text
@@ -401,7 +401,7 @@ def test_truncate_prompt_tokens_and_continuous_usage_stats_reach_the_generate():
 def test_a_stream_with_continuous_usage_carries_the_usage_so_far_on_every_chunk():
     _, opts = parse({"messages": USER, "stream": True,
                      "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
-    stream = _Stream(opts, "r")
+    stream = ChunkStream(opts, "r")
     chunks = [c for i in range(3) for c in stream.token(
         Token("r", i, "ab"[i % 2], usage={"prompt_tokens": 7, "completion_tokens": i + 1}))]
     chunks += list(stream.done(Done("r", "stop", {"prompt_tokens": 7, "completion_tokens": 3}, {}), "r"))

@@ -12,13 +12,12 @@ client cannot resume.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 
 import redis.asyncio as aioredis
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from gateway.admission.admission import Admission
 from gateway.admission.auth import Authenticator
@@ -29,6 +28,7 @@ from gateway.delivery.router import AnswerQueue
 from gateway.doors import http_answers as answers
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
+from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, disconnected, first_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
@@ -97,9 +97,7 @@ class HttpDoor:
         if admitted.version:
             headers["x-brigade-model-version"] = admitted.version
         if opts.stream:
-            return StreamingResponse(self._stream(answer, opts, rid, event, admitted.request_id),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return sse.response(self._stream(answer, opts, rid, event, admitted.request_id), headers)
         body = render.completion_body(opts, rid, gathered, event, render.now(), admitted.request_id)
         headers.update(_timing_headers(body["brigade"]))
         return JSONResponse(body, headers=headers)
@@ -123,107 +121,29 @@ class HttpDoor:
 
     async def _stream(self, answer: AnswerQueue, opts: oa.Options, rid: str, first: ClientEvent,
                       request_id: str | None):
-        stream = _Stream(opts, rid)
+        stream = render.ChunkStream(opts, rid)
         event, ended = first, False
         try:
             while True:
                 if isinstance(event, Token):
                     for body in stream.token(event):
-                        yield _sse(body)
+                        yield sse.event(body)
                 elif isinstance(event, Done):
                     ended = True
                     for body in stream.done(event, request_id):
-                        yield _sse(body)
-                    yield "data: [DONE]\n\n"
+                        yield sse.event(body)
+                    yield sse.DONE
                     return
                 elif isinstance(event, StreamError):
                     ended = True
                     err = stream_error(event)
-                    yield _sse(oa.error_body(err.code, err.message, err.field))
-                    yield "data: [DONE]\n\n"
+                    yield sse.event(oa.error_body(err.code, err.message, err.field))
+                    yield sse.DONE
                     return
                 event = await answer.events.get()
         finally:
             if not ended:  # the client went away mid-stream (or the gateway stops): free the slot
                 self.lifecycle.abandon(request_id, answer)
-
-
-class _Stream:
-    """A request's events as OpenAI stream chunks, choice by choice (gateway/doors/openai_render.py)."""
-
-    def __init__(self, opts: oa.Options, rid: str):
-        self.opts, self.rid, self.created = opts, rid, render.now()
-        self.answer = render.Answer(opts.n)
-        self.started = [False] * opts.n
-        self.ended = [False] * opts.n
-        self.offset = [0] * opts.n  # completions' text_offset of the next token
-        # A chat that may call tools holds each choice's text: calls are read from the whole of it.
-        self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
-        self.prompt_scores: list | None = None  # vLLM's `prompt_logprobs`, for the next chunk out
-        self.usage: dict | None = None  # the latest token's usage (continuous_usage_stats)
-
-    def _chunk(self, choices: list[dict], **kw) -> dict:
-        if "usage" not in kw and self.usage is not None:  # continuous_usage_stats: the usage so far
-            kw["usage"] = self.usage
-        body = render.chunk_body(self.opts, self.rid, self.created, choices, **kw)
-        if self.prompt_scores is not None and choices:
-            body["prompt_logprobs"], self.prompt_scores = render.vllm_prompt_logprobs(self.prompt_scores), None
-        return body
-
-    def token(self, event: Token):
-        index = event.choice or 0
-        self.answer.add(event)
-        if event.usage:
-            self.usage = render.usage_of(event.usage)
-        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
-            self.prompt_scores = event.prompt_logprobs
-        if not self.held:
-            text, scored = event.text, [event.logprobs] if self.opts.logprobs and event.logprobs else None
-            first = not self.started[index]
-            if first and self.opts.echo is not None:  # the prompt, and its scores, come first
-                text = render.echo_text(self.opts, self.answer) + text
-                if self.opts.logprobs:
-                    scored = (self.answer.prompt_logprobs or []) + (scored or [])
-            if text or scored or first:  # an empty piece (a token still held back) says nothing
-                yield self._chunk([render.chunk_choice(self.opts, index, text, first, scored,
-                                                       offset=self.offset[index])])
-                self.offset[index] += sum(len((e or {}).get("token", "")) for e in scored or [])
-                self.started[index] = True
-        if event.finish_reason and self.opts.n > 1:  # this choice ended; others go on
-            yield from self._end_choice(index, render.finish_reason(event.finish_reason))
-
-    def _end_choice(self, index: int, finish: str | None, extra: dict | None = None):
-        self.ended[index] = True
-        choice = self.answer.choices[index]
-        if self.held:
-            message, finish = render.message_of(self.opts, choice.text, finish)
-            scored = choice.logprobs if self.opts.logprobs else None
-            yield self._chunk([render.chunk_choice(self.opts, index, message["content"], True, scored,
-                                                   calls=message.get("tool_calls"))])
-        elif not self.started[index]:  # an empty answer still opens the assistant's message
-            text, scored = "", None
-            if self.opts.echo is not None:  # a prompt only scored (max_tokens 0): its echo, and its scores
-                text = render.echo_text(self.opts, self.answer)
-                scored = (self.answer.prompt_logprobs or []) if self.opts.logprobs else None
-            yield self._chunk([render.chunk_choice(self.opts, index, text, True, scored)])
-        yield self._chunk([render.chunk_choice(self.opts, index, finish=finish)], extra=extra)
-
-    def done(self, event: Done, request_id: str | None):
-        self.answer.end(event)
-        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
-            self.prompt_scores = event.prompt_logprobs
-        extra = render.brigade_extra(event, request_id)
-        open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
-        for i in open_choices:
-            yield from self._end_choice(i, render.choice_finish(event, i), extra if i == open_choices[-1] else None)
-        if not open_choices:  # every choice ended with its last token: Brigade's account still goes out
-            yield self._chunk([], extra=extra)
-        if self.opts.include_usage:
-            yield self._chunk([], usage=render.usage_of(event.usage))
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
 def _timing_headers(extra: dict) -> dict:

@@ -243,3 +243,78 @@ def chunk_choice(opts: Options, index: int, text: str | None = None, first: bool
 
 def now() -> int:
     return int(time.time())
+
+
+class ChunkStream:
+    """A request's events as OpenAI stream chunks, choice by choice: pure, the door writes each chunk
+    out as it comes."""
+
+    def __init__(self, opts: Options, rid: str):
+        self.opts, self.rid, self.created = opts, rid, now()
+        self.answer = Answer(opts.n)
+        self.started = [False] * opts.n
+        self.ended = [False] * opts.n
+        self.offset = [0] * opts.n  # completions' text_offset of the next token
+        # A chat that may call tools holds each choice's text: calls are read from the whole of it.
+        self.held = opts.chat and bool(opts.tools) and opts.tool_choice != "none"
+        self.prompt_scores: list | None = None  # vLLM's `prompt_logprobs`, for the next chunk out
+        self.usage: dict | None = None  # the latest token's usage (continuous_usage_stats)
+
+    def _chunk(self, choices: list[dict], **kw) -> dict:
+        if "usage" not in kw and self.usage is not None:  # continuous_usage_stats: the usage so far
+            kw["usage"] = self.usage
+        body = chunk_body(self.opts, self.rid, self.created, choices, **kw)
+        if self.prompt_scores is not None and choices:
+            body["prompt_logprobs"], self.prompt_scores = vllm_prompt_logprobs(self.prompt_scores), None
+        return body
+
+    def token(self, event: Token):
+        index = event.choice or 0
+        self.answer.add(event)
+        if event.usage:
+            self.usage = usage_of(event.usage)
+        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
+            self.prompt_scores = event.prompt_logprobs
+        if not self.held:
+            text, scored = event.text, [event.logprobs] if self.opts.logprobs and event.logprobs else None
+            first = not self.started[index]
+            if first and self.opts.echo is not None:  # the prompt, and its scores, come first
+                text = echo_text(self.opts, self.answer) + text
+                if self.opts.logprobs:
+                    scored = (self.answer.prompt_logprobs or []) + (scored or [])
+            if text or scored or first:  # an empty piece (a token still held back) says nothing
+                yield self._chunk([chunk_choice(self.opts, index, text, first, scored,
+                                                       offset=self.offset[index])])
+                self.offset[index] += sum(len((e or {}).get("token", "")) for e in scored or [])
+                self.started[index] = True
+        if event.finish_reason and self.opts.n > 1:  # this choice ended; others go on
+            yield from self._end_choice(index, finish_reason(event.finish_reason))
+
+    def _end_choice(self, index: int, finish: str | None, extra: dict | None = None):
+        self.ended[index] = True
+        choice = self.answer.choices[index]
+        if self.held:
+            message, finish = message_of(self.opts, choice.text, finish)
+            scored = choice.logprobs if self.opts.logprobs else None
+            yield self._chunk([chunk_choice(self.opts, index, message["content"], True, scored,
+                                                   calls=message.get("tool_calls"))])
+        elif not self.started[index]:  # an empty answer still opens the assistant's message
+            text, scored = "", None
+            if self.opts.echo is not None:  # a prompt only scored (max_tokens 0): its echo, and its scores
+                text = echo_text(self.opts, self.answer)
+                scored = (self.answer.prompt_logprobs or []) if self.opts.logprobs else None
+            yield self._chunk([chunk_choice(self.opts, index, text, True, scored)])
+        yield self._chunk([chunk_choice(self.opts, index, finish=finish)], extra=extra)
+
+    def done(self, event: Done, request_id: str | None):
+        self.answer.end(event)
+        if self.opts.prompt_logprobs and event.prompt_logprobs is not None:
+            self.prompt_scores = event.prompt_logprobs
+        extra = brigade_extra(event, request_id)
+        open_choices = [i for i in range(self.opts.n) if not self.ended[i]]
+        for i in open_choices:
+            yield from self._end_choice(i, choice_finish(event, i), extra if i == open_choices[-1] else None)
+        if not open_choices:  # every choice ended with its last token: Brigade's account still goes out
+            yield self._chunk([], extra=extra)
+        if self.opts.include_usage:
+            yield self._chunk([], usage=usage_of(event.usage))

@@ -13,14 +13,13 @@ answer ends stays `in_progress` until it expires.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from typing import Callable
 
 import redis.asyncio as aioredis
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from gateway.admission.admission import Admission, Admitted
 from gateway.admission.auth import Authenticator
@@ -29,6 +28,7 @@ from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue
 from gateway.doors import responses_render as render
 from gateway.doors import responses_schema as rs
+from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, first_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
@@ -99,9 +99,7 @@ class ResponsesDoor:
         if isinstance(event, StreamError):
             return error_response(stream_error(event), self.settings.retry_after_s)
         if opts.stream:
-            return StreamingResponse(self._stream(response_id, opts, created, answer, event, admitted, owner),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return sse.response(self._stream(response_id, opts, created, answer, event, admitted, owner), headers)
         whole = render.finished(response_id, opts, created, "".join(text), event, admitted.request_id)
         await self._keep(whole, opts, owner)
         return JSONResponse(whole, headers=headers)
@@ -139,16 +137,16 @@ class ResponsesDoor:
         event, ended = first, False
         try:
             for out in stream.start():
-                yield _sse(out)
+                yield sse.event(out, out["type"])
             while True:
                 if isinstance(event, Token):
                     for out in stream.token(event):
-                        yield _sse(out)
+                        yield sse.event(out, out["type"])
                 elif isinstance(event, (Done, StreamError)):
                     ended = True
                     pieces = stream.done(event, admitted.request_id) if isinstance(event, Done) else stream.error(event)
                     for out in pieces:
-                        yield _sse(out)
+                        yield sse.event(out, out["type"])
                     await self._keep(stream.final, opts, owner)
                     return
                 event = await answer.events.get()
@@ -253,7 +251,3 @@ class ResponsesDoor:
         except aioredis.RedisError:
             raise ProtocolError("unavailable", "stored responses cannot be read now; try again shortly",
                                 retry_after_s=self.settings.retry_after_s) from None
-
-
-def _sse(event: dict) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
