@@ -1,7 +1,7 @@
 """One gateway's indexes kept in step with the entries every gateway shares in Redis.
 
 At start the indexes are rebuilt from every entry (`rebuild`), and the shared log's last id is
-remembered; from then on the log (keys.CACHE_LOG: `add`, `del`, and `bar` when evidence raises
+remembered; from then on the log (redis_keys.CACHE_LOG: `add`, `del`, and `bar` when evidence raises
 an entry's bar; cache/store.py writes it) is applied as other gateways append to it. A log entry
 that fails to apply is logged and skipped, never fatal; a gateway that fell further behind than
 the capped log reaches rebuilds.
@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from cache.index import Item
 from cache.local_indexes import LocalIndexes
 from cache.store import EntryStore, decode_vector
-from ops.core import keys
+from ops.core import redis_keys
 
 log = logging.getLogger("brigade.cache")
 
@@ -32,7 +32,7 @@ class SharedLogFollower:
 
     async def rebuild(self) -> int:
         """Load every entry from Redis into fresh indexes; remember where the log stood."""
-        last = await self.redis.xrevrange(keys.CACHE_LOG, count=1)
+        last = await self.redis.xrevrange(redis_keys.CACHE_LOG, count=1)
         self.cursor = last[0][0] if last else "0-0"
         self.local.clear()
         n = 0
@@ -46,7 +46,7 @@ class SharedLogFollower:
         """Apply the shared add/delete log to the local indexes, forever."""
         while True:
             try:
-                replies = await self.redis.xread({keys.CACHE_LOG: self.cursor}, block=block_ms, count=1000)
+                replies = await self.redis.xread({redis_keys.CACHE_LOG: self.cursor}, block=block_ms, count=1000)
                 for _, events in replies or []:
                     for event_id, fields in events:
                         try:
@@ -71,7 +71,7 @@ class SharedLogFollower:
 
     async def _check_not_trimmed(self) -> None:
         # A gateway that fell further behind than the capped log reaches must start over.
-        first = await self.redis.xrange(keys.CACHE_LOG, count=1)
+        first = await self.redis.xrange(redis_keys.CACHE_LOG, count=1)
         if first and self.cursor != "0-0" and _id_lt(self.cursor, first[0][0]):
             log.warning("event=cache_log_trimmed_past_cursor cursor=%s", self.cursor)
             await self.rebuild()

@@ -4,7 +4,7 @@ An entry is a hash; the exact layer maps a digest to an entry id; two sorted set
 use (for LRU eviction) and expiry (for the TTL sweep); a capped stream logs every add and
 delete so that each gateway's FAISS index follows the shared state. Deleting is idempotent and
 done once: whoever removes the id from the LRU set does the rest. Every bound (TTL, cap) is
-asked of ops/core/keys.py; record_hit is ops/core/lua/record_hit.lua.
+asked of ops/core/redis_keys.py; record_hit is ops/core/lua/record_hit.lua.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from cache.evidence import Observation
 from cache.index import Item
-from ops.core import keys, scripts
+from ops.core import redis_keys, scripts
 from ops.core.settings import Settings
 
 # What a hit needs (not the embedding, which only index rebuilds read).
@@ -41,7 +41,7 @@ class Entry:
     exact_key: str
     vector: np.ndarray | None
     hits: int = 0
-    sampled: bool = False  # a sampled question: its answers are a pool (keys.cache_samples)
+    sampled: bool = False  # a sampled question: its answers are a pool (redis_keys.cache_samples)
     answer_digest: str = ""  # of the first answer (hit_rule: rivals holding the same answer do not block)
     bar: float = 0.0  # the entry's own cosine floor (cache/evidence.py)
     alias_of: str = ""  # stored because its answer equals this entry's (a rewording, not a rival)
@@ -112,24 +112,24 @@ def _entry(entry_id: str, raw: dict) -> Entry:
 class EntryStore:
     def __init__(self, client: aioredis.Redis, settings: Settings):
         self.redis = client  # from ops.core.redis_clients: replies are str
-        self.ttl_s = keys.cache_entry_ttl_s(settings)
-        self.max_entries = keys.cache_max_entries(settings)
-        self.log_maxlen = keys.cache_log_maxlen(settings)
-        self.hard_negatives_max = keys.cache_hard_negatives_max(settings)
-        self.samples_max = keys.cache_samples_max(settings)
-        self.evidence_max = keys.cache_evidence_max(settings)
-        self.evidence_ttl_s = keys.cache_evidence_ttl_s(settings)
+        self.ttl_s = redis_keys.cache_entry_ttl_s(settings)
+        self.max_entries = redis_keys.cache_max_entries(settings)
+        self.log_maxlen = redis_keys.cache_log_maxlen(settings)
+        self.hard_negatives_max = redis_keys.cache_hard_negatives_max(settings)
+        self.samples_max = redis_keys.cache_samples_max(settings)
+        self.evidence_max = redis_keys.cache_evidence_max(settings)
+        self.evidence_ttl_s = redis_keys.cache_evidence_ttl_s(settings)
         self._record_hit = scripts.register(client, "record_hit")
 
     async def get(self, entry_id: str) -> Entry | None:
-        raw = await self.redis.hgetall(keys.cache_entry(entry_id))
+        raw = await self.redis.hgetall(redis_keys.cache_entry(entry_id))
         return _entry(entry_id, raw) if raw else None
 
     async def get_exact(self, exact_key: str) -> Entry | None:
         # Two reads, not one script: the entry's key is known only once the first has answered,
         # and a script may touch only the keys it is given. An entry deleted in between reads as
         # a miss, as it would a moment later.
-        entry_id = await self.redis.get(keys.cache_exact(exact_key))
+        entry_id = await self.redis.get(redis_keys.cache_exact(exact_key))
         if entry_id is None:
             return None
         return await self.get_served(entry_id)
@@ -137,8 +137,8 @@ class EntryStore:
     async def get_served(self, entry_id: str) -> Entry | None:
         """What a hit needs, and how full a sampled entry's pool is."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(keys.cache_entry(entry_id), list(_SERVED_FIELDS))
-        pipe.llen(keys.cache_samples(entry_id))
+        pipe.hmget(redis_keys.cache_entry(entry_id), list(_SERVED_FIELDS))
+        pipe.llen(redis_keys.cache_samples(entry_id))
         values, pool = await pipe.execute()
         if not any(values):
             return None
@@ -146,7 +146,7 @@ class EntryStore:
 
     async def pick_sample(self, entry_id: str, rng: random.Random) -> Sample | None:
         """One answer of a full pool, at random."""
-        rows = await self.redis.lrange(keys.cache_samples(entry_id), 0, self.samples_max - 1)
+        rows = await self.redis.lrange(redis_keys.cache_samples(entry_id), 0, self.samples_max - 1)
         if not rows:
             return None
         try:
@@ -159,8 +159,8 @@ class EntryStore:
         """Add an answer to a pool that is not full (two gateways may race: the pool is trimmed to
         its size either way); returns the pool's size. `exact_key`: a rewording's exact key, from
         now on pointing at this pool too."""
-        key = keys.cache_samples(entry_id)
-        ttl = await self.redis.ttl(keys.cache_entry(entry_id))
+        key = redis_keys.cache_samples(entry_id)
+        ttl = await self.redis.ttl(redis_keys.cache_entry(entry_id))
         if ttl is None or ttl <= 0:  # expired (or never had one): nothing to add to
             return 0
         pipe = self.redis.pipeline(transaction=True)
@@ -168,38 +168,38 @@ class EntryStore:
         pipe.ltrim(key, 0, self.samples_max - 1)
         pipe.expire(key, ttl)
         if exact_key:
-            pipe.set(keys.cache_exact(exact_key), entry_id, ex=ttl, nx=True)
-        pipe.hincrby(keys.CACHE_STATS, "samples", 1)
+            pipe.set(redis_keys.cache_exact(exact_key), entry_id, ex=ttl, nx=True)
+        pipe.hincrby(redis_keys.CACHE_STATS, "samples", 1)
         pipe.llen(key)
         return (await pipe.execute())[-1]
 
     async def raise_bar(self, entry_id: str, bar: float) -> float | None:
         """Raise an entry's own cosine floor, never lower it (every gateway's index follows the
         log); returns the bar now in force, None when the entry is gone."""
-        current = await self.redis.hget(keys.cache_entry(entry_id), "bar")
+        current = await self.redis.hget(redis_keys.cache_entry(entry_id), "bar")
         if current is None:
             return None
         if float(current or 0.0) >= bar:
             return float(current)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.cache_entry(entry_id), "bar", bar)
-        pipe.xadd(keys.CACHE_LOG, {"op": "bar", "id": entry_id, "bar": bar}, maxlen=self.log_maxlen,
+        pipe.hset(redis_keys.cache_entry(entry_id), "bar", bar)
+        pipe.xadd(redis_keys.CACHE_LOG, {"op": "bar", "id": entry_id, "bar": bar}, maxlen=self.log_maxlen,
                   approximate=True)
         await pipe.execute()
         return bar
 
     async def record_hit(self, entry_id: str, layer: str) -> None:
-        await self._record_hit(keys=[keys.cache_entry(entry_id), keys.CACHE_LRU, keys.CACHE_STATS],
+        await self._record_hit(keys=[redis_keys.cache_entry(entry_id), redis_keys.CACHE_LRU, redis_keys.CACHE_STATS],
                                args=[entry_id, time.time(), f"{layer}_hits"])
 
     async def question_of(self, entry_id: str) -> str | None:
-        return await self.redis.hget(keys.cache_entry(entry_id), "question")
+        return await self.redis.hget(redis_keys.cache_entry(entry_id), "question")
 
     async def add_hard_negative(self, asked: str, stored: str, entry_id: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.lpush(keys.CACHE_HARD_NEGATIVES, json.dumps({"asked": asked, "stored": stored, "entry": entry_id,
+        pipe.lpush(redis_keys.CACHE_HARD_NEGATIVES, json.dumps({"asked": asked, "stored": stored, "entry": entry_id,
                                                           "at": time.time()}))
-        pipe.ltrim(keys.CACHE_HARD_NEGATIVES, 0, self.hard_negatives_max - 1)
+        pipe.ltrim(redis_keys.CACHE_HARD_NEGATIVES, 0, self.hard_negatives_max - 1)
         await pipe.execute()
 
     async def forget(self, entry_id: str, asked: str | None) -> bool:
@@ -213,25 +213,25 @@ class EntryStore:
 
     async def add_observation(self, observation: Observation) -> None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.lpush(keys.CACHE_EVIDENCE, observation.to_json())
-        pipe.ltrim(keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
-        pipe.expire(keys.CACHE_EVIDENCE, self.evidence_ttl_s)
-        pipe.hincrby(keys.CACHE_STATS, f"evidence_{observation.source}", 1)
+        pipe.lpush(redis_keys.CACHE_EVIDENCE, observation.to_json())
+        pipe.ltrim(redis_keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
+        pipe.expire(redis_keys.CACHE_EVIDENCE, self.evidence_ttl_s)
+        pipe.hincrby(redis_keys.CACHE_STATS, f"evidence_{observation.source}", 1)
         await pipe.execute()
 
     async def observations(self) -> list[Observation]:
-        rows = await self.redis.lrange(keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
+        rows = await self.redis.lrange(redis_keys.CACHE_EVIDENCE, 0, self.evidence_max - 1)
         return [o for o in map(Observation.from_json, rows) if o is not None]
 
     async def count(self, counter: str, n: int = 1) -> None:
-        await self.redis.hincrby(keys.CACHE_STATS, counter, n)
+        await self.redis.hincrby(redis_keys.CACHE_STATS, counter, n)
 
     async def insert(self, entry: Entry) -> list[str]:
         """Store an entry (and log it); returns the ids evicted to stay within max_entries.
 
         An answer whose exact key is already stored is not stored twice (two gateways that missed
         the same question at once)."""
-        if await self.redis.exists(keys.cache_exact(entry.exact_key)):
+        if await self.redis.exists(redis_keys.cache_exact(entry.exact_key)):
             raise AlreadyStored(entry.exact_key)
         now = time.time()
         mapping = {
@@ -243,70 +243,70 @@ class EntryStore:
             "alias_of": entry.alias_of,
         }
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.cache_entry(entry.entry_id), mapping=mapping)
-        pipe.expire(keys.cache_entry(entry.entry_id), self.ttl_s)
+        pipe.hset(redis_keys.cache_entry(entry.entry_id), mapping=mapping)
+        pipe.expire(redis_keys.cache_entry(entry.entry_id), self.ttl_s)
         if entry.sampled:
-            samples = keys.cache_samples(entry.entry_id)
+            samples = redis_keys.cache_samples(entry.entry_id)
             pipe.rpush(samples, Sample(entry.chunks, entry.finish_reason, entry.completion_tokens).to_json())
             pipe.expire(samples, self.ttl_s)
-        pipe.set(keys.cache_exact(entry.exact_key), entry.entry_id, ex=self.ttl_s)
-        pipe.zadd(keys.CACHE_LRU, {entry.entry_id: now})
-        pipe.zadd(keys.CACHE_EXPIRY, {entry.entry_id: now + self.ttl_s})
-        pipe.sadd(keys.cache_namespace(entry.namespace), entry.entry_id)
-        pipe.hset(keys.CACHE_ENTRY_NAMESPACE, entry.entry_id, entry.namespace)
-        pipe.xadd(keys.CACHE_LOG, {"op": "add", "id": entry.entry_id, "namespace": entry.namespace,
+        pipe.set(redis_keys.cache_exact(entry.exact_key), entry.entry_id, ex=self.ttl_s)
+        pipe.zadd(redis_keys.CACHE_LRU, {entry.entry_id: now})
+        pipe.zadd(redis_keys.CACHE_EXPIRY, {entry.entry_id: now + self.ttl_s})
+        pipe.sadd(redis_keys.cache_namespace(entry.namespace), entry.entry_id)
+        pipe.hset(redis_keys.CACHE_ENTRY_NAMESPACE, entry.entry_id, entry.namespace)
+        pipe.xadd(redis_keys.CACHE_LOG, {"op": "add", "id": entry.entry_id, "namespace": entry.namespace,
                                    "question": entry.question, "vector": mapping["vector"],
                                    "answer": entry.answer_digest, "bar": entry.bar},
                   maxlen=self.log_maxlen, approximate=True)
-        pipe.hincrby(keys.CACHE_STATS, "inserts", 1)
+        pipe.hincrby(redis_keys.CACHE_STATS, "inserts", 1)
         if entry.alias_of:
-            pipe.hincrby(keys.CACHE_STATS, "aliases", 1)
-        pipe.zcard(keys.CACHE_LRU)
+            pipe.hincrby(redis_keys.CACHE_STATS, "aliases", 1)
+        pipe.zcard(redis_keys.CACHE_LRU)
         size = (await pipe.execute())[-1]
         if size <= self.max_entries:
             return []
         evicted = []
-        for entry_id, _ in await self.redis.zpopmin(keys.CACHE_LRU, size - self.max_entries):
+        for entry_id, _ in await self.redis.zpopmin(redis_keys.CACHE_LRU, size - self.max_entries):
             await self._purge(entry_id, "evictions")
             evicted.append(entry_id)
         return evicted
 
     async def delete(self, entry_id: str, reason: str = "deletions") -> bool:
         """Remove an entry everywhere; False if another caller already did."""
-        if not await self.redis.zrem(keys.CACHE_LRU, entry_id):
+        if not await self.redis.zrem(redis_keys.CACHE_LRU, entry_id):
             return False
         await self._purge(entry_id, reason)
         return True
 
     async def _purge(self, entry_id: str, reason: str) -> None:
-        raw = await self.redis.hmget(keys.cache_entry(entry_id), ["exact_key", "namespace"])
+        raw = await self.redis.hmget(redis_keys.cache_entry(entry_id), ["exact_key", "namespace"])
         exact_key, namespace = raw
         # An expired entry's hash is gone already: its namespace is still on record here.
-        namespace = namespace or await self.redis.hget(keys.CACHE_ENTRY_NAMESPACE, entry_id)
+        namespace = namespace or await self.redis.hget(redis_keys.CACHE_ENTRY_NAMESPACE, entry_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.cache_entry(entry_id), keys.cache_samples(entry_id))
-        pipe.hdel(keys.CACHE_ENTRY_NAMESPACE, entry_id)
-        pipe.zrem(keys.CACHE_EXPIRY, entry_id)
-        pipe.zrem(keys.CACHE_LRU, entry_id)
+        pipe.delete(redis_keys.cache_entry(entry_id), redis_keys.cache_samples(entry_id))
+        pipe.hdel(redis_keys.CACHE_ENTRY_NAMESPACE, entry_id)
+        pipe.zrem(redis_keys.CACHE_EXPIRY, entry_id)
+        pipe.zrem(redis_keys.CACHE_LRU, entry_id)
         if namespace:
-            pipe.srem(keys.cache_namespace(namespace), entry_id)
-        pipe.xadd(keys.CACHE_LOG, {"op": "del", "id": entry_id, "namespace": namespace or ""},
+            pipe.srem(redis_keys.cache_namespace(namespace), entry_id)
+        pipe.xadd(redis_keys.CACHE_LOG, {"op": "del", "id": entry_id, "namespace": namespace or ""},
                   maxlen=self.log_maxlen, approximate=True)
-        pipe.hincrby(keys.CACHE_STATS, reason, 1)
+        pipe.hincrby(redis_keys.CACHE_STATS, reason, 1)
         await pipe.execute()
         if exact_key:
             # Only if the exact key still points here (a newer entry may have taken it over).
-            key = keys.cache_exact(exact_key)
+            key = redis_keys.cache_exact(exact_key)
             if await self.redis.get(key) == entry_id:
                 await self.redis.delete(key)
 
     async def expired(self, limit: int = 500) -> list[str]:
-        return await self.redis.zrangebyscore(keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
+        return await self.redis.zrangebyscore(redis_keys.CACHE_EXPIRY, "-inf", time.time(), start=0, num=limit)
 
     async def scan_entries(self):
         """Every entry as (id, namespace, index item), for rebuilding an index."""
-        prefix = len(keys.cache_entry(""))
-        async for key in self.redis.scan_iter(match=keys.CACHE_ENTRY_PATTERN, count=1000):
+        prefix = len(redis_keys.cache_entry(""))
+        async for key in self.redis.scan_iter(match=redis_keys.CACHE_ENTRY_PATTERN, count=1000):
             ns, question, vector, answer, bar = await self.redis.hmget(key, ["namespace", "question", "vector",
                                                                               "answer", "bar"])
             if ns and vector:
@@ -314,9 +314,9 @@ class EntryStore:
 
     async def clear(self, namespace: str | None = None) -> int:
         if namespace is None:
-            ids = await self.redis.zrange(keys.CACHE_LRU, 0, -1)
+            ids = await self.redis.zrange(redis_keys.CACHE_LRU, 0, -1)
         else:
-            ids = await self.redis.smembers(keys.cache_namespace(namespace))
+            ids = await self.redis.smembers(redis_keys.cache_namespace(namespace))
         removed = 0
         for entry_id in ids:
             removed += await self.delete(entry_id, "cleared")

@@ -3,12 +3,12 @@
 Rooms (each a sub-package; tests/test_floors.py keeps their order):
 - `delivery/`: every event a client is sent (`events.py`), which waiting client gets a worker's
   event (`router.py`, pure) and the replies read from Redis (`replies.py`);
-- `protocol.py`: the one request type and the rules every door's request passes; beside it
+- `request.py`: the one request type and the rules every door's request passes; beside it
   `tool_calls.py`, `metrics.py` and `background.py` (the one set of background tasks, drained at shutdown);
 - `admission/`: the version, limits, guards, cache, load, enqueue (`admission.py`), a request's
   life after that (`lifecycle.py`), the caller's API key (`auth.py`), the models (`catalog.py`);
 - `doors/`, thin adapters, each reading its own wire format: `ws_door.py` with `ws_protocol.py`
-  (/v1/ws), `http_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
+  (/v1/ws), `openai_door.py` with `openai_schema.py` and `openai_render.py` (OpenAI HTTP and SSE),
   `responses_door.py` with `responses_schema.py`, `responses_render.py` and `response_store.py` (/v1/responses),
   `embeddings.py` (/v1/embeddings), `rerank_door.py` (/v1/rerank, /v1/score), `held_models.py` (keys
   and limits of the requests answered with the models the gateway holds), `tokenize_door.py`
@@ -58,16 +58,16 @@ from gateway.admission.routing import PrefixRouter
 from gateway.admission.shadows import Shadows
 from gateway.admission.worker_prefixes import PrefixFollower, WorkerPrefixes
 from gateway.background import BackgroundTasks
-from gateway.batch.batch_http import BatchDoor
-from gateway.batch.batch_jobs import JobStore
-from gateway.batch.batch_lines import IdenticalLines, LineRunner
-from gateway.batch.batch_runner import BatchRunner
-from gateway.batch.batch_sweep import FileSweep
+from gateway.batch.door import BatchDoor
+from gateway.batch.jobs import JobStore
+from gateway.batch.lines import IdenticalLines, LineRunner
+from gateway.batch.runner import BatchRunner
+from gateway.batch.sweep import FileSweep
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter
 from gateway.doors.embeddings import EmbeddingsDoor
 from gateway.doors.held_models import HeldModelAdmission
-from gateway.doors.http_door import HttpDoor
+from gateway.doors.openai_door import OpenAIDoor
 from gateway.doors.rerank_door import RerankDoor
 from gateway.doors.response_store import ResponseStore
 from gateway.doors.responses_door import ResponsesDoor
@@ -75,8 +75,8 @@ from gateway.doors.tokenize_door import TokenizeDoor
 from gateway.doors.utility_routes import UtilityRoutes
 from gateway.doors.ws_door import WebSocketDoor
 from gateway.doors.ws_protocol import ClientProtocol
-from gateway.protocol import ProtocolError, RequestRules
-from ops.core import fleet, keys, redis_clients
+from gateway.request import ProtocolError, RequestRules
+from ops.core import redis_clients, redis_keys, roster
 from ops.rollout.canary import Controller
 from ops.core.ports import bind_error
 from ops.core.queue import QueueSender
@@ -102,7 +102,7 @@ class Gateway:
         self.id = uuid.uuid4().hex[:12]
         self.started_at = int(time.time())
         self.stopping = False  # set when the gateway itself shuts down (not a client leaving)
-        reply_channel = keys.reply_channel(self.id)
+        reply_channel = redis_keys.reply_channel(self.id)
         # Commands time out instead of hanging a request (or /readyz) on a stuck Redis.
         self.redis = async_client(settings.redis_url)
         # Read once at start: the exact-cache key and a sampled request's seed need the values
@@ -140,7 +140,7 @@ class Gateway:
         frames = ClientProtocol(settings, self.rules)
         self.ws_door = WebSocketDoor(settings, frames, self.auth, self.admission, self.lifecycle,
                                      lambda: self.stopping)
-        self.http_door = HttpDoor(settings, self.rules, self.auth, self.admission, self.lifecycle, self.catalog)
+        self.openai_door = OpenAIDoor(settings, self.rules, self.auth, self.admission, self.lifecycle, self.catalog)
         self.responses_door = ResponsesDoor(settings, self.rules, self.auth, self.admission, self.lifecycle,
                                             ResponseStore(self.redis, settings), spawn)
         # Batch jobs: their records, shared by the door that starts and shows them and the runner
@@ -170,7 +170,7 @@ class Gateway:
     async def readiness(self) -> dict:
         try:
             await self.redis.ping()
-            workers = await fleet.live_workers_async(self.redis)
+            workers = await roster.live_workers_async(self.redis)
         except aioredis.RedisError as exc:
             return {"ready": False, "redis": False, "workers": 0, "reason": f"redis unreachable: {exc}"}
         ready = bool(workers)
@@ -281,7 +281,7 @@ class Gateway:
         return cache
 
     def app(self) -> Starlette:
-        http = self.http_door
+        http = self.openai_door
         routes = [
             Route("/", self.page),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),

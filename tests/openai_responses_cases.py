@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.services import Stack, wait_until
 
 MODEL = "smollm2-135m-instruct"
@@ -125,7 +125,7 @@ def test_a_background_response_is_polled_to_its_end_or_cancelled_from_another_ga
         model=MODEL, input="Write a very long essay about the sea.", background=True, max_output_tokens=1500,
         temperature=0, extra_body={"cache": "off", "ignore_eos": True})
     long, rid = raw.parse(), raw.headers["x-request-id"]
-    wait_until(lambda: stack.redis.client.xlen(keys.stream(rid)) > 2, timeout=60, what="its first tokens")
+    wait_until(lambda: stack.redis.client.xlen(redis_keys.stream(rid)) > 2, timeout=60, what="its first tokens")
     other = stack.gateways.get("responses-other") or stack.start_gateway("responses-other", BRIGADE_CACHE_ENABLED="0")
     stack.wait_healthy(gateways=["responses-other"])
     elsewhere = openai.OpenAI(base_url=f"http://127.0.0.1:{other.port}/v1", api_key="none", max_retries=0, timeout=60)
@@ -140,15 +140,15 @@ def test_a_background_response_is_polled_to_its_end_or_cancelled_from_another_ga
         model=MODEL, input="Write a very long story about a lighthouse.", background=True, max_output_tokens=1500,
         temperature=0, extra_body={"cache": "off", "ignore_eos": True})
     doomed, rid = raw.parse(), raw.headers["x-request-id"]
-    wait_until(lambda: stack.redis.client.xlen(keys.stream(rid)) > 2, timeout=60, what="its first tokens")
+    wait_until(lambda: stack.redis.client.xlen(redis_keys.stream(rid)) > 2, timeout=60, what="its first tokens")
     gone = client.responses.with_raw_response.delete(doomed.id)
     assert gone.status_code == 200 and gone.http_response.json()["deleted"] is True
 
     def ended() -> bool:
-        last = stack.redis.client.xrevrange(keys.stream(rid), count=1)
+        last = stack.redis.client.xrevrange(redis_keys.stream(rid), count=1)
         return bool(last) and '"done"' in next(iter(last[0][1].values()))
     wait_until(ended, timeout=60, what="the deleted response's request to stop")
-    assert stack.redis.client.xlen(keys.stream(rid)) < 1500
+    assert stack.redis.client.xlen(redis_keys.stream(rid)) < 1500
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(doomed.id)
 

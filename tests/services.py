@@ -156,7 +156,7 @@ class RedisHAServer:
 
     def restart(self, name: str) -> None:
         """Start a killed node again, as a replica of the primary the sentinels promoted (as the
-        benchmark fleet does, ops/bench/fleet.py): left to the sentinels, it came back as a primary
+        benchmark fleet does, ops/bench/roster.py): left to the sentinels, it came back as a primary
         of its own until their next look at it, 10-15 s, which every following test waited out."""
         self.procs[name] = subprocess.Popen(replica_of(self.ha.parts()[name], self.ha.host, self.ha.primary_port()),
                                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -250,9 +250,9 @@ def http_get(port: int, path: str) -> tuple[int, dict]:
 
 
 def worker_statuses(client: redis.Redis) -> list[dict]:
-    from ops.core import fleet
+    from ops.core import roster
 
-    return fleet.live_workers(client)
+    return roster.live_workers(client)
 
 
 def http_status(port: int, path: str) -> int | None:
@@ -375,9 +375,9 @@ class Stack:
     def claimant(self, request_id: str) -> dict | None:
         """The heartbeat of the worker whose claim this request is: the claim is written when the
         worker takes it, so it is known before the worker's next beat lists the request."""
-        from ops.core import keys
+        from ops.core import redis_keys
 
-        owner = self.redis.client.hget(keys.CLAIMS, request_id)
+        owner = self.redis.client.hget(redis_keys.CLAIMS, request_id)
         owner = owner.decode() if isinstance(owner, bytes) else owner
         return next((s for s in worker_statuses(self.redis.client) if owner and s.get("instance") == owner), None)
 

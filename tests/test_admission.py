@@ -23,8 +23,8 @@ from gateway.background import BackgroundTasks
 from gateway.delivery.events import ClientEvent, StreamError
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
-from gateway.protocol import ProtocolError
-from ops.core import keys
+from gateway.request import ProtocolError
+from ops.core import redis_keys
 from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from ops.core.redis_clients import async_client
@@ -75,7 +75,7 @@ def routed(admission: RequestLifecycle, sink: Sink) -> Route:
 
 
 def stopped(redis_server, rid: str) -> bool:
-    return redis_server.client.get(keys.cancelled(rid)) is not None
+    return redis_server.client.get(redis_keys.cancelled(rid)) is not None
 
 
 def run(coro):
@@ -87,12 +87,12 @@ def test_a_cancel_removes_the_route_stops_the_request_and_settles_it_once(redis_
         async with admission_on(redis_server.url) as (admission, background):
             sink = Sink()
             route = routed(admission, sink)
-            redis_server.client.zadd(keys.UNCLAIMED, {route.request_id: time.time()})
+            redis_server.client.zadd(redis_keys.UNCLAIMED, {route.request_id: time.time()})
             admission.cancel(route.request_id, sink)
             await background.drain(timeout_s=5)
             assert admission.router.live.get(route.request_id) is None
             assert stopped(redis_server, route.request_id)
-            assert redis_server.client.zscore(keys.UNCLAIMED, route.request_id) is None  # queued: never runs
+            assert redis_server.client.zscore(redis_keys.UNCLAIMED, route.request_id) is None  # queued: never runs
             assert route.context.settled
     run(main())
 
@@ -148,7 +148,7 @@ def test_a_websocket_client_that_does_not_come_back_within_the_grace_time_has_it
             assert admission.router.live.get(left.request_id) is None
             assert not stopped(redis_server, left.request_id)  # within the grace time it may come back
             # The second client resumes (on any gateway) after its old connection took the request on.
-            redis_server.client.set(keys.resumed(resumed.request_id), str(time.time()), ex=60)
+            redis_server.client.set(redis_keys.resumed(resumed.request_id), str(time.time()), ex=60)
             await asyncio.sleep(0.6)
             await background.drain(timeout_s=5)
             assert stopped(redis_server, left.request_id) and left.context.settled
@@ -159,7 +159,7 @@ def test_a_websocket_client_that_does_not_come_back_within_the_grace_time_has_it
 def queue_record(redis_server, rid: str, api_key: str | None = None) -> None:
     queued = QueuedRequest(request_id=rid, client_id="c1", reply_channel="brigade:reply:old", enqueued_at=time.time(),
                            model="m", prompt="a prompt", params=queued_params(), api_key=api_key)
-    redis_server.client.set(keys.request(rid), queued.model_dump_json(), ex=60)
+    redis_server.client.set(redis_keys.request(rid), queued.model_dump_json(), ex=60)
 
 
 def test_resume_follows_a_known_request_from_the_replay_log_after_the_clients_last_token(redis_server):
@@ -170,7 +170,7 @@ def test_resume_follows_a_known_request_from_the_replay_log_after_the_clients_la
             assert await admission.resume(rid, Caller(None, "ws"), sink, after_index=4)
             route = admission.router.followed[rid]
             assert route.sink is sink and route.next_index == 5
-            assert redis_server.client.get(keys.resumed(rid)) is not None  # the old connection must not stop it
+            assert redis_server.client.get(redis_keys.resumed(rid)) is not None  # the old connection must not stop it
     run(main())
 
 
@@ -179,7 +179,7 @@ def test_resume_of_a_cancelled_request_says_so_and_of_an_unknown_one_is_refused(
         async with admission_on(redis_server.url) as (admission, _):
             cancelled = uuid.uuid4().hex
             queue_record(redis_server, cancelled)
-            redis_server.client.set(keys.cancelled(cancelled), "1", ex=60)
+            redis_server.client.set(redis_keys.cancelled(cancelled), "1", ex=60)
             assert not await admission.resume(cancelled, Caller(None, "ws"), Sink(), after_index=-1)
             assert cancelled not in admission.router.followed
             with pytest.raises(ProtocolError) as err:
@@ -238,7 +238,7 @@ def test_a_shadow_is_compared_with_the_served_answer_whichever_ends_first(redis_
             return admission.shadows.pairs
 
     client = redis_server.client
-    client.delete(keys.outcomes("m", "v3"), keys.outcomes("m", "v1"))
+    client.delete(redis_keys.outcomes("m", "v3"), redis_keys.outcomes("m", "v1"))
     pairs = run(scenario())
     recorded = outcomes.window(client, "m", "v3", 0)
     assert [(o.shadow, o.same_text) for o in recorded] == [(True, same)]

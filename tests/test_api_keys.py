@@ -16,7 +16,7 @@ import pytest
 from gateway.admission.api_keys import AuthError, KeyStore, UnknownKey
 from gateway.admission.limits import CONCURRENT, RATE_LIMITED, REQUESTS, TOKENS, KeyLimiter
 from ops.commands.keys import run
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
 from tests.keys_cli import parse  # the CLI's subprocesses import it from here too
@@ -128,7 +128,7 @@ def test_revoke_accepts_the_whole_key_and_says_when_no_such_key_exists(url):
         plain, key = await store.create("team-a")
         other_id = "0" * 8 if key.id != "0" * 8 else "f" * 8
         assert await store.revoke(other_id) is False
-        assert not await r.exists(keys.api_key(other_id))  # no half record appears
+        assert not await r.exists(redis_keys.api_key(other_id))  # no half record appears
         assert await store.revoke(plain) is True
         assert (await store.get(key.id)).revoked is True
 
@@ -145,11 +145,11 @@ def test_redis_holds_the_digest_of_a_key_and_never_the_key(url, redis_server):
     plain, key = with_redis(url, body)
     secret = plain.split("_", 2)[2]
     client = redis_server.client
-    assert client.hget(keys.api_key(key.id), "digest") == hashlib.sha256(plain.encode()).hexdigest()
+    assert client.hget(redis_keys.api_key(key.id), "digest") == hashlib.sha256(plain.encode()).hexdigest()
     readers = {"hash": lambda k: [*client.hkeys(k), *client.hvals(k)], "set": client.smembers,
                "string": lambda k: [client.get(k)], "zset": lambda k: client.zrange(k, 0, -1)}
     stored = {name: readers[client.type(name)](name) for name in client.keys("*")}
-    assert keys.api_key(key.id) in stored and keys.API_KEYS in stored
+    assert redis_keys.api_key(key.id) in stored and redis_keys.API_KEYS in stored
     for name, values in stored.items():
         assert not any(secret in value for value in values), name
 
@@ -165,7 +165,7 @@ def test_list_returns_every_key_with_its_limits(url):
         assert set(listed) == {a.id, b.id, c.id}
         assert (listed[a.id].rpm, listed[b.id].tpm, listed[c.id].max_concurrent) == (1, 2, 3)
         assert [listed[i].revoked for i in (a.id, b.id, c.id)] == [False, True, False]
-        assert await r.smembers(keys.API_KEYS) == {a.id, b.id, c.id}
+        assert await r.smembers(redis_keys.API_KEYS) == {a.id, b.id, c.id}
 
     with_redis(url, body)
 
@@ -281,9 +281,9 @@ def test_tpm_refuses_once_charged_tokens_reach_the_limit_and_admits_after_the_wi
         assert refusal.retry_after_s == pytest.approx(57)
         assert await limiter.admit(key, "d", now=T + 59.5) is not None
         assert await limiter.admit(key, "e", now=T + 60) is None
-        assert int(await r.get(keys.key_tokens_total(key.id))) == 40
+        assert int(await r.get(redis_keys.key_tokens_total(key.id))) == 40
         assert await limiter.admit(key, "f", now=T + 62) is None
-        assert not await r.exists(keys.key_tokens(key.id), keys.key_tokens_total(key.id))
+        assert not await r.exists(redis_keys.key_tokens(key.id), redis_keys.key_tokens_total(key.id))
 
     with_redis(url, body)
 
@@ -338,8 +338,8 @@ def test_a_refused_request_records_nothing(url):
         assert await limiter.admit(key, "a", now=T) is None
         for n in range(5):  # refused by concurrency: must not use up the rpm
             assert (await limiter.admit(key, f"refused-{n}", now=T)).limit == CONCURRENT
-        assert await r.zrange(keys.key_requests(key.id), 0, -1) == ["a"]
-        assert await r.zrange(keys.key_in_flight(key.id), 0, -1) == ["a"]
+        assert await r.zrange(redis_keys.key_requests(key.id), 0, -1) == ["a"]
+        assert await r.zrange(redis_keys.key_in_flight(key.id), 0, -1) == ["a"]
         await limiter.release(key.id, "a")
         assert await limiter.admit(key, "b", now=T + 1) is None
         await limiter.release(key.id, "b")
@@ -347,7 +347,7 @@ def test_a_refused_request_records_nothing(url):
         await limiter.release(key.id, "c")
         refusal = await limiter.admit(key, "d", now=T + 3)  # refused by rpm: must not take a slot
         assert refusal.limit == REQUESTS
-        assert await r.zcard(keys.key_in_flight(key.id)) == 0
+        assert await r.zcard(redis_keys.key_in_flight(key.id)) == 0
 
     with_redis(url, body)
 
@@ -369,8 +369,8 @@ def test_every_limit_key_expires(url):
         limiter = KeyLimiter(r, window_s=60, stale_s=600)
         assert await limiter.admit(key, "a") is None
         await limiter.charge_tokens(key.id, 50)
-        for name, most in [(keys.key_requests(key.id), 60_000), (keys.key_tokens(key.id), 60_000),
-                           (keys.key_tokens_total(key.id), 60_000), (keys.key_in_flight(key.id), 600_000)]:
+        for name, most in [(redis_keys.key_requests(key.id), 60_000), (redis_keys.key_tokens(key.id), 60_000),
+                           (redis_keys.key_tokens_total(key.id), 60_000), (redis_keys.key_in_flight(key.id), 600_000)]:
             assert 0 < await r.pttl(name) <= most, name
 
     with_redis(url, body)
@@ -382,7 +382,7 @@ def test_an_unlimited_key_is_always_admitted_and_keeps_no_limit_state(url):
         limiter = KeyLimiter(r)
         outcomes = await asyncio.gather(*(limiter.admit(key, f"req-{n}", now=T) for n in range(200)))
         assert all(o is None for o in outcomes)
-        assert [k async for k in r.scan_iter(match=f"{keys.PREFIX}:limit:*")] == []
+        assert [k async for k in r.scan_iter(match=f"{redis_keys.PREFIX}:limit:*")] == []
 
     with_redis(url, body)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.batch.batch_input import Checker, read_checked, write_checked
-from gateway.protocol import RequestRules
+from gateway.batch.input import Checker, read_checked, write_checked
+from gateway.request import RequestRules
 from ops.core.settings import Settings
 from tests.services import RedisServer, Stack, wait_until, worker_statuses
 

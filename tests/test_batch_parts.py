@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.batch.batch_jobs import JobStore, new_id
-from gateway.batch.batch_lease import JobLease, LeaseLost
-from gateway.batch.batch_lines import IdenticalLines
-from gateway.batch.batch_output import BLANK, LineResult
-from gateway.batch.batch_runner import LinesInFlight
-from gateway.batch.batch_sweep import FileSweep
-from gateway.batch.batch_writer import OrderedWriter
-from ops.core import keys
+from gateway.batch.jobs import JobStore, new_id
+from gateway.batch.lease import JobLease, LeaseLost
+from gateway.batch.lines import IdenticalLines
+from gateway.batch.output import BLANK, LineResult
+from gateway.batch.runner import LinesInFlight
+from gateway.batch.sweep import FileSweep
+from gateway.batch.writer import OrderedWriter
+from ops.core import redis_keys
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
 
@@ -127,7 +127,7 @@ def test_a_runner_that_lost_its_lease_unseen_changes_neither_the_output_nor_the_
         for number in (1, 2):
             first.put(number, result(number))
         await first.flush(force=True)
-        await store.redis.delete(keys.batch_lease(job["id"]))  # what a failover that lost the key leaves
+        await store.redis.delete(redis_keys.batch_lease(job["id"]))  # what a failover that lost the key leaves
         holder = await lease_on(store, job, "gw-b")
         second = await OrderedWriter.open(store, await store.get(job["id"]), holder, "m")
         second.put(3, result(3))
@@ -197,7 +197,7 @@ def test_the_sweep_removes_files_nothing_names_once_old_and_keeps_every_file_a_r
         assert sorted(removed) == ["batch_gone.checked.jsonl", "file_expired.jsonl", "file_y.jsonl.cd34.part"]
         assert sorted(p.name for p in folder.iterdir()) == sorted(set(paths) - set(removed))
         await store.move(running["id"], "completed")  # ended, and its records gone: its files go too
-        await store.redis.delete(keys.batch_job(running["id"]))
+        await store.redis.delete(redis_keys.batch_job(running["id"]))
         assert sorted(await FileSweep(store).sweep()) == sorted([f"{running['output_file_id']}.jsonl",
                                                                   f"{running['id']}.checked.jsonl"])
     on_store(redis_server, tmp_path, test)
@@ -212,7 +212,7 @@ def test_a_kept_lease_outlives_its_ttl_and_no_other_gateway_takes_the_job(redis_
         ours, theirs = (JobLease(store, job_id, gateway, store.settings) for gateway in ("gw-a", "gw-b"))
         assert await ours.take()
         ours.keep()
-        assert 0 < await store.redis.ttl(keys.batch_lease(job_id)) <= 1
+        assert 0 < await store.redis.ttl(redis_keys.batch_lease(job_id)) <= 1
         await asyncio.sleep(2.5)  # past the 1 s TTL: only the renewals keep it
         assert not await theirs.take() and not ours.lost.is_set()
         await ours.drop()
@@ -227,12 +227,12 @@ def test_a_lease_another_gateway_took_meanwhile_is_lost_and_left_to_it(redis_ser
         stalled, other = (JobLease(store, job_id, gateway, store.settings) for gateway in ("gw-a", "gw-b"))
         assert await stalled.take()
         # The first holder stalled past its TTL (its key lapsed) and another gateway took the job.
-        redis_server.client.delete(keys.batch_lease(job_id))
+        redis_server.client.delete(redis_keys.batch_lease(job_id))
         assert await other.take()
         stalled.keep()
         await asyncio.wait_for(stalled.lost.wait(), 3)
         await stalled.drop()
-        assert redis_server.client.get(keys.batch_lease(job_id)) == "gw-b"
+        assert redis_server.client.get(redis_keys.batch_lease(job_id)) == "gw-b"
         await other.drop()
     on_store(redis_server, tmp_path, test)
 

@@ -12,7 +12,7 @@ from cache.answer_cache import AnswerCache
 from cache.index import Item
 from cache.query import make_query
 from cache.vetoes import conflicts
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import ChatMessage, GenerateParams
 from ops.core.settings import Settings
 from tests.services import free_port, wait_until_async
@@ -130,11 +130,11 @@ def test_ttl_expiry_removes_the_entry_from_redis_and_every_index(redis_server, e
 
     entry_id, in_b_before, a_after, b_after, hit = run(main())
     assert in_b_before == 1 and a_after == 0 and b_after == 0 and hit is None
-    assert not redis_server.client.exists(keys.cache_entry(entry_id))
-    assert redis_server.client.zcard(keys.CACHE_LRU) == 0
+    assert not redis_server.client.exists(redis_keys.cache_entry(entry_id))
+    assert redis_server.client.zcard(redis_keys.CACHE_LRU) == 0
     # Nothing of the entry is left to grow: its namespace set and its namespace record are gone.
-    assert list(redis_server.client.scan_iter(match=keys.CACHE_NAMESPACE_PATTERN)) == []
-    assert redis_server.client.hlen(keys.CACHE_ENTRY_NAMESPACE) == 0
+    assert list(redis_server.client.scan_iter(match=redis_keys.CACHE_NAMESPACE_PATTERN)) == []
+    assert redis_server.client.hlen(redis_keys.CACHE_ENTRY_NAMESPACE) == 0
 
 
 def test_expired_entries_leave_no_empty_index_behind(settings, embedder, renderer):
@@ -156,12 +156,12 @@ def test_a_hit_on_an_expired_entry_does_not_recreate_it_without_a_ttl(settings, 
     async def main():
         cache = AnswerCache(settings, embedder)
         entry_id = await stored(cache, ask(renderer, "Why is the sea salty?"))
-        redis_server.client.delete(keys.cache_entry(entry_id))  # as when its TTL ran out
+        redis_server.client.delete(redis_keys.cache_entry(entry_id))  # as when its TTL ran out
         await cache.store.record_hit(entry_id, "semantic")
         return entry_id
 
     entry_id = run(main())
-    assert not redis_server.client.exists(keys.cache_entry(entry_id))
+    assert not redis_server.client.exists(redis_keys.cache_entry(entry_id))
 
 
 def test_index_rebuilds_happen_off_the_event_loop_and_lookups_go_on(settings, embedder, renderer):
@@ -290,7 +290,7 @@ def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_ser
             ids.append(await stored(a, ask(renderer, q)))
         assert (await a.lookup(ask(renderer, questions[0]))).hit  # the oldest is now the most recently used
         # The hit is recorded off the lookup's path: wait until the LRU order shows it.
-        await wait_until_async(lambda: redis_server.client.zrange(keys.CACHE_LRU, -1, -1) == [ids[0]], 10,
+        await wait_until_async(lambda: redis_server.client.zrange(redis_keys.CACHE_LRU, -1, -1) == [ids[0]], 10,
                                what="the hit to make the oldest entry the most recently used")
         ids.append(await stored(a, ask(renderer, questions[3])))
         await wait_until_async(lambda: not indexed(b, ids[1]) and indexed(b, ids[3]), 10,
@@ -300,8 +300,8 @@ def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_ser
 
     ids, a, b = run(main())
     evicted = ids[1]  # "Why do cats purr?" was used least recently
-    assert not redis_server.client.exists(keys.cache_entry(evicted))
-    assert redis_server.client.zcard(keys.CACHE_LRU) == 3
+    assert not redis_server.client.exists(redis_keys.cache_entry(evicted))
+    assert redis_server.client.zcard(redis_keys.CACHE_LRU) == 3
     for cache in (a, b):
         assert all(evicted not in index for index in cache.local.indexes.values())
         assert cache.size() == 3
@@ -341,7 +341,7 @@ def test_corrupted_entry_degrades_to_a_miss_with_a_warning(settings, embedder, r
     async def main():
         cache = AnswerCache(settings, embedder)
         entry_id = await stored(cache, ask(renderer, "What is the boiling point of water?"))
-        redis_server.client.hset(keys.cache_entry(entry_id), "chunks", "{not json")
+        redis_server.client.hset(redis_keys.cache_entry(entry_id), "chunks", "{not json")
         return await cache.lookup(ask(renderer, "What is the boiling point of water?"))
 
     with caplog.at_level(logging.WARNING, logger="brigade.cache"):

@@ -10,7 +10,7 @@ import pytest
 
 from cache.answer_cache import AnswerCache
 from cache.evidence import Floor, Observation
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.settings import Settings
 from tests.test_cache import ask, run, stored
 
@@ -48,7 +48,7 @@ def test_a_sampled_question_fills_a_pool_of_k_answers_then_serves_them_and_never
     assert all(h is not None and h.layer == "exact" for h in served)
     answers = {h.entry.answer for h in served}
     assert answers <= {"Joke number 0.", "Joke number 1.", "Joke number 2."} and len(answers) >= 2
-    assert redis_server.client.llen(keys.cache_samples(entry_id)) == 3
+    assert redis_server.client.llen(redis_keys.cache_samples(entry_id)) == 3
     assert reworded is not None and reworded.layer == "semantic" and reworded.entry.answer in answers
     assert off_hit is None and greedy is None  # cache off skips; greedy is another namespace
 
@@ -99,8 +99,8 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
         # The stored answer is about English: it does not fit a question about public speaking.
         far, _ = await model_answers(cache, other, "Practise in front of a mirror.")
         evidence = await cache.store.observations()
-        entries = {e: redis_server.client.hgetall(keys.cache_entry(e)) for e in (original, alias)}
-        bars = {e: redis_server.client.hget(keys.cache_entry(e), "bar")
+        entries = {e: redis_server.client.hgetall(redis_keys.cache_entry(e)) for e in (original, alias)}
+        bars = {e: redis_server.client.hget(redis_keys.cache_entry(e), "bar")
                 for e in (loosely.near.entry_id, far.near.entry_id)}
         index_bar = cache.local.indexes[ask(renderer, stored_q).namespace].live[far.near.entry_id].bar
         # Thresholds move with evidence: agreeing answers just below the serving cosine.
@@ -130,7 +130,7 @@ def test_a_near_miss_becomes_evidence_an_alias_or_a_raised_bar_and_evidence_move
     assert learned.why["serve_cosine"] == "evidence_lower" and learned.point.serve_cosine == pytest.approx(cosine - 0.01)
     assert after is not None and after.layer == "semantic" and after.entry.answer == answer
     # The evidence is bounded: the newest cache_evidence_max, expiring when nothing is added.
-    assert redis_server.client.llen(keys.CACHE_EVIDENCE) == 20 and redis_server.client.ttl(keys.CACHE_EVIDENCE) > 0
+    assert redis_server.client.llen(redis_keys.CACHE_EVIDENCE) == 20 and redis_server.client.ttl(redis_keys.CACHE_EVIDENCE) > 0
 
 
 def test_cache_stats_shows_the_evidence_the_thresholds_and_the_served_error_with_its_interval(redis_server, embedder):
@@ -195,7 +195,7 @@ def test_an_audit_that_ends_is_judged_its_model_answer_compared_and_a_misfit_rai
             route = Route(rid, rid, AuditSink(), keep_text=True, chunks=[answer], context=context)
             audits.ended(route, ReplyEvent(type="done", request_id=rid))
             await comparisons.pop()
-            bars.append(redis_server.client.hget(keys.cache_entry(entry_id), "bar"))
+            bars.append(redis_server.client.hget(redis_keys.cache_entry(entry_id), "bar"))
         return entry_id, await cache.store.observations(), bars
 
     entry_id, evidence, bars = run(main())

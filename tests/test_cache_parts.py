@@ -17,7 +17,7 @@ from cache.log_follower import SharedLogFollower
 from cache.store import Entry, EntryStore, new_entry_id
 from cache.sweeper import Sweeper
 from cache.thresholds import Thresholds
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
 from tests.services import wait_until_async
@@ -62,7 +62,7 @@ def test_the_log_follower_rebuilds_then_applies_another_gateways_adds_bars_and_d
         at_start = set(items(local))
         following = asyncio.create_task(follower.follow(block_ms=100), name="cache-log-follower")
         # A log entry no gateway can apply (its bar is not a number) must not stop the follower.
-        redis_server.client.xadd(keys.CACHE_LOG, {"op": "bar", "id": before.entry_id, "bar": "high"})
+        redis_server.client.xadd(redis_keys.CACHE_LOG, {"op": "bar", "id": before.entry_id, "bar": "high"})
         added, gone = entry("Added while following?", 2), entry("Added, then deleted?", 3)
         for e in (added, gone):
             await store.insert(e)
@@ -72,7 +72,7 @@ def test_the_log_follower_rebuilds_then_applies_another_gateways_adds_bars_and_d
                                and items(local)[added.entry_id].bar == 0.93, 10,
                                what="the follower to apply the adds, the bar and the delete")
         following.cancel()
-        last = redis_server.client.xrevrange(keys.CACHE_LOG, count=1)[0][0]
+        last = redis_server.client.xrevrange(redis_keys.CACHE_LOG, count=1)[0][0]
         return rebuilt, at_start, items(local), follower.cursor, last, before, added
 
     rebuilt, at_start, followed, cursor, last, before, added = run(main())
@@ -109,11 +109,11 @@ def test_the_thresholds_serve_the_trained_point_until_evidence_moves_it_and_a_wr
     assert learned.observations == 20 and learned.why["serve_cosine"] == "evidence_lower"
     assert after == learned.point and after.serve_cosine == 0.85 and after.band_cosine == 0.8
     # The wrong answer raised its entry's bar: in Redis, on the log for the other gateways, and here.
-    assert float(redis_server.client.hget(keys.cache_entry(served.entry_id), "bar")) == pytest.approx(0.88)
-    assert redis_server.client.xrevrange(keys.CACHE_LOG, count=1)[0][1] == {"op": "bar", "id": served.entry_id,
+    assert float(redis_server.client.hget(redis_keys.cache_entry(served.entry_id), "bar")) == pytest.approx(0.88)
+    assert redis_server.client.xrevrange(redis_keys.CACHE_LOG, count=1)[0][1] == {"op": "bar", "id": served.entry_id,
                                                                             "bar": "0.88"}
     assert items(local)[served.entry_id].bar == pytest.approx(0.88)
-    assert redis_server.client.llen(keys.CACHE_EVIDENCE) == 21
+    assert redis_server.client.llen(redis_keys.CACHE_EVIDENCE) == 21
 
 
 def test_thresholds_without_a_semantic_layer_learn_nothing(settings):
@@ -134,7 +134,7 @@ def test_the_sweeper_deletes_an_expired_entry_once_drops_it_here_and_relearns_af
         for e in (expired, fresh):
             await store.insert(e)
             local.add(NAMESPACE, e.entry_id, Item(e.vector, e.question))
-        redis_server.client.zadd(keys.CACHE_EXPIRY, {expired.entry_id: 1.0})  # its time came long ago
+        redis_server.client.zadd(redis_keys.CACHE_EXPIRY, {expired.entry_id: 1.0})  # its time came long ago
         thresholds = Thresholds(OperatingPoint(), max_error=0.01, store=store, local=local)
         # Two gateways sweep at once: each id is deleted (and counted) once.
         other = Sweeper(store, indexes(), interval_s=0.05)
@@ -148,9 +148,9 @@ def test_the_sweeper_deletes_an_expired_entry_once_drops_it_here_and_relearns_af
 
     expired, fresh, local, again = run(main())
     assert set(items(local)) == {fresh.entry_id} and again == 0
-    assert not redis_server.client.exists(keys.cache_entry(expired.entry_id))
-    assert redis_server.client.zrange(keys.CACHE_LRU, 0, -1) == [fresh.entry_id]
-    assert redis_server.client.hget(keys.CACHE_STATS, "expirations") == "1"
+    assert not redis_server.client.exists(redis_keys.cache_entry(expired.entry_id))
+    assert redis_server.client.zrange(redis_keys.CACHE_LRU, 0, -1) == [fresh.entry_id]
+    assert redis_server.client.hget(redis_keys.CACHE_STATS, "expirations") == "1"
 
 
 def run(coro):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench import serve_stats
-from ops.core import keys
+from ops.core import redis_keys
 from ops.rollout import canary, outcomes, registry
 from ops.rollout.canary import CanaryError, Controller
 from ops.rollout.outcomes import Outcome
@@ -231,16 +231,16 @@ def test_only_the_controller_holding_the_lease_acts(redis_client_, settings):
     client = redis_client_
     first, second = Controller(client, "gw-1", settings), Controller(client, "gw-2", settings)
     assert first.tick(now=time.time()) == []  # nothing to do yet, but the lease is taken
-    assert client.get(keys.CANARY_LEASE) == "gw-1" and client.pttl(keys.CANARY_LEASE) > 0
+    assert client.get(redis_keys.CANARY_LEASE) == "gw-1" and client.pttl(redis_keys.CANARY_LEASE) > 0
     start(client)
     write(client, settings, "v1", 30)
     write(client, settings, "v2", 30, tpot=0.5)
     assert second.tick(now=time.time()) == []
     assert canary.read(client, "m").state == "running"
     assert [d.kind for d in first.tick(now=time.time())] == ["rolled_back"]
-    assert client.get(keys.CANARY_LEASE) == "gw-1"  # renewed, not taken over
+    assert client.get(redis_keys.CANARY_LEASE) == "gw-1"  # renewed, not taken over
     first.release()
-    assert second.hold_lease() and client.get(keys.CANARY_LEASE) == "gw-2"
+    assert second.hold_lease() and client.get(redis_keys.CANARY_LEASE) == "gw-2"
     assert not first.hold_lease()
 
 
@@ -332,14 +332,14 @@ def test_status_of_an_ended_canary_shows_the_window_of_its_decision(redis_client
 def test_the_incremental_window_reads_what_a_whole_read_does(redis_client_, settings):
     """The controller's reader (only new entries each tick) against outcomes.window (all of them)."""
     client = redis_client_
-    client.delete(keys.outcomes("m", "v1"))
+    client.delete(redis_keys.outcomes("m", "v1"))
     reader = outcomes.WindowReader()
     start = time.time() - 1
     for rounds in range(3):
         write(client, settings, "v1", 1500 if rounds == 0 else 7)  # past one XRANGE page the first time
         now = time.time()
         assert reader.window(client, "m", "v1", start, now) == outcomes.window(client, "m", "v1", start, now)
-    last_ms = int(client.xrevrange(keys.outcomes("m", "v1"), count=1)[0][0].split("-")[0])
+    last_ms = int(client.xrevrange(redis_keys.outcomes("m", "v1"), count=1)[0][0].split("-")[0])
     while int(time.time() * 1000) <= last_ms:  # the next entries fall in a later millisecond
         time.sleep(0.001)
     later = time.time()

@@ -18,7 +18,7 @@ from gateway.delivery.events import (
     Token,
     cached_events,
 )
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 
 LOGPROBS = {"token": "yes", "id": 7003, "logprob": -0.11, "top": [["yes", -0.11, 7003]]}
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import ask
 from tests.services import Stack, wait_until
 
@@ -44,7 +44,7 @@ class DefaultsStack(Stack):
         return f"ws://127.0.0.1:{port}/v1/ws"
 
     def entries(self) -> int:
-        return self.redis.client.zcard(keys.CACHE_LRU)
+        return self.redis.client.zcard(redis_keys.CACHE_LRU)
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +102,8 @@ def test_an_unset_max_tokens_is_the_models_256_in_the_exact_cache_key(stack):
 
 
 def sampled_entry(stack: DefaultsStack, question: str) -> str | None:
-    for entry_id in stack.redis.client.zrange(keys.CACHE_LRU, 0, -1):
-        fields = stack.redis.client.hmget(keys.cache_entry(entry_id), ["question", "sampled"])
+    for entry_id in stack.redis.client.zrange(redis_keys.CACHE_LRU, 0, -1):
+        fields = stack.redis.client.hmget(redis_keys.cache_entry(entry_id), ["question", "sampled"])
         if fields == [question, "1"]:
             return entry_id
     return None
@@ -128,8 +128,8 @@ def test_an_unset_temperature_samples_at_the_models_0_2_and_a_repeat_is_served_f
     served = [ws_ask(stack, stack.model, f"again-{i}", messages=question, max_tokens=6) for i in range(6)]
     assert all(a.end.get("cached") == "exact" and a.text in generated for a in served), [a.end for a in served]
     entry_id = sampled_entry(stack, text)
-    assert entry_id is not None and stack.redis.client.llen(keys.cache_samples(entry_id)) == 2
-    assert 0 < stack.redis.client.ttl(keys.cache_samples(entry_id)) <= 86_400
+    assert entry_id is not None and stack.redis.client.llen(redis_keys.cache_samples(entry_id)) == 2
+    assert 0 < stack.redis.client.ttl(redis_keys.cache_samples(entry_id)) <= 86_400
     # A seeded request has one answer, stored once, as before.
     before = stack.entries()
     seeded = ws_ask(stack, stack.model, "seeded", messages=question, max_tokens=6, seed=11)
@@ -237,9 +237,9 @@ def test_an_answer_cut_by_max_tokens_serves_a_rewording_asked_with_the_same_max_
     # This gateway audits every semantic hit: the model answers the rewording in the batch lane and
     # the two answers are compared, evidence for the thresholds (cache/evidence.py).
     def audited() -> list[dict]:
-        rows = [json.loads(r) for r in stack.redis.client.lrange(keys.CACHE_EVIDENCE, 0, -1)]
+        rows = [json.loads(r) for r in stack.redis.client.lrange(redis_keys.CACHE_EVIDENCE, 0, -1)]
         return [r for r in rows if r["source"] == "audit" and r["entry"] == same.end["entry"]]
 
     wait_until(audited, 120, what="the audit of the semantic hit")
     assert abs(audited()[0]["cosine"] - same.end["similarity"]) < 1e-3
-    assert 0 < stack.redis.client.ttl(keys.CACHE_EVIDENCE) <= 86_400
+    assert 0 < stack.redis.client.ttl(redis_keys.CACHE_EVIDENCE) <= 86_400

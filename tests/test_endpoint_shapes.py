@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from gateway.doors.embeddings import encode, parse_embeddings
 from gateway.doors.tokenize_door import parse_tokenize
 from gateway.doors.utility_routes import UtilityRoutes
-from gateway.protocol import OneModel, ProtocolError, RequestRules
+from gateway.request import OneModel, ProtocolError, RequestRules
 from ops.core.messages import SamplingDefaults
 from ops.core.settings import Settings
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from websockets.asyncio.client import connect
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, queued_params, wait_until
 from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
@@ -141,7 +141,7 @@ def test_a_stalled_worker_is_fenced_and_its_late_events_never_reach_the_client(f
     wait_until(lambda: f"event=fenced request_id={rid}" in fleet.workers[stalled].log_path.read_text(), 20,
                what="the stalled worker to notice it was fenced")
     # And nothing it produced after the takeover reached the replay log: epochs only grow.
-    epochs = [json.loads(f["event"]).get("epoch") for _, f in fleet.redis.client.xrange(keys.stream(rid))]
+    epochs = [json.loads(f["event"]).get("epoch") for _, f in fleet.redis.client.xrange(redis_keys.stream(rid))]
     assert epochs == sorted(epochs) and len(set(epochs)) >= 2, epochs
 
 
@@ -197,7 +197,7 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
             # The claim, not the heartbeat: a beat lists the request up to a second late, and a
             # worker continuing it can write the rest of its 500 tokens in less (seen on 2 cores).
             # Only once its engine computes the request: a death before that is no attempt.
-            engaged = fleet.redis.client.hget(keys.claim(rid), "engaged") == "1"
+            engaged = fleet.redis.client.hget(redis_keys.claim(rid), "engaged") == "1"
             holder = fleet.claimant(rid) if engaged else None
             if holder is not None and holder["worker"] in fleet.workers:
                 proc = fleet.workers[holder["worker"]].proc
@@ -238,16 +238,16 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
         # An operator retries it (the "poison" is gone now); the client follows it with resume.
         retried = subprocess.run([sys.executable, "-m", "ops.commands.cli", "dlq", "retry", answer.request_id], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
-        assert retried.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, retried.stdout
+        assert retried.returncode == 0 and fleet.redis.client.llen(redis_keys.DEAD_LETTERS) == 0, retried.stdout
         rest = asyncio.run(resume(fleet.url, answer.request_id, answer.indexes[-1] if answer.tokens else -1))
         assert rest.end["type"] == "done", rest.end
         indexes = answer.indexes + rest.indexes
         assert indexes == list(range(len(indexes))) and len(indexes) == rest.end["usage"]["completion_tokens"]
         # And `drop` forgets an entry.
-        fleet.redis.client.lpush(keys.DEAD_LETTERS, json.dumps({"request_id": "x", "attempts": 3, "reason": "t", "at": 0}))
+        fleet.redis.client.lpush(redis_keys.DEAD_LETTERS, json.dumps({"request_id": "x", "attempts": 3, "reason": "t", "at": 0}))
         dropped = subprocess.run([sys.executable, "-m", "ops.commands.cli", "dlq", "drop", "x"], env=fleet.env,
                                  capture_output=True, text=True, timeout=60)
-        assert dropped.returncode == 0 and fleet.redis.client.llen(keys.DEAD_LETTERS) == 0, dropped.stdout
+        assert dropped.returncode == 0 and fleet.redis.client.llen(redis_keys.DEAD_LETTERS) == 0, dropped.stdout
     finally:
         fleet.wait_ready(gateways=["gateway"])
 
@@ -268,7 +268,7 @@ def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet, froze
     """The second gateway's model's worker takes nothing, so its message stays on the queue until the test
     takes it off, as a worker SIGKILLed right after its BRPOP would (its copy then sits in Celery's
     unacked set for the visibility timeout, or is gone). The reaper must queue it again."""
-    lists = keys.queue_lists("no-worker-model")
+    lists = redis_keys.queue_lists("no-worker-model")
     client = fleet.redis.client
 
     async def send():
@@ -287,8 +287,8 @@ def test_a_request_lost_between_the_queue_and_a_claim_is_sent_again(fleet, froze
 
     rid = asyncio.run(send())
     # Leave no queue behind for the overload test: cancelled, it is no longer the reaper's concern.
-    client.set(keys.cancelled(rid), "1", ex=60)
-    wait_until(lambda: client.zscore(keys.UNCLAIMED, rid) is None, 10, what="the reaper to forget the cancelled request")
+    client.set(redis_keys.cancelled(rid), "1", ex=60)
+    wait_until(lambda: client.zscore(redis_keys.UNCLAIMED, rid) is None, 10, what="the reaper to forget the cancelled request")
     client.delete(*lists)
 
 
@@ -315,15 +315,15 @@ def test_a_request_whose_deadline_passed_in_the_queue_is_dropped_before_any_mode
 
     client = fleet.redis.client
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    channel = keys.reply_channel("deadline-test")
+    channel = redis_keys.reply_channel("deadline-test")
     pubsub.subscribe(channel)
     queued = QueuedRequest(
         request_id="late-1", client_id="late-1", reply_channel=channel, enqueued_at=time.time() - 5,
         model="smollm2-135m-instruct", prompt="Hello", params=queued_params(max_tokens=8), deadline_at=time.time() - 1,
     )
-    client.set(keys.request("late-1"), queued.model_dump_json(), ex=60)
+    client.set(redis_keys.request("late-1"), queued.model_dump_json(), ex=60)
     make_app(fleet.redis.url).send_task("brigade.generate", args=[queued.model_dump(mode="json")],
-                                        queue=keys.interactive_queue("smollm2-135m-instruct"))
+                                        queue=redis_keys.interactive_queue("smollm2-135m-instruct"))
     seen: list[dict] = []
 
     def ended():
@@ -346,17 +346,17 @@ def test_duplicate_deliveries_of_a_running_or_finished_request_are_skipped(fleet
 
     def fault(clients):
         rid = clients[0].answer.request_id
-        payload = json.loads(fleet.redis.client.get(keys.request(rid)))
-        app.send_task("brigade.generate", args=[payload], queue=keys.interactive_queue("smollm2-135m-instruct"))
+        payload = json.loads(fleet.redis.client.get(redis_keys.request(rid)))
+        app.send_task("brigade.generate", args=[payload], queue=redis_keys.interactive_queue("smollm2-135m-instruct"))
         return rid, payload
 
     clients, (rid, payload) = asyncio.run(stream_clients(fleet.url, fault, n=1))
     assert_complete(clients, expected, fleet)
-    app.send_task("brigade.generate", args=[payload], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    app.send_task("brigade.generate", args=[payload], queue=redis_keys.interactive_queue("smollm2-135m-instruct"))
     logs = lambda: "".join(p.log_path.read_text() for p in fleet.workers.values())  # noqa: E731
     wait_until(lambda: logs().count(f"event=claim_skipped request_id={rid}") >= 2, 30, what="both duplicates skipped")
     assert f"request_id={rid} outcome=busy" in logs() and f"request_id={rid} outcome=done" in logs()
-    tokens = [json.loads(f["event"]) for _, f in fleet.redis.client.xrange(keys.stream(rid))]
+    tokens = [json.loads(f["event"]) for _, f in fleet.redis.client.xrange(redis_keys.stream(rid))]
     indexes = [e["index"] for e in tokens if e["type"] == "token"]
     assert indexes == list(range(len(indexes))) and [e["type"] for e in tokens].count("done") == 1
 

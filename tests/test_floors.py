@@ -78,7 +78,7 @@ def imported_modules(module: str, path: Path, known: dict[str, Path]) -> set[str
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            # `from ops.core import keys` imports ops.core.keys; `from ops.core.keys import X`, ops.core.keys
+            # `from ops.core import keys` imports ops.core.redis_keys; `from ops.core.redis_keys import X`, ops.core.redis_keys
             named += [f"{base}.{alias.name}" for alias in node.names] + [base]
     found = set()
     for name in named:
@@ -144,11 +144,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_reader_sees_imports_wherever_they_are_written(tmp_path):
     """The reader must count a lazy import inside a function and one under TYPE_CHECKING, or the
     floors below could be broken without this file noticing."""
-    known = {"a.b": tmp_path / "b.py", "ops.core.keys": tmp_path / "keys.py", "engine.x": tmp_path / "x.py"}
+    known = {"a.b": tmp_path / "b.py", "ops.core.redis_keys": tmp_path / "keys.py", "engine.x": tmp_path / "x.py"}
     module = tmp_path / "b.py"
     module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import engine.x\n"
-                      "def f():\n    from ops.core import keys\n")
-    assert imported_modules("a.b", module, known) == {"engine.x", "ops.core.keys"}
+                      "def f():\n    from ops.core import redis_keys\n")
+    assert imported_modules("a.b", module, known) == {"engine.x", "ops.core.redis_keys"}
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -197,7 +197,7 @@ GATEWAY_ROOMS = {
 
 
 def room(module: str) -> str:
-    """A gateway module's room: its sub-package, `server`, or `shared` (protocol, tool_calls, metrics,
+    """A gateway module's room: its sub-package, `server`, or `shared` (request, tool_calls, metrics,
     background: the request type and what every room uses)."""
     parts = module.split(".")
     if len(parts) > 1 and f"gateway.{parts[1]}" in GATEWAY_ROOMS:

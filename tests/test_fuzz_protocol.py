@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.doors.ws_protocol import Cancel, ClientProtocol
-from gateway.protocol import Generate, ProtocolError
+from gateway.request import Generate, ProtocolError
 from ops.core.messages import SAMPLING_FIELDS
 from ops.core.settings import Settings
 from tests.clients import Answer, absorb

@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.rollout import outcomes, registry
 from tests.clients import Answer, ask
 from tests.services import Stack, http_get, wait_until
@@ -102,7 +102,7 @@ def set_route(stack: Stack, *shares: str, sticky: str = "key") -> None:
 
 def registry_seen(stack: Stack, gateways=("gateway", "second")) -> bool:
     """Every gateway holds the registry's current revision (its /readyz says which it holds)."""
-    revision = int(stack.redis.client.get(keys.REGISTRY_REVISION) or 0)
+    revision = int(stack.redis.client.get(redis_keys.REGISTRY_REVISION) or 0)
     return all(http_get(stack.gateways[g].port, "/readyz")[1].get("registry_revision") == revision for g in gateways)
 
 
@@ -212,7 +212,7 @@ def test_a_route_change_reaches_both_running_gateways(models):
 
 def test_shadow_copies_are_measured_and_never_delivered(models):
     client = models.redis.client
-    stream = keys.outcomes(MODEL, "v3")
+    stream = redis_keys.outcomes(MODEL, "v3")
     before = len([o for o in outcomes.window(client, MODEL, "v3", 0) if o.shadow])
     counted_before = sum(metric(models.port, "brigade_shadow_requests_total", model=MODEL, version="v3", outcome=o)
                          for o in ("same", "different"))
@@ -277,7 +277,7 @@ async def keep_asking(url: str, until, tag: str, at_once: int = 1) -> list[Answe
 
 
 def canary_state(client, model: str) -> dict:
-    raw = client.get(keys.canary(model))
+    raw = client.get(redis_keys.canary(model))
     return json.loads(raw) if raw else {}
 
 

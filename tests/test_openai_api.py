@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.admission.api_keys import KeyStore
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.redis_clients import async_client
 from tests.clients import ask
 from tests.guard_plugins import EXPLODE, EXPLODE_LATER
@@ -259,7 +259,7 @@ def test_an_output_refusal_mid_stream_ends_the_sse_stream_with_an_error_event(do
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))
     assert events[-1]["error"]["code"] == "content_blocked", events[-1]
     assert BLOCKED_WORD not in text  # the refused chunk never reached the client
-    wait_until(lambda: doors.redis.client.exists(keys.cancelled(rid)), 10, what="generation to be stopped")
+    wait_until(lambda: doors.redis.client.exists(redis_keys.cancelled(rid)), 10, what="generation to be stopped")
     wait_until(lambda: rid not in _running(doors), 10, what="the worker to free the refused request")
 
 
@@ -312,21 +312,21 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_the_
         assert any(line.startswith("data: {") for line in got)
         wait_until(lambda: rid in _running(doors), 10, what="the request in the worker's status")
     # The response is closed: the request must stop, well before its 400 tokens.
-    wait_until(lambda: doors.redis.client.exists(keys.cancelled(rid)), 10, what="the gateway to cancel")
+    wait_until(lambda: doors.redis.client.exists(redis_keys.cancelled(rid)), 10, what="the gateway to cancel")
     wait_until(lambda: rid not in _running(doors), 10, what="the worker to free the slot")
-    assert doors.redis.client.xlen(keys.stream(rid)) < 400
+    assert doors.redis.client.xlen(redis_keys.stream(rid)) < 400
 
 
 def test_a_keys_usage_is_counted_and_its_concurrency_slot_is_released_when_an_answer_ends(doors):
     key = create_key(doors.store_url, max_concurrent=1)
     client = doors.client(doors.strict, key)
     stored = redis.Redis.from_url(doors.store_url)
-    entries = stored.zcard(keys.CACHE_LRU)
+    entries = stored.zcard(redis_keys.CACHE_LRU)
     # The exact layer only: a rewording another test stored ("Name a colour.") may not serve it.
     exact = {"extra_body": {"cache": "exact"}}
     client.chat.completions.create(**_chat("Name a color.", max_tokens=4, **exact))  # a miss; it ends and frees the slot
     # The answer is stored just after the client has it: the same request is a hit once it is there.
-    wait_until(lambda: stored.zcard(keys.CACHE_LRU) > entries, 10, what="the answer in the cache")
+    wait_until(lambda: stored.zcard(redis_keys.CACHE_LRU) > entries, 10, what="the answer in the cache")
     client.chat.completions.create(**_chat("Name a color.", max_tokens=4, **exact))  # the same answer, from the cache
 
     async def usage():

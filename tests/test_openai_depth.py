@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from engine import EngineRequest, SamplingParams
 from engine.kv_cache import SequenceKV
 from engine.sequence import Chunk, Sequence
-from ops.core import keys
+from ops.core import redis_keys
 from tests.openai_responses_cases import *  # noqa: F401,F403  (its tests run on this module's stack)
 from tests.services import Stack, queued_params, wait_until, worker_statuses
 
@@ -248,7 +248,7 @@ def test_langchain_calls_a_tool_and_fills_a_structured_answer(stack):
 
 def test_a_stored_answer_serves_only_requests_it_satisfies(stack):
     c = client(stack)
-    stored = lambda: stack.redis.client.zcard(keys.CACHE_LRU)  # noqa: E731 (entries stored so far)
+    stored = lambda: stack.redis.client.zcard(redis_keys.CACHE_LRU)  # noqa: E731 (entries stored so far)
     entries = stored()
     plain = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
     wait_until(lambda: stored() > entries, 15, what="the answer stored")  # stored after its `done`
@@ -322,18 +322,18 @@ def test_a_handed_over_n2_request_whose_every_choice_had_ended_gets_its_done_fro
     from ops.core.settings import Settings
 
     rid = f"ended-{time.monotonic_ns()}"
-    queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("gone"),
+    queued = QueuedRequest(request_id=rid, client_id="c", reply_channel=redis_keys.reply_channel("gone"),
                            enqueued_at=time.time(), model=MODEL, messages=QUESTION,
                            params=queued_params(max_tokens=3, n=2, temperature=1.0, seed=1))
     r = stack.redis.client
-    r.set(keys.request(rid), queued.model_dump_json(), ex=300)
+    r.set(redis_keys.request(rid), queued.model_dump_json(), ex=300)
     logged = [(0, 504, None), (1, 504, None), (0, 2, "stop"), (1, 28, None), (1, 30, "length")]
     for index, (choice, token, end) in enumerate(logged):
         event = {"type": "token", "request_id": rid, "epoch": 1, "index": index, "choice": choice,
                  "token_id": token, "text": "x", **({"finish_reason": end} if end else {})}
-        r.xadd(keys.stream(rid), {"event": json.dumps(event)})
+        r.xadd(redis_keys.stream(rid), {"event": json.dumps(event)})
     QueueSender(Settings(redis_url=stack.redis.url)).send(queued)
-    ends = wait_until(lambda: [json.loads(f["event"]) for _, f in r.xrange(keys.stream(rid))
+    ends = wait_until(lambda: [json.loads(f["event"]) for _, f in r.xrange(redis_keys.stream(rid))
                                if json.loads(f["event"])["type"] != "token"], 60, what="the request's end")
     assert len(ends) == 1 and ends[0]["type"] == "done", ends
     assert ends[0]["finish_reasons"] == ["stop", "length"] and ends[0]["finish_reason"] == "length"

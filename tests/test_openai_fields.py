@@ -16,7 +16,7 @@ from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors.openai_render import ChunkStream
 from gateway.doors.ws_protocol import ClientProtocol
-from gateway.protocol import ProtocolError, RequestRules
+from gateway.request import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 RULES = RequestRules(Settings())

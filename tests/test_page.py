@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import ask
 from tests.services import Stack, create_key, wait_until, worker_statuses
 
@@ -215,7 +215,7 @@ def test_stop_keeps_the_text_so_far_and_frees_the_request_in_the_worker(page, st
     worker = stack.workers["w1@page"].proc
     worker.send_signal(signal.SIGSTOP)
     try:
-        [(_, last)] = stack.redis.client.xrevrange(keys.stream(rid), count=1)
+        [(_, last)] = stack.redis.client.xrevrange(redis_keys.stream(rid), count=1)
         assert json.loads(last["event"])["type"] != "done", "the answer ended before the worker was held"
         assert page.element("stop").is_enabled() and not page.element("send").is_enabled()
         page.element("stop").click()
@@ -260,7 +260,7 @@ def test_the_same_question_asked_again_is_marked_cached(page, stack):
     first = page.wait_ended()
     assert first["state"] == "done" and first["cached"] is None, first
     # The gateway stores an answer right after its `done`.
-    wait_until(lambda: any(stack.redis.client.scan_iter(match=keys.CACHE_ENTRY_PATTERN)), 10,
+    wait_until(lambda: any(stack.redis.client.scan_iter(match=redis_keys.CACHE_ENTRY_PATTERN)), 10,
                what="the answer stored in the cache")
 
     page.open()

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gateway.doors.ws_protocol import Cancel, ClientProtocol
-from gateway.protocol import Generate, ProtocolError, runnable
+from gateway.request import Generate, ProtocolError, runnable
 from ops.core.sampling_defaults import load_sampling_defaults
 from ops.core.settings import Settings
 

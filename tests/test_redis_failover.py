@@ -17,7 +17,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import Answer, absorb
 from tests.services import RedisHAServer, create_key, queued_params, wait_until, wait_until_async
 from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
@@ -90,13 +90,13 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     assert confirmed.settings.confirmations == 1
 
     def request(rid: str) -> str:
-        client.set(keys.request(rid), QueuedRequest(
-            request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
+        client.set(redis_keys.request(rid), QueuedRequest(
+            request_id=rid, client_id="c", reply_channel=redis_keys.reply_channel("g"), enqueued_at=time.time(),
             model="m", prompt="hi", params=queued_params(max_tokens=4)).model_dump_json(), ex=60)
         return rid
 
     # The stack's reaper would take these claims back (their owner never beats): give it a beat.
-    client.set(keys.worker("w#1"), "{}", ex=120)
+    client.set(redis_keys.worker("w#1"), "{}", ex=120)
     costs: dict[str, list[float]] = {"wait": [], "none": []}
     for i in range(40):
         for name, store in (("wait", confirmed), ("none", unconfirmed)):  # taking turns: the same load on both
@@ -124,11 +124,11 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     assert waited >= 0.3, waited  # it did wait for them, up to its bound
     assert any("event=claim_unconfirmed request_id=frozen-replicas replicas=0 wanted=1" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
-    assert client.hget(keys.claim(rid), "owner") == "w#1"
+    assert client.hget(redis_keys.claim(rid), "owner") == "w#1"
     ha.redis.ha.wait_healthy(30)
     rids = [rid] + [f"cost-{name}-{i}" for i in range(40) for name in costs]  # leave the stack as it was
-    client.delete(*[keys.claim(r) for r in rids], *[keys.request(r) for r in rids], keys.worker("w#1"))
-    client.hdel(keys.CLAIMS, *rids)
+    client.delete(*[redis_keys.claim(r) for r in rids], *[redis_keys.request(r) for r in rids], redis_keys.worker("w#1"))
+    client.hdel(redis_keys.CLAIMS, *rids)
 
 
 def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):

@@ -1,6 +1,6 @@
 # Over 400 lines: the Redis floor's every script and client, each on the real redis-server it shares.
 """The Redis floor (ops/core): one client factory, every Lua script in one folder with its keys in
-KEYS, and every growing key's bound asked of ops/core/keys.py. On a real redis-server."""
+KEYS, and every growing key's bound asked of ops/core/redis_keys.py. On a real redis-server."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from redis.exceptions import RedisError
 
-from ops.core import keys, redis_clients, scripts
+from ops.core import redis_clients, redis_keys, scripts
 from ops.core.messages import QueuedRequest
 from ops.core.settings import Settings
 from tests.services import queued_params
@@ -36,7 +36,7 @@ def test_every_lua_file_is_a_registered_script_and_every_script_has_its_file():
 
 
 def test_no_script_builds_a_key_from_its_arguments():
-    # A key built inside a script (`ARGV[1] .. id`) is invisible to keys.py and refused by Redis
+    # A key built inside a script (`ARGV[1] .. id`) is invisible to redis_keys.py and refused by Redis
     # Cluster: every call's key must come in KEYS. PUBLISH names a channel, not a key.
     built = re.compile(r"redis\.call\('(?!PUBLISH)\w+',\s*[^,)]*\.\.")
     for path in LUA.glob("*.lua"):
@@ -99,24 +99,24 @@ def test_an_outage_retry_waits_until_redis_answers_and_stops_when_told():
 
 
 def queued(rid: str) -> QueuedRequest:
-    return QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("g"), enqueued_at=time.time(),
+    return QueuedRequest(request_id=rid, client_id="c", reply_channel=redis_keys.reply_channel("g"), enqueued_at=time.time(),
                          model="m", prompt="hi", params=queued_params(max_tokens=4))
 
 
 def test_a_claim_checks_the_heartbeat_of_the_owner_it_finds_and_writes_the_keys_bounds(client):
     settings = Settings(stream_ttl_s=1234, max_attempts=2)
     claims = ClaimStore.from_settings(client, settings)
-    client.set(keys.request("r1"), queued("r1").model_dump_json())
+    client.set(redis_keys.request("r1"), queued("r1").model_dump_json())
     first_claim = claims.claim("r1", "a#1")
     assert first_claim.outcome == "claimed"
-    assert client.ttl(keys.claim("r1")) == keys.claim_ttl_s(settings) == 1234
+    assert client.ttl(redis_keys.claim("r1")) == redis_keys.claim_ttl_s(settings) == 1234
     again = claims.claim("r1", "a#1")  # its own claim, asked again (a retry whose first reply was lost)
     assert (again.outcome, again.epoch, again.attempts) == ("mine", first_claim.epoch, 1)
     claims.engage({"r1": first_claim.epoch})  # its engine computes it: a death now costs an attempt
-    client.set(keys.worker("a#1"), "{}", px=keys.worker_ttl_ms(settings))
+    client.set(redis_keys.worker("a#1"), "{}", px=redis_keys.worker_ttl_ms(settings))
     assert claims.claim("r1", "b#1").outcome == "busy"  # its owner's heartbeat lives
-    first = int(client.hget(keys.claim("r1"), "epoch"))
-    client.delete(keys.worker("a#1"))
+    first = int(client.hget(redis_keys.claim("r1"), "epoch"))
+    client.delete(redis_keys.worker("a#1"))
     took = claims.claim("r1", "b#1")
     assert took.outcome == "claimed" and took.epoch > first  # a dead owner's claim is taken over
     assert took.attempts == 2
@@ -128,31 +128,31 @@ def test_an_epoch_lost_in_a_failover_is_never_issued_again(client):
     owner's tokens for a stale worker's (or the stale worker's for the new owner's)."""
     settings = Settings()
     claims = ClaimStore.from_settings(client, settings)
-    client.set(keys.request("lost"), queued("lost").model_dump_json())
+    client.set(redis_keys.request("lost"), queued("lost").model_dump_json())
     before = claims.claim("lost", "a#1")
     # the failover: the new primary has the claim as it was before that raise
-    client.hset(keys.claim("lost"), mapping={"state": "queued", "owner": "", "attempts": 0, "epoch": 0})
+    client.hset(redis_keys.claim("lost"), mapping={"state": "queued", "owner": "", "attempts": 0, "epoch": 0})
     time.sleep(0.002)  # the clock moves on, as it does during any failover (seconds)
     after = claims.claim("lost", "b#1")
     assert after.outcome == "claimed" and after.epoch > before.epoch, (before, after)
     # and a counter far ahead of the clock still only grows
-    client.hset(keys.claim("lost"), mapping={"state": "queued", "owner": "", "epoch": 10**15})
+    client.hset(redis_keys.claim("lost"), mapping={"state": "queued", "owner": "", "epoch": 10**15})
     assert claims.claim("lost", "c#1").epoch == 10**15 + 1
     assert claims.release("lost", "c#1", 10**15 + 1)
-    assert int(client.hget(keys.claim("lost"), "epoch")) == 10**15 + 2
+    assert int(client.hget(redis_keys.claim("lost"), "epoch")) == 10**15 + 2
 
 
 def test_the_claim_script_refuses_to_judge_an_owner_it_was_not_given(client):
     # The caller reads the owner, then passes that owner's heartbeat key; if the owner changed in
     # between, the script says so (ClaimStore reads again) instead of judging a key it lacks.
-    client.set(keys.request("r2"), queued("r2").model_dump_json())
-    client.hset(keys.claim("r2"), mapping={"state": "running", "owner": "now#1", "attempts": 1})
+    client.set(redis_keys.request("r2"), queued("r2").model_dump_json())
+    client.hset(redis_keys.claim("r2"), mapping={"state": "running", "owner": "now#1", "attempts": 1})
     claim = scripts.register(client, "claim")
-    outcome = claim(keys=[keys.claim("r2"), keys.CLAIMS, keys.request("r2"), keys.UNCLAIMED, keys.TAKEN,
-                          keys.worker("before#1")],
+    outcome = claim(keys=[redis_keys.claim("r2"), redis_keys.CLAIMS, redis_keys.request("r2"), redis_keys.UNCLAIMED, redis_keys.TAKEN,
+                          redis_keys.worker("before#1")],
                     args=["r2", "me#1", 3, 60, "before#1"])
     assert outcome == ["moved", 0, 1]
-    assert client.hget(keys.claim("r2"), "owner") == "now#1"  # nothing changed
+    assert client.hget(redis_keys.claim("r2"), "owner") == "now#1"  # nothing changed
 
 
 def test_a_burial_by_the_reaper_or_at_a_claim_writes_the_same_dead_letter_and_notice(client):
@@ -160,15 +160,15 @@ def test_a_burial_by_the_reaper_or_at_a_claim_writes_the_same_dead_letter_and_no
     claims = ClaimStore.from_settings(client, settings)
     for rid, bury in (("by-reap", lambda: claims.reap("by-reap", "dead#1")),
                       ("by-claim", lambda: claims.claim("by-claim", "w#2").outcome)):
-        client.set(keys.request(rid), queued(rid).model_dump_json())
-        client.hset(keys.claim(rid), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "engaged": 1})
+        client.set(redis_keys.request(rid), queued(rid).model_dump_json())
+        client.hset(redis_keys.claim(rid), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "engaged": 1})
         assert bury() in ("buried", "dead")
-        assert client.hget(keys.claim(rid), "state") == "dead"
-        assert client.ttl(keys.stream(rid)) == keys.stream_ttl_s(settings)
+        assert client.hget(redis_keys.claim(rid), "state") == "dead"
+        assert client.ttl(redis_keys.stream(rid)) == redis_keys.stream_ttl_s(settings)
     letters = {e["request_id"]: e for e in claims.dead_letters()}
     assert {r: (e["attempts"], e["reason"]) for r, e in letters.items()} == {
         "by-reap": (1, "crashed 1 workers"), "by-claim": (1, "crashed 1 workers")}
-    notices = [client.xrange(keys.stream(rid))[-1][1]["event"] for rid in ("by-reap", "by-claim")]
+    notices = [client.xrange(redis_keys.stream(rid))[-1][1]["event"] for rid in ("by-reap", "by-claim")]
     assert notices[0].replace("by-reap", "X") == notices[1].replace("by-claim", "X")
     assert '"code":"worker_failed"' in notices[0]
 
@@ -178,28 +178,28 @@ def test_two_that_decide_a_burial_bury_the_request_once(client):
     # runs, decides the same: one dead letter, one notice, whoever's bury.lua comes first.
     settings = Settings(max_attempts=1)
     claims = ClaimStore.from_settings(client, settings)
-    client.set(keys.request("r3"), queued("r3").model_dump_json())
-    client.hset(keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4,
+    client.set(redis_keys.request("r3"), queued("r3").model_dump_json())
+    client.hset(redis_keys.claim("r3"), mapping={"state": "running", "owner": "dead#1", "attempts": 1, "epoch": 4,
                                           "engaged": 1})
     reap = scripts.register(client, "reap")
-    outcome, epoch = reap(keys=[keys.claim("r3"), keys.CLAIMS, keys.UNCLAIMED], args=["r3", "dead#1", 1, time.time()])
-    assert outcome == "bury" and int(epoch) > 4 and epoch == client.hget(keys.claim("r3"), "epoch")
+    outcome, epoch = reap(keys=[redis_keys.claim("r3"), redis_keys.CLAIMS, redis_keys.UNCLAIMED], args=["r3", "dead#1", 1, time.time()])
+    assert outcome == "bury" and int(epoch) > 4 and epoch == client.hget(redis_keys.claim("r3"), "epoch")
     assert claims.claim("r3", "w#2").outcome == "dead"  # the claim decides and buries first
     assert not claims._buried("r3", epoch)  # the reaper's burial finds it done
     assert [e["request_id"] for e in claims.dead_letters()] == ["r3"]
-    notices = [f["event"] for _, f in client.xrange(keys.stream("r3"))]
+    notices = [f["event"] for _, f in client.xrange(redis_keys.stream("r3"))]
     assert len(notices) == 1 and '"code":"worker_failed"' in notices[0]
     # A request handed a new life (`brigade dlq retry`) before a stale burial runs is not buried.
     assert claims.retry_dead_letter("r3") is not None
     assert not claims._buried("r3", epoch)
-    assert client.hget(keys.claim("r3"), "state") == "queued"
+    assert client.hget(redis_keys.claim("r3"), "state") == "queued"
 
 
 def _log(client, rid: str) -> list[tuple[str, int | None]]:
     import json
 
     return [(e["type"], e.get("index")) for e in
-            (json.loads(f["event"]) for _, f in client.xrange(keys.stream(rid)))]
+            (json.loads(f["event"]) for _, f in client.xrange(redis_keys.stream(rid)))]
 
 
 def test_a_replay_log_tail_lost_in_a_failover_is_sent_again_from_the_workers_memory(client):
@@ -210,24 +210,24 @@ def test_a_replay_log_tail_lost_in_a_failover_is_sent_again_from_the_workers_mem
     from workers.publisher import TokenPublisher
 
     claims = ClaimStore.from_settings(client, Settings())
-    client.set(keys.request("tail"), queued("tail").model_dump_json())
+    client.set(redis_keys.request("tail"), queued("tail").model_dump_json())
     epoch = claims.claim("tail", "w#1").epoch
     publisher = TokenPublisher(claims)
-    channel = keys.reply_channel("g")
+    channel = redis_keys.reply_channel("g")
     token = lambda i: (channel, ReplyEvent(type="token", request_id="tail", epoch=epoch, index=i, token_id=100 + i,
                                            text=f"t{i}"))
     assert publisher.publish([token(i) for i in range(5)]) == set()
     assert _log(client, "tail") == [("token", i) for i in range(5)]
     # the failover: the new primary has the log and the claim as they were after token 2
-    for entry_id, _ in client.xrange(keys.stream("tail"))[3:]:
-        client.xdel(keys.stream("tail"), entry_id)
-    client.hset(keys.claim("tail"), "logged", 3)
+    for entry_id, _ in client.xrange(redis_keys.stream("tail"))[3:]:
+        client.xdel(redis_keys.stream("tail"), entry_id)
+    client.hset(redis_keys.claim("tail"), "logged", 3)
 
     done = (channel, ReplyEvent(type="done", request_id="tail", epoch=epoch, finish_reason="length"))
     assert publisher.publish([token(5), token(6), done]) == set()
     assert _log(client, "tail") == [("token", i) for i in range(7)] + [("done", None)]
     assert publisher.refilled == 5  # tokens 3 to 6 and the done event
-    assert client.hget(keys.claim("tail"), "state") == "done"
+    assert client.hget(redis_keys.claim("tail"), "state") == "done"
     assert claims.generated("tail") == [100 + i for i in range(7)]
     assert publisher.publish([]) == set() and not publisher._sent  # nothing kept once it ended
 
@@ -236,9 +236,9 @@ def test_a_token_already_logged_is_not_logged_twice(client):
     from ops.core.messages import ReplyEvent
 
     claims = ClaimStore.from_settings(client, Settings())
-    client.set(keys.request("dup"), queued("dup").model_dump_json())
+    client.set(redis_keys.request("dup"), queued("dup").model_dump_json())
     epoch = claims.claim("dup", "w#1").epoch
-    channel = keys.reply_channel("g")
+    channel = redis_keys.reply_channel("g")
     events = [(channel, ReplyEvent(type="token", request_id="dup", epoch=epoch, index=i, token_id=i, text="x"), i)
               for i in range(3)]
     assert claims.publish(events).gaps == {}
@@ -248,9 +248,9 @@ def test_a_token_already_logged_is_not_logged_twice(client):
     assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {"dup": 3}
     # A claim with no count yet (written before it existed: a rolling upgrade) starts counting at
     # the first publish instead of calling every earlier token missing.
-    client.hdel(keys.claim("dup"), "logged")
+    client.hdel(redis_keys.claim("dup"), "logged")
     assert claims.publish([(channel, events[0][1].model_copy(update={"index": 5}), 5)]).gaps == {}
-    assert client.hget(keys.claim("dup"), "logged") == "6"
+    assert client.hget(redis_keys.claim("dup"), "logged") == "6"
 
 
 def test_the_sentinel_url_names_the_sentinels_the_master_the_db_and_both_passwords():
@@ -442,23 +442,23 @@ def test_a_death_costs_an_attempt_only_to_the_requests_its_engine_was_computing(
     settings = Settings(max_attempts=2)
     claims = ClaimStore.from_settings(client, settings)
     for rid in ("waited", "computed"):
-        client.delete(keys.claim(rid), keys.stream(rid))
-        client.set(keys.request(rid), queued(rid).model_dump_json())
+        client.delete(redis_keys.claim(rid), redis_keys.stream(rid))
+        client.set(redis_keys.request(rid), queued(rid).model_dump_json())
     for death in range(5):  # five deaths while waiting: none counts, never buried
         took = claims.claim("waited", f"w{death}#1")
         assert took.outcome == "claimed" and took.attempts == 1, took
         reap = claims.reap if death % 2 else (lambda rid, owner: claims.claim(rid, "next#1").outcome)
         assert reap("waited", f"w{death}#1") in ("requeue", "claimed")
         if death % 2 == 0:  # taken over by a claim: hand it back for the next round
-            assert claims.release("waited", "next#1", int(client.hget(keys.claim("waited"), "epoch")))
+            assert claims.release("waited", "next#1", int(client.hget(redis_keys.claim("waited"), "epoch")))
     first = claims.claim("computed", "a#1")
     assert not claims.release("computed", "x#1", first.epoch)  # (another's claim: untouched)
     claims.engage({"computed": first.epoch - 1})  # a stale epoch marks nothing
-    assert client.hget(keys.claim("computed"), "engaged") is None
+    assert client.hget(redis_keys.claim("computed"), "engaged") is None
     claims.engage({"computed": first.epoch})
     assert claims.reap("computed", "a#1") == "requeue"  # one death while computing: 1 of 2
     second = claims.claim("computed", "b#1")
-    assert second.attempts == 2 and client.hget(keys.claim("computed"), "engaged") is None  # a new run
+    assert second.attempts == 2 and client.hget(redis_keys.claim("computed"), "engaged") is None  # a new run
     claims.engage({"computed": second.epoch})
     assert claims.reap("computed", "b#1") == "buried"  # the second: poison
     assert "computed" in {e["request_id"] for e in claims.dead_letters()}
@@ -470,13 +470,13 @@ def test_a_fenced_worker_queues_again_only_a_request_nobody_will_queue(client):
     queued again, took it for an orphan and queued it a second time; its second copy ran beside the
     first. A claim `queued` (reaped, handed back) has its sender; only a lost claim is an orphan."""
     claims = ClaimStore.from_settings(client, Settings())
-    client.delete(keys.claim("o1"))
-    client.set(keys.request("o1"), queued("o1").model_dump_json())
+    client.delete(redis_keys.claim("o1"))
+    client.set(redis_keys.request("o1"), queued("o1").model_dump_json())
     claims.claim("o1", "cut#1")
     assert claims.reap("o1", "cut#1") == "requeue"
     assert not claims.orphaned("o1", "cut#1")  # the reaper sends it
     claims.claim("o1", "other#1")
-    client.set(keys.worker("other#1"), "{}", ex=30)
+    client.set(redis_keys.worker("other#1"), "{}", ex=30)
     assert not claims.orphaned("o1", "cut#1")  # another runs it
-    client.delete(keys.claim("o1"))  # a failover lost the claim: nobody will send it
+    client.delete(redis_keys.claim("o1"))  # a failover lost the claim: nobody will send it
     assert claims.orphaned("o1", "cut#1")

@@ -11,7 +11,7 @@ import time
 from gateway.delivery.events import ClientEvent, StreamError, Token
 from gateway.delivery.replies import CATCH_UP_PAGE, ReplyIntake
 from gateway.delivery.router import ReplyRouter, Route
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import ReplyEvent
 from ops.core.redis_clients import async_client
 from ops.core.settings import Settings
@@ -30,7 +30,7 @@ def log_tokens(client, rid: str, start: int, stop: int) -> None:
     pipe = client.pipeline(transaction=False)
     for i in range(start, stop):
         event = ReplyEvent(type="token", request_id=rid, epoch=1, index=i, text=f"t{i} ")
-        pipe.xadd(keys.stream(rid), {"event": event.model_dump_json(exclude_none=True)})
+        pipe.xadd(redis_keys.stream(rid), {"event": event.model_dump_json(exclude_none=True)})
     pipe.execute()
 
 
@@ -54,7 +54,7 @@ def commands(client) -> dict[str, int]:
 
 def test_a_gap_reads_back_from_the_newest_entry_only_to_what_the_client_has(redis_server):
     client, rid = redis_server.client, "gap-request"
-    client.delete(keys.stream(rid))
+    client.delete(redis_keys.stream(rid))
     log_tokens(client, rid, 0, 2000)
 
     async def main():
@@ -79,7 +79,7 @@ def test_a_gap_reads_back_from_the_newest_entry_only_to_what_the_client_has(redi
 
 def test_a_gap_longer_than_a_page_is_read_back_page_by_page_in_order(redis_server):
     client, rid = redis_server.client, "long-gap"
-    client.delete(keys.stream(rid))
+    client.delete(redis_keys.stream(rid))
     log_tokens(client, rid, 0, 300)
 
     async def main():
@@ -117,7 +117,7 @@ def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_ser
     the request is stored, then catches up like any route; a stored route whose records are gone
     is still ended (Redis lost its data)."""
     client, pending, lost = redis_server.client, "not-yet-stored", "records-gone"
-    client.delete(keys.stream(pending), keys.request(pending), keys.stream(lost), keys.request(lost))
+    client.delete(redis_keys.stream(pending), redis_keys.request(pending), redis_keys.stream(lost), redis_keys.request(lost))
 
     async def main():
         async with intake_on(redis_server.url) as (intake, delivered):
@@ -130,7 +130,7 @@ def test_a_catch_up_never_ends_a_route_whose_request_is_not_stored_yet(redis_ser
             after_catch_up = [(d.route.request_id, type(d.event)) for d in delivered]
             still_live = pending in intake.router.live
             # The put goes through: record, then the worker's first token is logged (pub/sub lost it).
-            client.set(keys.request(pending), "{}", ex=60)
+            client.set(redis_keys.request(pending), "{}", ex=60)
             log_tokens(client, pending, 0, 1)
             route.held = None
             storing.set()
@@ -156,7 +156,7 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
     settings = Settings(redis_url=redis_server.url)
 
     def queued(rid: str) -> QueuedRequest:
-        client.delete(keys.stream(rid), keys.request(rid), keys.claim(rid))
+        client.delete(redis_keys.stream(rid), redis_keys.request(rid), redis_keys.claim(rid))
         return QueuedRequest(request_id=rid, client_id=rid, reply_channel="reply", enqueued_at=time.time(),
                              model="lost-model", prompt="hi", params=queued_params(max_tokens=4))
 
@@ -180,6 +180,6 @@ def test_a_request_redis_lost_before_it_ran_is_queued_again_and_one_that_began_i
     delivered, live = asyncio.run(main())
     assert delivered == [("begun", StreamError)]
     assert live == ["unstarted"]  # still waiting for its answer
-    assert QueuedRequest.model_validate_json(client.get(keys.request("unstarted"))).prompt == "hi"  # stored again
-    assert client.zscore(keys.UNCLAIMED, "unstarted") is not None  # and on its way to the queue
-    assert any("unstarted" in m for name in keys.queue_lists("lost-model", "") for m in client.lrange(name, 0, -1))
+    assert QueuedRequest.model_validate_json(client.get(redis_keys.request("unstarted"))).prompt == "hi"  # stored again
+    assert client.zscore(redis_keys.UNCLAIMED, "unstarted") is not None  # and on its way to the queue
+    assert any("unstarted" in m for name in redis_keys.queue_lists("lost-model", "") for m in client.lrange(name, 0, -1))

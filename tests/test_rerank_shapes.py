@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.doors.rerank_schema import parse_rerank, parse_score, rerank_body, score_body
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import Settings
 
 SETTINGS = Settings(rerank_max_documents=3, rerank_max_text_chars=10)

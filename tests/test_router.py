@@ -7,7 +7,7 @@ from gateway.admission.content_guards import GuardInput, load_guards, patterns, 
 from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import GAP, ReplyRouter, Route
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ProtocolError, RequestRules
+from gateway.request import ProtocolError, RequestRules
 from ops.core.messages import ReplyEvent
 from ops.core.settings import Settings
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from ops.core.settings import Settings
@@ -191,16 +191,16 @@ def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_i
     model = statuses[busy]["model"]
 
     def queued(rid: str, max_tokens: int) -> QueuedRequest:
-        q = QueuedRequest(request_id=rid, client_id=rid, reply_channel=keys.reply_channel("routing-test"),
+        q = QueuedRequest(request_id=rid, client_id=rid, reply_channel=redis_keys.reply_channel("routing-test"),
                           enqueued_at=time.time(), model=model, prompt="Tell me a long story.",
                           params=queued_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-        client.set(keys.request(rid), q.model_dump_json(), ex=300)
-        client.zadd(keys.UNCLAIMED, {rid: q.enqueued_at})
+        client.set(redis_keys.request(rid), q.model_dump_json(), ex=300)
+        client.zadd(redis_keys.UNCLAIMED, {rid: q.enqueued_at})
         return q
 
     sender = QueueSender(settings)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.reply_channel("routing-test"))
+    pubsub.subscribe(redis_keys.reply_channel("routing-test"))
     long_rid, routed_rid = f"long-{time.time_ns()}", f"routed-{time.time_ns()}"
     sender.send(queued(long_rid, 2000), first=True, worker=statuses[busy]["instance"])
     wait_until(lambda: long_rid in (stack.statuses()[busy].get("requests") or []), 30, what="the busy worker to run it")
@@ -220,8 +220,8 @@ def test_an_idle_worker_takes_a_request_routed_to_a_busy_one_that_did_not_take_i
     assert ended[routed_rid]["type"] == "done" and ended[routed_rid]["timing"]["worker"] == idle
     # Taken from the busy worker's own queue (it had no free thread), not handed to the idle one.
     assert "event=routed_requests_stolen count=1" in stack.workers[idle].log_path.read_text()
-    client.set(keys.cancelled(long_rid), "1", ex=60)
-    client.publish(keys.CANCEL_CHANNEL, long_rid)
+    client.set(redis_keys.cancelled(long_rid), "1", ex=60)
+    client.publish(redis_keys.CANCEL_CHANNEL, long_rid)
 
 
 def test_a_chat_tokenized_piece_by_remembered_piece_gets_the_ids_of_the_whole_text(model_dir):

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from cache.insert_path import reusable_for_rewordings
-from gateway.batch.batch_input import Checker
+from gateway.batch.input import Checker
 from gateway.doors import openai_schema as oa
 from gateway.doors.ws_protocol import ClientProtocol
-from gateway.protocol import RequestRules, runnable
+from gateway.request import RequestRules, runnable
 from ops.core.messages import GenerateParams
 from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, NEUTRAL, GenerationConfigError, load_sampling_defaults
 from ops.core.settings import Settings

@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from engine import EngineRequest, SamplingParams
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import Answer, _converse, _question, absorb, ask, collect, collect_one, start_long_request
 from tests.services import (
     Stack,
@@ -114,9 +114,9 @@ def test_cancel_stops_a_running_request_and_frees_its_slot(stack):
     answer, rid = asyncio.run(main())
     assert answer.end == {"type": "done", "id": "long", "finish_reason": "cancelled", "usage": {}, "timing": {}}
     wait_until(lambda: rid not in running_requests(stack), 10, what="the worker to drop the cancelled request")
-    length = stack.redis.client.xlen(keys.stream(rid))
+    length = stack.redis.client.xlen(redis_keys.stream(rid))
     time.sleep(1.0)  # what is measured: no token within a second (there is no event to wait for)
-    assert stack.redis.client.xlen(keys.stream(rid)) == length, "tokens kept coming after cancel"
+    assert stack.redis.client.xlen(redis_keys.stream(rid)) == length, "tokens kept coming after cancel"
     assert length < 200
 
 
@@ -133,12 +133,12 @@ def test_disconnect_stops_the_clients_requests(stack):
     # Stopped, not finished: a request of up to 1000 tokens that had simply run to its end would
     # end with `stop` or `length` in its replay log.
     def end() -> dict | None:
-        events = [json.loads(f["event"]) for _, f in stack.redis.client.xrange(keys.stream(rid))]
+        events = [json.loads(f["event"]) for _, f in stack.redis.client.xrange(redis_keys.stream(rid))]
         return events[-1] if events and events[-1]["type"] == "done" else None
 
     done = wait_until(end, 10, what="the request's end in its replay log")
     assert done["finish_reason"] == "cancelled", done
-    assert stack.redis.client.exists(keys.cancelled(rid)), "the gateway did not cancel the abandoned request"
+    assert stack.redis.client.exists(redis_keys.cancelled(rid)), "the gateway did not cancel the abandoned request"
 
 
 def test_resume_after_the_grace_time_ends_with_cancelled_instead_of_waiting(stack):
@@ -146,7 +146,7 @@ def test_resume_after_the_grace_time_ends_with_cancelled_instead_of_waiting(stac
     async def main():
         async with connect(stack.url) as ws:
             rid = (await start_long_request(ws, "late", LONG_QUESTION))["late"].request_id
-        await asyncio.to_thread(wait_until, lambda: stack.redis.client.exists(keys.cancelled(rid)), 10, 0.1,
+        await asyncio.to_thread(wait_until, lambda: stack.redis.client.exists(redis_keys.cancelled(rid)), 10, 0.1,
                                 "the abandoned request to be cancelled")
         async with connect(stack.url) as ws:
             await ws.send(json.dumps({"type": "resume", "id": rid, "after_index": 2}))
@@ -232,7 +232,7 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     from ops.core.queue import GENERATE_TASK, make_app
 
     client = redis_lib.Redis.from_url(stack.redis.url)
-    channel = keys.reply_channel("test-direct")
+    channel = redis_keys.reply_channel("test-direct")
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
 
@@ -242,11 +242,11 @@ def test_request_cancelled_while_queued_is_never_run(stack):
                              ).model_dump(mode="json")
 
     app = make_app(stack.redis.url)
-    client.set(keys.cancelled("skipped-1"), "1", ex=60)
-    app.send_task(GENERATE_TASK, args=[queued("skipped-1")], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    client.set(redis_keys.cancelled("skipped-1"), "1", ex=60)
+    app.send_task(GENERATE_TASK, args=[queued("skipped-1")], queue=redis_keys.interactive_queue("smollm2-135m-instruct"))
     after = queued("after-1")
-    client.set(keys.request("after-1"), json.dumps(after), ex=60)  # as the gateway does: the request's record
-    app.send_task(GENERATE_TASK, args=[after], queue=keys.interactive_queue("smollm2-135m-instruct"))
+    client.set(redis_keys.request("after-1"), json.dumps(after), ex=60)  # as the gateway does: the request's record
+    app.send_task(GENERATE_TASK, args=[after], queue=redis_keys.interactive_queue("smollm2-135m-instruct"))
     seen: list[dict] = []
 
     def after_done() -> bool:
@@ -259,7 +259,7 @@ def test_request_cancelled_while_queued_is_never_run(stack):
     # No model work: no token, only the end a resumed client would need to stop waiting.
     skipped = [e for e in seen if e["request_id"] == "skipped-1"]
     assert [(e["type"], e.get("finish_reason")) for e in skipped] == [("done", "cancelled")], skipped
-    logged = [json.loads(f[b"event"])["type"] for _, f in client.xrange(keys.stream("skipped-1"))]
+    logged = [json.loads(f[b"event"])["type"] for _, f in client.xrange(redis_keys.stream("skipped-1"))]
     assert logged == ["done"]
 
 
@@ -279,11 +279,11 @@ CACHED_Q = [{"role": "user", "content": "Name three planets of the solar system.
 
 
 def test_repeated_question_is_answered_from_the_cache_without_reaching_a_worker(stack):
-    entries = stack.redis.client.zcard(keys.CACHE_LRU)
+    entries = stack.redis.client.zcard(redis_keys.CACHE_LRU)
     first = asyncio.run(ask(stack.url, "c1", messages=CACHED_Q, max_tokens=24))
     assert first.end["type"] == "done" and "cached" not in first.end
     # The gateway stores the answer right after `done`.
-    wait_until(lambda: stack.redis.client.zcard(keys.CACHE_LRU) > entries, 10, what="the answer stored in the cache")
+    wait_until(lambda: stack.redis.client.zcard(redis_keys.CACHE_LRU) > entries, 10, what="the answer stored in the cache")
     before = served(stack)
 
     async def again():
@@ -337,10 +337,10 @@ def test_cache_warm_stats_and_clear_commands(stack, tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout[out.stdout.index("{"):])
 
-    entries = stack.redis.client.zcard(keys.CACHE_LRU)
+    entries = stack.redis.client.zcard(redis_keys.CACHE_LRU)
     assert brigade("cache", "warm", str(questions)) == {"questions": 2, "answered": 2, "already_cached": 0, "errors": 0}
     # The gateway stores each answer right after its `done`.
-    wait_until(lambda: stack.redis.client.zcard(keys.CACHE_LRU) >= entries + 2, 10, what="both answers stored")
+    wait_until(lambda: stack.redis.client.zcard(redis_keys.CACHE_LRU) >= entries + 2, 10, what="both answers stored")
     assert brigade("cache", "warm", str(questions))["already_cached"] == 2
     stats = brigade("cache", "stats")
     assert stats["entries"] >= 2 and stats["hits"]["exact"] >= 2 and 0 < stats["hit_rate"] <= 1
@@ -364,10 +364,10 @@ def test_lookalike_questions_are_not_served_each_others_answers(stack):
     """The verifier's decisions end to end over a WebSocket: a rewording is a semantic hit, a
     look-alike that means something else is answered by the worker."""
     for n, (stored, lookalike, rewording) in enumerate(LOOKALIKES):
-        entries = stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE)
+        entries = stack.redis.client.hlen(redis_keys.CACHE_ENTRY_NAMESPACE)
         [first] = asyncio.run(_converse(stack.url, [(f"s{n}", _question(stored))]))
         assert first[-1]["type"] == "done" and first[-1]["finish_reason"] == "stop", first[-1]
-        wait_until(lambda: stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE) > entries, 10,
+        wait_until(lambda: stack.redis.client.hlen(redis_keys.CACHE_ENTRY_NAMESPACE) > entries, 10,
                    what="the answer stored in the cache")
         stored_text = "".join(e["text"] for e in first if e["type"] == "token")
         other, same = asyncio.run(_converse(stack.url, [(f"l{n}", _question(lookalike)),
@@ -380,10 +380,10 @@ def test_lookalike_questions_are_not_served_each_others_answers(stack):
 
 def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_negative(stack):
     stored, asked = "What is the tallest mountain in Africa?", "what is the tallest mountain in africa"
-    entries = stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE)
+    entries = stack.redis.client.hlen(redis_keys.CACHE_ENTRY_NAMESPACE)
     [first] = asyncio.run(_converse(stack.url, [("f0", _question(stored))]))
     assert first[-1]["finish_reason"] == "stop", first[-1]
-    wait_until(lambda: stack.redis.client.hlen(keys.CACHE_ENTRY_NAMESPACE) > entries, 10, what="the answer stored")
+    wait_until(lambda: stack.redis.client.hlen(redis_keys.CACHE_ENTRY_NAMESPACE) > entries, 10, what="the answer stored")
     # Earlier tests' audits may raise the learned serving cosine: this request names the one it is served at.
     asked_here = {**_question(asked), "cache_threshold": 0.95}
     hit, feedback, unknown = asyncio.run(_converse(stack.url, [
@@ -393,11 +393,11 @@ def test_feedback_evicts_a_wrong_cached_answer_and_keeps_the_pair_as_a_hard_nega
     entry = hit[-1]["entry"]
     assert feedback[-1] == {"type": "feedback_recorded", "id": "f1", "entry": entry, "evicted": True}
     assert unknown[-1]["type"] == "error" and unknown[-1]["code"] == "unknown_request"
-    assert not stack.redis.client.exists(keys.cache_entry(entry))
-    negatives = [json.loads(x) for x in stack.redis.client.lrange(keys.CACHE_HARD_NEGATIVES, 0, -1)]
+    assert not stack.redis.client.exists(redis_keys.cache_entry(entry))
+    negatives = [json.loads(x) for x in stack.redis.client.lrange(redis_keys.CACHE_HARD_NEGATIVES, 0, -1)]
     assert {"asked": asked, "stored": stored, "entry": entry}.items() <= negatives[0].items()
     # The verdict is evidence against serving at that cosine (cache/evidence.py).
-    evidence = [json.loads(x) for x in stack.redis.client.lrange(keys.CACHE_EVIDENCE, 0, -1)]
+    evidence = [json.loads(x) for x in stack.redis.client.lrange(redis_keys.CACHE_EVIDENCE, 0, -1)]
     reported = [o for o in evidence if o["source"] == "feedback" and o["entry"] == entry]
     assert len(reported) == 1 and reported[0]["agreed"] is False
     assert reported[0]["cosine"] == pytest.approx(hit[-1]["similarity"], abs=1e-3)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.core import fleet, keys
+from ops.core import redis_keys, roster
 from tests.services import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ MODEL = "smollm2-135m-instruct"
 
 def beat(r, instance: str, status_: dict) -> None:
     pipe = r.pipeline()
-    fleet.record_beat(pipe, instance, status_, 30_000, time.time())
+    roster.record_beat(pipe, instance, status_, 30_000, time.time())
     pipe.execute()
 
 
@@ -35,12 +35,12 @@ def test_status_shows_workers_queue_lanes_cache_and_dead_letters(redis_server):
              "draining": True, "metrics_url": "http://127.0.0.1:9321/metrics", "updated_at": time.time()}
     beat(r, "w1@status#abc", first)
     beat(r, "w2@status#def", dict(first, worker="w2@status", pid=8, running=16, waiting=4, draining=False))
-    lists = keys.queue_lists(MODEL)
+    lists = redis_keys.queue_lists(MODEL)
     r.rpush(lists[0], "a")  # priority 0: continued requests
     r.rpush(lists[2], "b", "c")  # priority 6: new requests
-    r.rpush(keys.DEAD_LETTERS, json.dumps({"request_id": "x"}))
-    r.hset(keys.CACHE_STATS, mapping={"exact_hits": 3, "semantic_hits": 1, "misses": 4})
-    r.zadd(keys.CACHE_LRU, {"e1": 1, "e2": 2})
+    r.rpush(redis_keys.DEAD_LETTERS, json.dumps({"request_id": "x"}))
+    r.hset(redis_keys.CACHE_STATS, mapping={"exact_hits": 3, "semantic_hits": 1, "misses": 4})
+    r.zadd(redis_keys.CACHE_LRU, {"e1": 1, "e2": 2})
     try:
         out = status(redis_server.url, "--json")
         assert out.returncode == 0, out.stderr
@@ -80,10 +80,10 @@ def test_status_groups_workers_and_queues_by_model_version(redis_server):
     beat(r, "a#1", dict(common, worker="v1-a@status", version="v1", running=2))
     beat(r, "b#1", dict(common, worker="v1-b@status", version="v1", running=3))
     beat(r, "c#1", dict(common, worker="v2-a@status", version="v2", running=1, waiting=1))
-    r.rpush(keys.queue_lists(MODEL, "v1")[2], "n1", "n2")
-    r.rpush(keys.queue_lists(MODEL, "v2")[0], "c1")
-    r.rpush(keys.queue_lists(MODEL, "v2")[3], "b1", "b2", "b3")  # batch lines
-    r.rpush(keys.queue_lists(MODEL)[2], "stray")  # the unversioned queue, no worker: shown too
+    r.rpush(redis_keys.queue_lists(MODEL, "v1")[2], "n1", "n2")
+    r.rpush(redis_keys.queue_lists(MODEL, "v2")[0], "c1")
+    r.rpush(redis_keys.queue_lists(MODEL, "v2")[3], "b1", "b2", "b3")  # batch lines
+    r.rpush(redis_keys.queue_lists(MODEL)[2], "stray")  # the unversioned queue, no worker: shown too
     for version in ("v1", "v2", "v3"):  # v3: registered, no worker, nothing queued
         registry.register(r, registry.ModelEntry(name=MODEL, version=version, source="/nowhere", path="/nowhere",
                                                  checksum="0" * 64, parameters=1, added_at=now))

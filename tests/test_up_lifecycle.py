@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.settings import Settings
 from tests.brigade_up import BrigadeUp, still_running
 from tests.services import RedisServer, Stack, free_port, service_env, wait_until, worker_statuses
@@ -166,8 +166,8 @@ def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consumin
     from ops.core.queue import GENERATE_TASK, make_app
 
     settings = Settings()
-    queue = keys.interactive_queue(settings.model_name)
-    for name in keys.queue_lists(settings.model_name):
+    queue = redis_keys.interactive_queue(settings.model_name)
+    for name in redis_keys.queue_lists(settings.model_name):
         redis_server.client.delete(name)
     make_app(redis_server.url).send_task(GENERATE_TASK, args=[{"request_id": "waiting"}], queue=queue,
                                          task_id="waiting-for-a-worker")
@@ -182,7 +182,7 @@ def test_a_worker_that_cannot_load_its_model_exits_with_one_line_before_consumin
         extra = {"BRIGADE_MODEL": str(folder)}
         reason = f"the model at {folder} has no weights"
     def waiting() -> list[str]:
-        return [json.loads(m)["headers"]["id"] for name in keys.queue_lists(settings.model_name)
+        return [json.loads(m)["headers"]["id"] for name in redis_keys.queue_lists(settings.model_name)
                 for m in redis_server.client.lrange(name, 0, -1)]
 
     worker = subprocess.Popen([sys.executable, "-m", "ops.commands.cli", "worker", "--name", f"{case}@test"], cwd=ROOT,

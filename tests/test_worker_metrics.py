@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
-from ops.core import keys
+from ops.core import redis_keys
 from tests.clients import Answer, absorb, ask, collect_one
 from tests.services import Stack, queued_params, wait_until
 
@@ -107,7 +107,7 @@ async def start_streaming(ws, cid: str, prompt: str, tokens_first: int = 3) -> d
 
 
 def stream_events(client, rid: str) -> list[dict]:
-    return [json.loads(f["event"]) for _, f in client.xrange(keys.stream(rid))]
+    return [json.loads(f["event"]) for _, f in client.xrange(redis_keys.stream(rid))]
 
 
 def worker_done(client, rid: str) -> dict | None:
@@ -296,15 +296,15 @@ def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_
     before = fleet.scrape()
     rid = f"poison-{os.getpid()}"
     queued = QueuedRequest(
-        request_id=rid, client_id=rid, reply_channel=keys.reply_channel("test-direct"), enqueued_at=time.time(),
+        request_id=rid, client_id=rid, reply_channel=redis_keys.reply_channel("test-direct"), enqueued_at=time.time(),
         model=MODEL, prompt="Hello", params=queued_params(max_tokens=4),
     )
-    client.set(keys.request(rid), queued.model_dump_json(), ex=60)
+    client.set(redis_keys.request(rid), queued.model_dump_json(), ex=60)
     # As if it had crashed three workers already (max_attempts is 3): the next claim buries it.
-    client.hset(keys.claim(rid), mapping={"state": "queued", "owner": "", "attempts": 3, "epoch": 3})
+    client.hset(redis_keys.claim(rid), mapping={"state": "queued", "owner": "", "attempts": 3, "epoch": 3})
     make_app(fleet.redis.url).send_task(GENERATE_TASK, args=[queued.model_dump(mode="json")],
-                                        queue=keys.interactive_queue(MODEL))
-    wait_until(lambda: any(json.loads(e)["request_id"] == rid for e in client.lrange(keys.DEAD_LETTERS, 0, -1)),
+                                        queue=redis_keys.interactive_queue(MODEL))
+    wait_until(lambda: any(json.loads(e)["request_id"] == rid for e in client.lrange(redis_keys.DEAD_LETTERS, 0, -1)),
                30, what="the request in the dead-letter list")
 
     def counted():
@@ -361,7 +361,7 @@ def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(f
         for a in answers.values():
             assert a.end["type"] == "done", a.end
             assert a.indexes == list(range(len(a.tokens))), a.indexes
-        attempts = {a.id: int(client.hget(keys.claim(a.request_id), "attempts")) for a in answers.values()}
+        attempts = {a.id: int(client.hget(redis_keys.claim(a.request_id), "attempts")) for a in answers.values()}
         by_survivor = [a.id for a in answers.values() if a.end["timing"]["worker"] == survivor]
         # Continued: claimed again after the kill (a second attempt), and finished by the survivor.
         continued = [i for i in by_survivor if attempts[i] > 1]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine import SequenceUpdate
-from ops.core import fleet, keys, redis_clients
+from ops.core import redis_clients, redis_keys, roster
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 from tests.services import RedisServer, queued_params, wait_until
@@ -45,7 +45,7 @@ def stop():
 
 
 def queued(rid: str) -> QueuedRequest:
-    return QueuedRequest(request_id=rid, client_id="c", reply_channel=keys.reply_channel("test-gateway"),
+    return QueuedRequest(request_id=rid, client_id="c", reply_channel=redis_keys.reply_channel("test-gateway"),
                          enqueued_at=time.time(), model="parts-model", prompt="hello",
                          params=queued_params(max_tokens=8, temperature=0.0))
 
@@ -79,15 +79,15 @@ def test_the_heartbeat_stops_vouching_while_the_engine_loop_stands_still_and_bea
 
     def turning_and_beating() -> bool:
         clock.turn()
-        return bool(client.exists(keys.worker(INSTANCE)))
+        return bool(client.exists(redis_keys.worker(INSTANCE)))
 
     wait_until(turning_and_beating, 5, what="the first beat")
-    assert [w["instance"] for w in fleet.live_workers(client)] == [INSTANCE]
+    assert [w["instance"] for w in roster.live_workers(client)] == [INSTANCE]
     # The loop stands still past engine_stall_s: the thread lives on, but the key lapses.
-    wait_until(lambda: not client.exists(keys.worker(INSTANCE)), settings.engine_stall_s + settings.heartbeat_ttl_s + 3,
+    wait_until(lambda: not client.exists(redis_keys.worker(INSTANCE)), settings.engine_stall_s + settings.heartbeat_ttl_s + 3,
                what="the stalled worker's key to lapse")
     assert beat.thread.is_alive() and not beat.vouching
-    assert not beat.renew_if_lapsed() and not client.exists(keys.worker(INSTANCE))  # not even before a claim
+    assert not beat.renew_if_lapsed() and not client.exists(redis_keys.worker(INSTANCE))  # not even before a claim
     wait_until(turning_and_beating, 5, what="the beat to resume")
     assert beat.vouching
 
@@ -96,14 +96,14 @@ def test_a_claim_after_a_lapse_beats_first_unless_the_engine_thread_is_dead(sett
     client = redis_server.client
     beat = heartbeat(settings, LoopClock(), stop)  # its thread not started: its next turn is far off
     assert beat.renew_if_lapsed()
-    assert client.exists(keys.worker(INSTANCE)) and client.zscore(keys.WORKERS, INSTANCE) is not None
+    assert client.exists(redis_keys.worker(INSTANCE)) and client.zscore(redis_keys.WORKERS, INSTANCE) is not None
     assert not beat.renew_if_lapsed()  # the key is there: nothing to renew
     client.flushall()
 
     dead = heartbeat(settings, LoopClock(), stop, engine_alive=lambda: False)
     assert not dead.renew_if_lapsed()
     dead.run()  # returns at once: no engine, no beat
-    assert not client.exists(keys.worker(INSTANCE))
+    assert not client.exists(redis_keys.worker(INSTANCE))
 
 
 def test_the_cancel_listener_stops_only_the_requests_this_worker_holds_and_hears_again_after_redis_restarts(
@@ -116,8 +116,8 @@ def test_the_cancel_listener_stops_only_the_requests_this_worker_holds_and_hears
     listener.thread.start()
 
     def cancel_both() -> bool:  # one channel keeps its order: "theirs" is heard before "mine"
-        client.publish(keys.CANCEL_CHANNEL, "theirs")
-        client.publish(keys.CANCEL_CHANNEL, "mine")
+        client.publish(redis_keys.CANCEL_CHANNEL, "theirs")
+        client.publish(redis_keys.CANCEL_CHANNEL, "mine")
         return "mine" in cancelled
 
     wait_until(cancel_both, 5, what="the listener to hear a cancel")
@@ -158,7 +158,7 @@ def test_a_task_is_released_only_once_its_last_event_is_in_redis(tmp_path):
         client = redis_clients.client(server.url)
         claims = ClaimStore.from_settings(client, Settings(redis_url=server.url))
         request = queued("r")
-        client.set(keys.request("r"), request.model_dump_json())
+        client.set(redis_keys.request("r"), request.model_dump_json())
         epoch = claims.claim("r", INSTANCE).epoch
         fenced: list[str] = []
         replies = ReplyPublisher(TokenPublisher(claims), on_fenced=fenced.append)
@@ -170,7 +170,7 @@ def test_a_task_is_released_only_once_its_last_event_is_in_redis(tmp_path):
         server.start()
         replies.retry()  # the heartbeat's turn
         assert entry.finished.is_set() and replies.requests_served == 1 and fenced == []
-        assert [json.loads(f["event"])["type"] for _, f in client.xrange(keys.stream("r"))] == ["done"]
+        assert [json.loads(f["event"])["type"] for _, f in client.xrange(redis_keys.stream("r"))] == ["done"]
     finally:
         server.stop()
 

@@ -1,5 +1,5 @@
-"""The cancel listener: a gateway cancels a request by setting its flag (`keys.cancelled`) and
-publishing its id on `keys.CANCEL_CHANNEL`; every worker hears it, and the one holding the request
+"""The cancel listener: a gateway cancels a request by setting its flag (`redis_keys.cancelled`) and
+publishing its id on `redis_keys.CANCEL_CHANNEL`; every worker hears it, and the one holding the request
 stops it in its engine (which frees its KV memory at the next step). A request cancelled before a
 worker held it is caught by the flag instead (serving.py reads it before and after the claim).
 
@@ -14,7 +14,7 @@ from typing import Callable, Container
 
 import redis
 
-from ops.core import keys, redis_clients
+from ops.core import redis_clients, redis_keys
 
 log = logging.getLogger("brigade.worker")
 
@@ -54,7 +54,7 @@ class CancelListener:
 
     def _subscribe(self):
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(keys.CANCEL_CHANNEL)
+        pubsub.subscribe(redis_keys.CANCEL_CHANNEL)
         return pubsub
 
     def _lost(self, exc: redis.RedisError, failures: int) -> None:

@@ -1,11 +1,11 @@
 """Who runs a request, fenced: the atomic claim, the fenced publish, hand-back, reaping, burial.
 
-A request's claim record (`keys.claim`) holds an epoch that only grows, the owner (a worker
+A request's claim record (`redis_keys.claim`) holds an epoch that only grows, the owner (a worker
 process's instance id), a state and the number of attempts. Every change is one Lua script, so
 that it is atomic against every other worker and reaper:
 
 - claim: a worker takes the request unless it is finished, dead, or held by a live owner; the
-  epoch goes up and the owner is recorded in `keys.CLAIMS` (the reaper's list). A claim already
+  epoch goes up and the owner is recorded in `redis_keys.CLAIMS` (the reaper's list). A claim already
   the caller's comes back as `mine` with its epoch (workers/serving.py tells a claim of its own
   whose reply a failover lost from a second delivery of a request it runs).
 - publish: a step's events are published and logged only for requests whose claim still carries
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ops.core import keys, scripts
+from ops.core import redis_keys, scripts
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
 
@@ -82,19 +82,19 @@ class ClaimStore:
     def _buried(self, rid: str, seen_epoch: str) -> bool:
         """Bury the request if its claim still carries the epoch its decider saw."""
         return bool(self._bury(
-            keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.DEAD_LETTERS, keys.stream(rid)],
-            args=[rid, seen_epoch, self.max_attempts, time.time(), keys.dead_letters_max(self.settings),
-                  keys.stream_maxlen(self.settings), keys.stream_ttl_s(self.settings)]))
+            keys=[redis_keys.claim(rid), redis_keys.CLAIMS, redis_keys.request(rid), redis_keys.DEAD_LETTERS, redis_keys.stream(rid)],
+            args=[rid, seen_epoch, self.max_attempts, time.time(), redis_keys.dead_letters_max(self.settings),
+                  redis_keys.stream_maxlen(self.settings), redis_keys.stream_ttl_s(self.settings)]))
 
     def claim(self, rid: str, me: str) -> Claim:
         # Whether a running claim's owner lives is its heartbeat key, named by the owner: read the
         # owner first so that the key can be passed in KEYS; the script says 'moved' if it changed.
         while True:
-            owner = self.redis.hget(keys.claim(rid), "owner") or ""
+            owner = self.redis.hget(redis_keys.claim(rid), "owner") or ""
             outcome, epoch, attempts = self._claim_confirmed(
-                rid, keys=[keys.claim(rid), keys.CLAIMS, keys.request(rid), keys.UNCLAIMED, keys.TAKEN,
-                           keys.worker(owner)],
-                args=[rid, me, self.max_attempts, keys.claim_ttl_s(self.settings), owner],
+                rid, keys=[redis_keys.claim(rid), redis_keys.CLAIMS, redis_keys.request(rid), redis_keys.UNCLAIMED, redis_keys.TAKEN,
+                           redis_keys.worker(owner)],
+                args=[rid, me, self.max_attempts, redis_keys.claim_ttl_s(self.settings), owner],
             )
             if outcome == BURY:
                 self._buried(rid, epoch)  # here or by whoever decided it too: dead either way
@@ -125,9 +125,9 @@ class ClaimStore:
         lost its tail in a failover)."""
         if not events:
             return Published(set(), {})
-        script_keys, args = [keys.CLAIMS], [keys.stream_maxlen(self.settings), keys.stream_ttl_s(self.settings)]
+        script_keys, args = [redis_keys.CLAIMS], [redis_keys.stream_maxlen(self.settings), redis_keys.stream_ttl_s(self.settings)]
         for channel, event, position in events:
-            script_keys += [keys.claim(event.request_id), keys.stream(event.request_id)]
+            script_keys += [redis_keys.claim(event.request_id), redis_keys.stream(event.request_id)]
             # The log's TTL is refreshed on the first token, every TTL_REFRESH_TOKENS-th and the last
             # event, not on every token: a command per token saved, and the TTL is hours.
             final = "1" if event.type != "token" else "r" if (event.index or 0) % TTL_REFRESH_TOKENS == 0 else "0"
@@ -141,17 +141,17 @@ class ClaimStore:
         data = event.model_dump_json(exclude_none=True)
         pipe = self.redis.pipeline(transaction=False)
         pipe.publish(channel, data)
-        pipe.xadd(keys.stream(event.request_id), {"event": data}, maxlen=keys.stream_maxlen(self.settings),
+        pipe.xadd(redis_keys.stream(event.request_id), {"event": data}, maxlen=redis_keys.stream_maxlen(self.settings),
                   approximate=True)
-        pipe.expire(keys.stream(event.request_id), keys.stream_ttl_s(self.settings))
+        pipe.expire(redis_keys.stream(event.request_id), redis_keys.stream_ttl_s(self.settings))
         pipe.execute()
 
     def release(self, rid: str, me: str, epoch: int) -> bool:
-        return bool(self._release(keys=[keys.claim(rid), keys.CLAIMS, keys.UNCLAIMED], args=[rid, me, epoch, time.time()]))
+        return bool(self._release(keys=[redis_keys.claim(rid), redis_keys.CLAIMS, redis_keys.UNCLAIMED], args=[rid, me, epoch, time.time()]))
 
     def reap(self, rid: str, dead_owner: str) -> str:
         """skip | requeue | buried"""
-        outcome, epoch = self._reap(keys=[keys.claim(rid), keys.CLAIMS, keys.UNCLAIMED],
+        outcome, epoch = self._reap(keys=[redis_keys.claim(rid), redis_keys.CLAIMS, redis_keys.UNCLAIMED],
                                     args=[rid, dead_owner, self.max_attempts, time.time()])
         if outcome == BURY:
             return "buried" if self._buried(rid, epoch) else "skip"
@@ -162,7 +162,7 @@ class ClaimStore:
         death counts as one of their attempts (engage.lua; a wait for a row does not)."""
         pipe = self.redis.pipeline(transaction=False)
         for rid, epoch in started.items():
-            self._engage(keys=[keys.claim(rid)], args=[epoch], client=pipe)
+            self._engage(keys=[redis_keys.claim(rid)], args=[epoch], client=pipe)
         pipe.execute()
 
     def orphaned(self, rid: str, me: str) -> bool:
@@ -171,45 +171,45 @@ class ClaimStore:
         that fenced us out (or ours), so nobody else will run it unless it is queued again. A claim
         in state `queued` was handed back or reaped, and its sender (or the reaper's unclaimed
         sweep) queues it: queued here too, it ran twice, the second copy cancelled mid-stream."""
-        state, owner = self.redis.hmget(keys.claim(rid), "state", "owner")
-        if state in ("done", "dead", QUEUED) or not self.redis.exists(keys.request(rid)):
+        state, owner = self.redis.hmget(redis_keys.claim(rid), "state", "owner")
+        if state in ("done", "dead", QUEUED) or not self.redis.exists(redis_keys.request(rid)):
             return False
         return not (state == "running" and owner and owner != me)
 
     def take_unclaimed(self, rid: str, cutoff: float, now: float) -> bool:
         """Whether this caller is to send it again, with `now` as its new unclaimed mark (and its
         message's stamp)."""
-        return bool(self._take_unclaimed(keys=[keys.UNCLAIMED, keys.claim(rid), keys.TAKEN],
+        return bool(self._take_unclaimed(keys=[redis_keys.UNCLAIMED, redis_keys.claim(rid), redis_keys.TAKEN],
                                          args=[rid, cutoff, now]))
 
     def retake(self, rid: str, receiver: str, now: float) -> bool:
         """Whether this caller is to send again a request whose receiver died before claiming it."""
-        return bool(self._retake(keys=[keys.TAKEN, keys.claim(rid), keys.UNCLAIMED, keys.request(rid)],
+        return bool(self._retake(keys=[redis_keys.TAKEN, redis_keys.claim(rid), redis_keys.UNCLAIMED, redis_keys.request(rid)],
                                  args=[rid, receiver, now]))
 
     def mark_taken(self, rid: str, me: str) -> None:
         """This worker received the request's message (it may wait in the prefetch before a claim).
         The transport marked it already as the message arrived (workers/transport.py); this second
         mark, from Celery's task_received, covers a worker started without Brigade's transport."""
-        self.redis.hset(keys.TAKEN, rid, me)
+        self.redis.hset(redis_keys.TAKEN, rid, me)
 
     def takers(self) -> dict[str, str]:
         """Every request whose message a worker received and has not claimed: request id -> receiver."""
-        return self.redis.hgetall(keys.TAKEN)
+        return self.redis.hgetall(redis_keys.TAKEN)
 
     def owners(self) -> dict[str, str]:
         """Every running claim: request id -> owner instance."""
-        return self.redis.hgetall(keys.CLAIMS)
+        return self.redis.hgetall(redis_keys.CLAIMS)
 
     def alive(self, instances: set[str]) -> set[str]:
         pipe = self.redis.pipeline(transaction=False)
         ordered = sorted(instances)
         for instance in ordered:
-            pipe.exists(keys.worker(instance))
+            pipe.exists(redis_keys.worker(instance))
         return {i for i, up in zip(ordered, pipe.execute()) if up}
 
     def queued_request(self, rid: str) -> QueuedRequest | None:
-        raw = self.redis.get(keys.request(rid))
+        raw = self.redis.get(redis_keys.request(rid))
         return QueuedRequest.model_validate_json(raw) if raw else None
 
     def generated(self, rid: str) -> list[int]:
@@ -221,7 +221,7 @@ class ClaimStore:
         (an n > 1 request's carry their choice). Only the claim holder calls this, after claiming:
         nobody else can still be writing the log."""
         events: list[dict] = []
-        for _, fields in self.redis.xrange(keys.stream(rid)):
+        for _, fields in self.redis.xrange(redis_keys.stream(rid)):
             event = json.loads(fields["event"])
             if (event.get("type") == "token" and event.get("index") == len(events)
                     and event.get("token_id") is not None):
@@ -231,12 +231,12 @@ class ClaimStore:
     # ---- the dead-letter list (`brigade dlq`) --------------------------------------------------------
 
     def dead_letters(self) -> list[dict]:
-        return [json.loads(raw) for raw in self.redis.lrange(keys.DEAD_LETTERS, 0, -1)]
+        return [json.loads(raw) for raw in self.redis.lrange(redis_keys.DEAD_LETTERS, 0, -1)]
 
     def _take_dead_letter(self, rid: str) -> dict | None:
-        for raw in self.redis.lrange(keys.DEAD_LETTERS, 0, -1):
+        for raw in self.redis.lrange(redis_keys.DEAD_LETTERS, 0, -1):
             entry = json.loads(raw)
-            if entry["request_id"] == rid and self.redis.lrem(keys.DEAD_LETTERS, 1, raw):
+            if entry["request_id"] == rid and self.redis.lrem(redis_keys.DEAD_LETTERS, 1, raw):
                 return entry
         return None
 
@@ -251,14 +251,14 @@ class ClaimStore:
             return None
         queued = QueuedRequest.model_validate_json(entry["request"])
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.request(rid), entry["request"], ex=keys.request_ttl_s(self.settings))
-        pipe.hset(keys.claim(rid), mapping={"state": QUEUED, "owner": "", "attempts": 0})
-        pipe.expire(keys.claim(rid), keys.claim_ttl_s(self.settings))
-        pipe.zadd(keys.UNCLAIMED, {rid: time.time()})
+        pipe.set(redis_keys.request(rid), entry["request"], ex=redis_keys.request_ttl_s(self.settings))
+        pipe.hset(redis_keys.claim(rid), mapping={"state": QUEUED, "owner": "", "attempts": 0})
+        pipe.expire(redis_keys.claim(rid), redis_keys.claim_ttl_s(self.settings))
+        pipe.zadd(redis_keys.UNCLAIMED, {rid: time.time()})
         pipe.execute()
         # The burial's error event would end a resumed stream early: the request is alive again.
-        for entry_id, fields in self.redis.xrange(keys.stream(rid)):
+        for entry_id, fields in self.redis.xrange(redis_keys.stream(rid)):
             if json.loads(fields["event"]).get("type") != "token":
-                self.redis.xdel(keys.stream(rid), entry_id)
+                self.redis.xdel(redis_keys.stream(rid), entry_id)
         return queued
 

@@ -24,7 +24,7 @@ import uuid
 import redis
 
 from engine import Engine
-from ops.core import fleet, keys, redis_clients
+from ops.core import redis_clients, redis_keys, roster
 from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from ops.core.settings import Settings
@@ -108,7 +108,7 @@ class EngineHost:
         gc.freeze()
         host.start_threads()
         log.info("event=worker_ready worker=%s instance=%s served=%s model=%s", worker_name, host.instance,
-                 keys.served(settings.model_name, settings.model_version), host.engine.config.model)
+                 redis_keys.served(settings.model_name, settings.model_version), host.engine.config.model)
         return host
 
     @property
@@ -125,7 +125,7 @@ class EngineHost:
         for t in self.threads:
             t.join(timeout=JOIN_TIMEOUT_S)
         try:
-            fleet.forget(self.redis, self.instance)
+            roster.forget(self.redis, self.instance)
         except redis.RedisError:
             pass
         if self.metrics_endpoint is not None:

@@ -15,7 +15,7 @@ from typing import Callable
 import redis
 
 from engine import Engine
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import QueuedRequest
 from ops.core.queue import QueueSender
 from workers.claims import ClaimStore
@@ -71,7 +71,7 @@ class Handover:
         rid = entry.queued.request_id
         try:
             if self.claims.orphaned(rid, self.instance):
-                self.redis.zadd(keys.UNCLAIMED, {rid: time.time()})
+                self.redis.zadd(redis_keys.UNCLAIMED, {rid: time.time()})
                 self.sender.send(entry.queued)
                 log.warning("event=orphan_requeued request_id=%s", rid)
         except redis.RedisError as exc:  # the reaper's unclaimed sweep is the second line

@@ -1,5 +1,5 @@
-"""The worker's heartbeat: its status key (`keys.worker`), rewritten every `heartbeat_interval_s`
-with a TTL, and its place in the live-worker registry (ops/core/fleet.py). The key's expiry is what
+"""The worker's heartbeat: its status key (`redis_keys.worker`), rewritten every `heartbeat_interval_s`
+with a TTL, and its place in the live-worker registry (ops/core/roster.py). The key's expiry is what
 tells the reaper to hand this worker's requests to another one.
 
 A beat vouches for progress, not for a live process: while the engine thread has not come round
@@ -15,7 +15,7 @@ from typing import Callable, Protocol, Sized
 
 import redis
 
-from ops.core import fleet, keys
+from ops.core import redis_keys, roster
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.worker")
@@ -36,7 +36,7 @@ class Heartbeat:
         self.instance = instance
         self.interval_s = settings.heartbeat_interval_s
         self.stall_s = settings.engine_stall_s
-        self.ttl_ms = keys.worker_ttl_ms(settings)
+        self.ttl_ms = redis_keys.worker_ttl_ms(settings)
         self.progress = progress
         self.engine_alive = engine_alive  # whether the engine thread still runs
         self.status = status  # the worker's status at a tokens/s rate: the key's JSON
@@ -59,7 +59,7 @@ class Heartbeat:
         on its next turn: a claim made before then would be reaped at once (no heartbeat), and our
         run of it fenced. Before a claim, beat at once if we vouch and the key is gone. Returns
         whether it beat."""
-        if self.vouching and not self.redis.exists(keys.worker(self.instance)):
+        if self.vouching and not self.redis.exists(redis_keys.worker(self.instance)):
             self.record(0.0)
             return True
         return False
@@ -67,7 +67,7 @@ class Heartbeat:
     def record(self, tokens_per_s: float, prune: bool = False) -> None:
         """Our status, with the TTL whose expiry tells the reaper we are gone."""
         pipe = self.redis.pipeline(transaction=False)
-        fleet.record_beat(pipe, self.instance, self.status(tokens_per_s), self.ttl_ms, time.time(), prune=prune)
+        roster.record_beat(pipe, self.instance, self.status(tokens_per_s), self.ttl_ms, time.time(), prune=prune)
         pipe.execute()
 
     def run(self) -> None:
@@ -95,7 +95,7 @@ class Heartbeat:
                 log.warning("event=engine_recovered heartbeat=resumed")
                 self.stalled = False
             try:
-                self.record(rate, prune=beats % fleet.PRUNE_EVERY == 0)
+                self.record(rate, prune=beats % roster.PRUNE_EVERY == 0)
                 beats += 1
             except redis.RedisError as exc:
                 log.warning("event=heartbeat_failed error=%r", exc)

@@ -2,9 +2,9 @@
 docs/scaling.md).
 
 After each engine step that stored or evicted prefix blocks (engine/prefix_index.py's journal),
-one round trip: the blocks go into the worker's set (`keys.prefix_blocks`, its snapshot, which a
+one round trip: the blocks go into the worker's set (`redis_keys.prefix_blocks`, its snapshot, which a
 gateway reads when it starts or lost the log) and, as one entry, into the shared log every
-gateway's index follows (`keys.PREFIX_LOG`). A step's report goes out before the step's reply
+gateway's index follows (`redis_keys.PREFIX_LOG`). A step's report goes out before the step's reply
 events, so the client that reads a `done` and sends its next turn finds the answer's blocks
 already routed to this worker. A report that fails (Redis away) is not retried piecemeal: the
 next one is the whole snapshot. A stale report costs a gateway a miss, never a wrong answer.
@@ -18,7 +18,7 @@ import redis
 
 from engine import Engine
 from engine.prefix_index import PrefixChanges
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.worker")
@@ -36,9 +36,9 @@ class PrefixReport:
         self.redis = client
         self.instance = instance
         self.engine = engine
-        self.blocks_key = keys.prefix_blocks(instance)
-        self.ttl_s = keys.prefix_ttl_s(settings)
-        self.maxlen = keys.prefix_log_maxlen(settings)
+        self.blocks_key = redis_keys.prefix_blocks(instance)
+        self.ttl_s = redis_keys.prefix_ttl_s(settings)
+        self.maxlen = redis_keys.prefix_log_maxlen(settings)
         self._failed_at: float | None = None
         engine.watch_prefixes()  # its first changes are a (reset) snapshot, of an empty cache at start
 
@@ -77,7 +77,7 @@ class PrefixReport:
                 pipe.srem(self.blocks_key, *evicted)
                 entry["e"] = " ".join(evicted)
         pipe.expire(self.blocks_key, self.ttl_s)
-        pipe.xadd(keys.PREFIX_LOG, entry, maxlen=self.maxlen, approximate=True)
+        pipe.xadd(redis_keys.PREFIX_LOG, entry, maxlen=self.maxlen, approximate=True)
         pipe.execute()
 
     def renew(self) -> None:

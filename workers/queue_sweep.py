@@ -4,7 +4,7 @@ A request's message can leave its queue and reach no claim in three ways, and ea
 reaper (workers/reaper.py) looks for all three:
 
 - its receiver died before claiming it: the worker's transport marked the request taken by it in
-  the same transaction as kombu's own record of the delivery (keys.TAKEN, workers/transport.py), so
+  the same transaction as kombu's own record of the delivery (redis_keys.TAKEN, workers/transport.py), so
   a receiver whose heartbeat expired is seen at once, whatever the request's age;
 - it was popped and never received: a worker SIGKILLed between its BRPOP and that transaction, or
   a BRPOP answered while its connection was torn down in a Sentinel failover (the answer is read
@@ -26,7 +26,7 @@ import time
 
 import redis
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import QueuedRequest
 from ops.core.queue import SENT_HEADER, QueueSender
 from ops.core.settings import Settings
@@ -58,7 +58,7 @@ class QueueSweep:
     def _resend(self, queued: QueuedRequest, receiver: str, at: float) -> None:
         self.sender.send(queued, sent_at=at)  # to its version's shared queue, at the continued priority
         log.info("event=unclaimed_requeued request_id=%s served=%s receiver=%s", queued.request_id,
-                 keys.served(queued.model, queued.version), receiver)
+                 redis_keys.served(queued.model, queued.version), receiver)
 
     def _dead_receivers(self) -> dict[str, str]:
         takers = self.claims.takers()
@@ -71,8 +71,8 @@ class QueueSweep:
             if taker in alive or not self.claims.retake(rid, taker, now):
                 continue
             queued = self.claims.queued_request(rid)
-            if queued is None or self.redis.exists(keys.cancelled(rid)):
-                self.redis.zrem(keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
+            if queued is None or self.redis.exists(redis_keys.cancelled(rid)):
+                self.redis.zrem(redis_keys.UNCLAIMED, rid)  # expired or cancelled: nothing to run
                 continue
             self._resend(queued, taker, now)
             done[rid] = "unclaimed"
@@ -80,7 +80,7 @@ class QueueSweep:
 
     def _worker_queues(self) -> dict[str, Served]:
         out: dict[str, Served] = {}
-        for instance, raw in self.redis.hgetall(keys.WORKER_QUEUES).items():
+        for instance, raw in self.redis.hgetall(redis_keys.WORKER_QUEUES).items():
             try:
                 record = json.loads(raw)
                 out[instance] = (str(record["model"]), str(record.get("version") or ""))
@@ -93,30 +93,30 @@ class QueueSweep:
         if not queues:
             return
         alive = self.claims.alive(set(queues))
-        registered = set(self.redis.zrange(keys.WORKERS, 0, -1))
+        registered = set(self.redis.zrange(redis_keys.WORKERS, 0, -1))
         budget = MOVES_PER_PASS
         for instance, (model, version) in queues.items():
             if instance in alive:
                 continue
-            own = keys.worker_queue_lists(model, version, instance)
+            own = redis_keys.worker_queue_lists(model, version, instance)
             moved = 0
-            for source, target in zip(own, keys.queue_lists(model, version)):
+            for source, target in zip(own, redis_keys.queue_lists(model, version)):
                 # Newest first onto the pop end: the block keeps its order and goes ahead of newer work.
                 while budget > 0 and self.redis.lmove(source, target, "LEFT", "RIGHT") is not None:
                     moved, budget = moved + 1, budget - 1
             if moved:
                 log.info("event=worker_queue_returned instance=%s messages=%d served=%s", instance, moved,
-                         keys.served(model, version))
+                         redis_keys.served(model, version))
             # Forgotten by the registry (silent for FORGET_S): no gateway routes to it any more.
             if instance not in registered and budget > 0:
                 pipe = self.redis.pipeline(transaction=False)
-                pipe.hdel(keys.WORKER_QUEUES, instance)
-                pipe.delete(*own, *keys.kombu_bindings(keys.worker_queue(model, version, instance)))
+                pipe.hdel(redis_keys.WORKER_QUEUES, instance)
+                pipe.delete(*own, *redis_keys.kombu_bindings(redis_keys.worker_queue(model, version, instance)))
                 pipe.execute()
 
     def _lost(self) -> dict[str, str]:
         cutoff = time.time() - self.settings.unclaimed_after_s
-        stale = self.redis.zrangebyscore(keys.UNCLAIMED, 0, cutoff, start=0, num=STALE_PER_PASS, withscores=True)
+        stale = self.redis.zrangebyscore(redis_keys.UNCLAIMED, 0, cutoff, start=0, num=STALE_PER_PASS, withscores=True)
         if not stale:
             self._served.clear()
             return {}
@@ -124,10 +124,10 @@ class QueueSweep:
         unread = [rid for rid in rids if rid not in self._served]
         pipe = self.redis.pipeline(transaction=False)
         for rid in unread:
-            pipe.get(keys.request(rid))
+            pipe.get(redis_keys.request(rid))
         for rid in rids:
-            pipe.exists(keys.cancelled(rid))
-        pipe.hmget(keys.TAKEN, rids)
+            pipe.exists(redis_keys.cancelled(rid))
+        pipe.hmget(redis_keys.TAKEN, rids)
         replies = pipe.execute()
         records, cancelled, takers = replies[:len(unread)], replies[len(unread):-1], replies[-1]
         queued_by_rid: dict[str, QueuedRequest] = {}
@@ -140,7 +140,7 @@ class QueueSweep:
         done: dict[str, str] = {}
         for (rid, since), gone, taker in zip(stale, cancelled, takers):
             if gone or rid not in self._served:  # cancelled, or its record expired: nothing to run
-                self.redis.zrem(keys.UNCLAIMED, rid)
+                self.redis.zrem(redis_keys.UNCLAIMED, rid)
                 self._served.pop(rid, None)
                 continue
             if taker is not None:
@@ -166,10 +166,10 @@ class QueueSweep:
         queue's and each worker's own); None when every list is empty. A message without the stamp
         (from an older sender) counts as older than anything."""
         model, version = served
-        lists = list(keys.queue_lists(model, version))
+        lists = list(redis_keys.queue_lists(model, version))
         for instance, (m, v) in self._worker_queues().items():
             if (m, v) == served:
-                lists += keys.worker_queue_lists(m, v, instance)
+                lists += redis_keys.worker_queue_lists(m, v, instance)
         pipe = self.redis.pipeline(transaction=False)
         for name in lists:
             pipe.lindex(name, -1)

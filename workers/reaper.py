@@ -21,7 +21,7 @@ import uuid
 
 import redis
 
-from ops.core import keys, redis_clients
+from ops.core import redis_clients, redis_keys
 from ops.rollout.canary import Controller
 from ops.core.queue import QueueSender
 from ops.core.settings import Settings
@@ -73,7 +73,7 @@ class Reaper:
                     continue
                 self.sender.send(queued)  # to its own version's queue (QueuedRequest.version)
                 log.info("event=reaped request_id=%s dead_owner=%s outcome=%s served=%s", rid, owner, outcome,
-                         keys.served(queued.model, queued.version))
+                         redis_keys.served(queued.model, queued.version))
             else:
                 log.info("event=reaped request_id=%s dead_owner=%s outcome=%s", rid, owner, outcome)
             done[rid] = outcome

@@ -15,7 +15,7 @@ from collections import Counter
 import redis
 
 from engine import Engine, RequestRejected, SequenceUpdate
-from ops.core import keys, redis_clients
+from ops.core import redis_clients, redis_keys
 from ops.core.messages import QueuedRequest, ReplyEvent
 from workers.claims import MINE, Claim, ClaimStore
 from workers.handover import Handover
@@ -127,7 +127,7 @@ class Serving:
         if entry.continued:
             self.metrics.failovers.inc()
         # A cancel may have landed between the check in _claim and the registration.
-        if self.redis.exists(keys.cancelled(rid)):
+        if self.redis.exists(redis_keys.cancelled(rid)):
             self.engine.cancel(rid)
         entry.finished.wait()
         return entry.finish_reason or "error"
@@ -154,10 +154,10 @@ class Serving:
 
     def _claim(self, rid: str) -> Claim | None:
         """None: cancelled while queued, and never to be claimed."""
-        if self.redis.exists(keys.cancelled(rid)):
+        if self.redis.exists(redis_keys.cancelled(rid)):
             log.info("event=skipped_cancelled request_id=%s", rid)
-            self.redis.zrem(keys.UNCLAIMED, rid)
-            self.redis.hdel(keys.TAKEN, rid)
+            self.redis.zrem(redis_keys.UNCLAIMED, rid)
+            self.redis.hdel(redis_keys.TAKEN, rid)
             return None
         if self.heartbeat.renew_if_lapsed():
             log.info("event=heartbeat_renewed_before_claim request_id=%s", rid)

@@ -19,12 +19,12 @@ from collections.abc import Callable
 
 import redis
 
-from ops.core import fleet, keys, scripts
+from ops.core import redis_keys, roster, scripts
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.worker")
 
-STEPS = [i for i, step in enumerate(keys.PRIORITY_STEPS) if step != keys.BATCH_STEP]  # interactive steps
+STEPS = [i for i, step in enumerate(redis_keys.PRIORITY_STEPS) if step != redis_keys.BATCH_STEP]  # interactive steps
 PEERS_EVERY_S = 1.0  # how often the live peers are read again
 MOST_PER_LOOK = 4
 
@@ -40,7 +40,7 @@ class Stealing:
         self.stop = stop
         self.look_s = max(settings.steal_after_s / 4, 0.02)
         self._steal = scripts.register(client, "steal")
-        self._own = keys.worker_queue_lists(settings.model_name, settings.model_version, instance)
+        self._own = redis_keys.worker_queue_lists(settings.model_name, settings.model_version, instance)
         self._peers: list[str] = []
         self._peers_at = 0.0
         self._seen: dict[str, tuple[str, float]] = {}  # source list -> (task id at its tail, first seen)
@@ -50,7 +50,7 @@ class Stealing:
         now = time.monotonic()
         if now - self._peers_at >= PEERS_EVERY_S:
             self._peers_at = now
-            self._peers = [s["instance"] for s in fleet.live_workers(self.redis)
+            self._peers = [s["instance"] for s in roster.live_workers(self.redis)
                            if s.get("instance") not in (None, self.instance) and s.get("model") == self.settings.model_name
                            and (s.get("version") or "") == self.settings.model_version]
         return self._peers
@@ -64,7 +64,7 @@ class Stealing:
             return 0
         pairs: list[str] = []
         for peer in peers:
-            theirs = keys.worker_queue_lists(self.settings.model_name, self.settings.model_version, peer)
+            theirs = redis_keys.worker_queue_lists(self.settings.model_name, self.settings.model_version, peer)
             for i in STEPS:
                 pairs += [self._own[i], theirs[i]]
         sources = pairs[1::2]

@@ -26,7 +26,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-from ops.core import keys, sentinel_transport
+from ops.core import redis_keys, sentinel_transport
 from ops.core.queue import RID_HEADER
 
 # The transport option that names the worker instance receiving messages (workers/app.py sets it).
@@ -44,7 +44,7 @@ class QoS(kombu_redis.QoS):
 
     def append(self, message, delivery_tag):
         """kombu records a delivered message as unacked; in the same transaction this worker marks
-        its request taken (keys.TAKEN), so the reaper learns the moment the message has left the
+        its request taken (redis_keys.TAKEN), so the reaper learns the moment the message has left the
         queue for us, and not only once Celery's strategy has run (a kill in between was a request
         nobody could find for unclaimed_after_s: docs/reliability.md)."""
         taker = self.channel.connection.client.transport_options.get(TAKER_OPTION)
@@ -53,7 +53,7 @@ class QoS(kombu_redis.QoS):
             return super().append(message, delivery_tag)
         delivery = message.delivery_info
         with self.pipe_or_acquire() as pipe:  # kombu's own two writes, and ours, in one MULTI
-            pipe.hset(keys.TAKEN, rid, taker) \
+            pipe.hset(redis_keys.TAKEN, rid, taker) \
                 .zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
                 .hset(self.unacked_key, delivery_tag, dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
                 .execute()

@@ -3,7 +3,7 @@
 A door (WebSocket, OpenAI HTTP, the page, a batch line) reads its input into a `Generate` and
 calls `admit`. In order: the version it runs on is chosen once (gateway/admission/catalog.py) and
 the sampling fields its client left unset are filled, once, with that version's defaults
-(gateway/protocol.py's `runnable`); then the caller's key
+(gateway/request.py's `runnable`); then the caller's key
 limits (rate_limited), the prompt guards (content_blocked), the answer cache (a hit is answered
 at once, after the output guards), the service's load (overloaded, no_workers); then the request
 is recorded and queued with a route registered first, so a fast worker's first token finds its
@@ -36,8 +36,8 @@ from gateway.admission.routing import PrefixRouter
 from gateway.admission.shadows import Shadows
 from gateway.delivery.events import Done, Token
 from gateway.delivery.router import ReplyRouter, Route, Sink
-from gateway.protocol import Generate, ProtocolError, runnable
-from ops.core import fleet, keys
+from gateway.request import Generate, ProtocolError, runnable
+from ops.core import redis_keys, roster
 from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.redis_clients import through_failover
@@ -185,7 +185,7 @@ class Admission:
         try:
             pipe = self.redis.pipeline(transaction=False)
             # queued batch lines wait behind, they do not count
-            for name in keys.interactive_lists(choice.model, choice.version):
+            for name in redis_keys.interactive_lists(choice.model, choice.version):
                 pipe.llen(name)
             depth = sum(await pipe.execute())
         except aioredis.RedisError:
@@ -211,7 +211,7 @@ class Admission:
                 choice.model, choice.version, self.settings.failover_budget_s):
             return True
         try:
-            statuses = await fleet.live_workers_async(self.redis)
+            statuses = await roster.live_workers_async(self.redis)
         except aioredis.RedisError:
             return True  # unknown: let the enqueue decide
         return any(s.get("model") == choice.model and (s.get("version") or "") == choice.version

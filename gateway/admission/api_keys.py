@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from ops.core import keys
+from ops.core import redis_keys
 
 KEY_PREFIX = "brg"
 KEY_PATTERN = re.compile(r"brg_([0-9a-f]{8})_([A-Za-z0-9_]{32})")
@@ -112,11 +112,11 @@ class KeyStore:
         rpm, tpm, max_concurrent = _limit("rpm", rpm), _limit("tpm", tpm), _limit("max_concurrent", max_concurrent)
         while True:  # SADD reserves the id: two creates can never share one
             key_id, plain = new_key()
-            if await self.redis.sadd(keys.API_KEYS, key_id):
+            if await self.redis.sadd(redis_keys.API_KEYS, key_id):
                 break
         record = ApiKey(id=key_id, name=name, rpm=rpm, tpm=tpm, max_concurrent=max_concurrent,
                         created=int(time.time()), revoked=False)
-        await self.redis.hset(keys.api_key(key_id), mapping={
+        await self.redis.hset(redis_keys.api_key(key_id), mapping={
             "name": name, "digest": digest(plain), "rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent,
             "created": record.created, "revoked": 0,
         })
@@ -124,15 +124,15 @@ class KeyStore:
 
     async def get(self, id_or_key: str) -> ApiKey | None:
         key_id = key_id_of(id_or_key)
-        raw = await self.redis.hgetall(keys.api_key(key_id))
+        raw = await self.redis.hgetall(redis_keys.api_key(key_id))
         return _record(key_id, raw) if raw else None
 
     async def list(self) -> list[ApiKey]:
         """Every key ever created, revoked ones included, oldest first."""
-        ids = sorted(await self.redis.smembers(keys.API_KEYS))
+        ids = sorted(await self.redis.smembers(redis_keys.API_KEYS))
         async with self.redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
-                pipe.hgetall(keys.api_key(key_id))
+                pipe.hgetall(redis_keys.api_key(key_id))
             raws = await pipe.execute()
         # An id whose record is missing was reserved by a create that has not written it yet.
         found = [_record(key_id, raw) for key_id, raw in zip(ids, raws) if raw]
@@ -141,17 +141,17 @@ class KeyStore:
     async def revoke(self, id_or_key: str) -> bool:
         """Refuse the key from the next request on. False when no such key exists."""
         key_id = key_id_of(id_or_key)
-        if not await self.redis.exists(keys.api_key(key_id)):
+        if not await self.redis.exists(redis_keys.api_key(key_id)):
             return False  # HSET would create a record without a digest
-        await self.redis.hset(keys.api_key(key_id), "revoked", 1)
+        await self.redis.hset(redis_keys.api_key(key_id), "revoked", 1)
         return True
 
     async def usage(self, id_or_key: str) -> dict:
         """The key's counters: requests, prompt_tokens, completion_tokens, cache_hits."""
         key_id = key_id_of(id_or_key)
-        if not await self.redis.exists(keys.api_key(key_id)):
+        if not await self.redis.exists(redis_keys.api_key(key_id)):
             raise UnknownKey(f"no API key {key_id}; `brigade keys list` shows them all")
-        raw = {k: int(v) for k, v in (await self.redis.hgetall(keys.api_key_usage(key_id))).items()}
+        raw = {k: int(v) for k, v in (await self.redis.hgetall(redis_keys.api_key_usage(key_id))).items()}
         return {field: raw.get(field, 0) for field in USAGE_FIELDS}
 
     async def authenticate(self, presented: str | None) -> ApiKey:
@@ -162,7 +162,7 @@ class KeyStore:
         if match is None:
             raise AuthError(UNAUTHORIZED, f"malformed API key (expected brg_ID_SECRET): {_HOW_TO}")
         key_id = match.group(1)
-        fields = await self.redis.hgetall(keys.api_key(key_id))
+        fields = await self.redis.hgetall(redis_keys.api_key(key_id))
         stored = fields.get("digest", "")
         # Unknown and wrong-secret read the same, so the answer does not say which ids exist.
         if not stored or not hmac.compare_digest(stored.encode(), digest(presented).encode()):
@@ -175,7 +175,7 @@ class KeyStore:
 
     async def record_usage(self, key_id: str, prompt_tokens: int, completion_tokens: int, cache_hit: bool) -> None:
         """Count one answered request against its key."""
-        usage = keys.api_key_usage(key_id)
+        usage = redis_keys.api_key_usage(key_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(usage, "requests", 1)
             pipe.hincrby(usage, "prompt_tokens", prompt_tokens)

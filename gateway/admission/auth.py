@@ -10,7 +10,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from gateway.admission.api_keys import ApiKey, AuthError, KeyStore, bearer_key
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.redis_clients import through_failover
 from ops.core.settings import Settings
 

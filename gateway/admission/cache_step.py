@@ -23,7 +23,7 @@ from gateway.admission.content_guards import NamedGuard
 from gateway.admission.lifecycle import RequestContext, RequestLifecycle, output_refusal
 from gateway.admission.request_store import RequestStore
 from gateway.delivery.events import Done, Token, cached_events
-from gateway.protocol import Generate, ProtocolError
+from gateway.request import Generate, ProtocolError
 from ops.rollout import outcomes
 from ops.core.settings import Settings
 

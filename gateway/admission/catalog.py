@@ -27,8 +27,8 @@ from typing import Callable
 
 import redis.asyncio as aioredis
 
-from gateway.protocol import ProtocolError
-from ops.core import fleet, keys
+from gateway.request import ProtocolError
+from ops.core import redis_keys, roster
 from ops.rollout import registry
 from ops.core.messages import ChatMessage, SamplingDefaults
 from ops.rollout.registry import Snapshot
@@ -51,7 +51,7 @@ class Choice:
 
     @property
     def served(self) -> str:
-        return keys.served(self.model, self.version)
+        return redis_keys.served(self.model, self.version)
 
 
 class Catalog:
@@ -87,7 +87,7 @@ class Catalog:
 
     async def observe_now(self) -> None:
         """The live versions read now, not at the load monitor's last second (for `GET /v1/models`)."""
-        self.observe_workers(await fleet.live_workers_async(self.redis))
+        self.observe_workers(await roster.live_workers_async(self.redis))
 
     def observe_workers(self, statuses: list[dict]) -> None:
         live: dict[str, set[str]] = {}

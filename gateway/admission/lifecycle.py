@@ -37,8 +37,8 @@ from gateway.admission.shadows import ShadowContext, Shadows
 from gateway.delivery.events import StreamError, Token
 from gateway.delivery.replies import ReplyIntake
 from gateway.delivery.router import Delivery, ReplyRouter, Route, Sink
-from gateway.protocol import ProtocolError
-from ops.core import keys
+from gateway.request import ProtocolError
+from ops.core import redis_keys
 from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
@@ -172,7 +172,7 @@ class RequestLifecycle:
     async def _end_unless_resumed(self, route: Route) -> None:
         await asyncio.sleep(self.settings.resume_grace_s)
         try:
-            resumed_at = await self.redis.get(keys.resumed(route.request_id))
+            resumed_at = await self.redis.get(redis_keys.resumed(route.request_id))
         except aioredis.RedisError:
             resumed_at = None
         # A resume after this connection took the request on means the client is back
@@ -193,14 +193,14 @@ class RequestLifecycle:
         after `after_index`. False when it was cancelled (its client did not come back within the
         grace time, or cancelled it): it will not finish."""
         try:
-            record = await self.redis.get(keys.request(rid))
+            record = await self.redis.get(redis_keys.request(rid))
             queued = QueuedRequest.model_validate_json(record) if record is not None else None
-            known = record is not None or bool(await self.redis.exists(keys.stream(rid)))
+            known = record is not None or bool(await self.redis.exists(redis_keys.stream(rid)))
             if caller.key is not None and (queued is None or queued.api_key != caller.key.id):
                 known = False  # another key's request reads as unknown: its id is no ticket to its answer
-            cancelled = known and bool(await self.redis.exists(keys.cancelled(rid)))
+            cancelled = known and bool(await self.redis.exists(redis_keys.cancelled(rid)))
             if known and not cancelled:
-                await self.redis.set(keys.resumed(rid), str(time.time()), ex=keys.resumed_ttl_s(self.settings))
+                await self.redis.set(redis_keys.resumed(rid), str(time.time()), ex=redis_keys.resumed_ttl_s(self.settings))
         except aioredis.RedisError:
             raise ProtocolError("unavailable", "the replay log cannot be read now; try again shortly", rid) from None
         if not known:
@@ -222,7 +222,7 @@ class RequestLifecycle:
     async def follow_again(self, rid: str, client_id: str, sink: Sink) -> bool:
         """A request queued before (a batch line whose runner stopped), followed from its replay
         log. False when it has none (it expired, or Redis lost it): the line is queued anew."""
-        if not await self.redis.exists(keys.stream(rid), keys.request(rid)):
+        if not await self.redis.exists(redis_keys.stream(rid), redis_keys.request(rid)):
             return False
         self.intake.follow(Route(rid, client_id, sink, keep_text=True))
         return True
@@ -266,7 +266,7 @@ class RequestLifecycle:
             await self.limiter.release(key_id, rid)
             # Once per request, whichever gateway sees its end first: a half-open old connection
             # and a resumed one may both receive the same `done`.
-            if not await self.redis.set(keys.settled(rid), "1", nx=True, ex=keys.settled_ttl_s(self.settings)):
+            if not await self.redis.set(redis_keys.settled(rid), "1", nx=True, ex=redis_keys.settled_ttl_s(self.settings)):
                 return
             await self.key_store.record_usage(key_id, prompt, completion, cache_hit)
             if not cache_hit:  # a cached answer cost no compute: it does not count against tokens per minute

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from gateway.admission.api_keys import ApiKey
-from ops.core import keys, scripts
+from ops.core import redis_keys, scripts
 
 RATE_LIMITED = "rate_limited"
 REQUESTS, TOKENS, CONCURRENT = "rpm", "tpm", "max_concurrent"
@@ -57,11 +57,11 @@ class KeyLimiter:
     async def admit(self, key: ApiKey, request_id: str, now: float | None = None) -> Refusal | None:
         """Admit and record one request of `key`, or say which limit refuses it and until when."""
         refused = await self._admit(
-            keys=[keys.key_requests(key.id), keys.key_tokens(key.id), keys.key_tokens_total(key.id),
-                  keys.key_in_flight(key.id)],
+            keys=[redis_keys.key_requests(key.id), redis_keys.key_tokens(key.id), redis_keys.key_tokens_total(key.id),
+                  redis_keys.key_in_flight(key.id)],
             args=["" if now is None else repr(float(now)), repr(float(self.window_s)),
-                  keys.key_window_ttl_ms(self.window_s), key.rpm, key.tpm, key.max_concurrent, request_id,
-                  repr(float(self.stale_s)), keys.key_in_flight_ttl_ms(self.stale_s)])
+                  redis_keys.key_window_ttl_ms(self.window_s), key.rpm, key.tpm, key.max_concurrent, request_id,
+                  repr(float(self.stale_s)), redis_keys.key_in_flight_ttl_ms(self.stale_s)])
         if refused is None:
             return None
         limit, wait, used = refused[0], float(refused[1]), int(float(refused[2]))
@@ -74,8 +74,8 @@ class KeyLimiter:
         if now is None:
             seconds, micros = await self.redis.time()  # the clock admission reads (admit.lua)
             now = seconds + micros / 1e6
-        window_ms = keys.key_window_ttl_ms(self.window_s)
-        charges, total = keys.key_tokens(key_id), keys.key_tokens_total(key_id)
+        window_ms = redis_keys.key_window_ttl_ms(self.window_s)
+        charges, total = redis_keys.key_tokens(key_id), redis_keys.key_tokens_total(key_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             # the nonce keeps two equal charges at one instant apart (sorted-set members are unique)
             pipe.zadd(charges, {f"{int(tokens)}:{secrets.token_hex(6)}": now})
@@ -86,7 +86,7 @@ class KeyLimiter:
 
     async def release(self, key_id: str, request_id: str) -> None:
         """The request ended (answered, failed or cancelled): its concurrency slot is free."""
-        await self.redis.zrem(keys.key_in_flight(key_id), request_id)
+        await self.redis.zrem(redis_keys.key_in_flight(key_id), request_id)
 
     def _message(self, key: ApiKey, limit: str, used: int, wait: float) -> str:
         window = "minute" if self.window_s == 60 else f"{self.window_s:g} s"

@@ -15,8 +15,8 @@ from typing import Callable
 import redis.asyncio as aioredis
 
 from gateway import metrics
-from ops.core import fleet, keys
-from ops.core.fleet import scale_signal
+from ops.core import redis_keys, roster
+from ops.core.roster import scale_signal
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
@@ -66,7 +66,7 @@ class LoadMonitor:
     async def run(self) -> None:
         while True:
             try:
-                self.observe(await fleet.live_workers_async(self.redis), time.monotonic())
+                self.observe(await roster.live_workers_async(self.redis), time.monotonic())
                 await self._gauge_the_fleet()
             except (aioredis.RedisError, OSError, ValueError) as exc:
                 log.debug("event=load_monitor_error error=%r", exc)
@@ -81,21 +81,21 @@ class LoadMonitor:
     async def _gauge_the_fleet(self) -> None:
         """The gateway's /metrics view of what every gateway shares: workers, queue, dead letters, cache."""
         served = self.served_versions()
-        lanes = len(keys.PRIORITY_STEPS)
+        lanes = len(redis_keys.PRIORITY_STEPS)
         pipe = self.redis.pipeline(transaction=False)
         for model, version in served:
-            for name in keys.queue_lists(model, version):
+            for name in redis_keys.queue_lists(model, version):
                 pipe.llen(name)
-        pipe.llen(keys.DEAD_LETTERS)
+        pipe.llen(redis_keys.DEAD_LETTERS)
         same_redis = self.settings.cache_redis == self.settings.redis_url
         if same_redis:
-            pipe.zcard(keys.CACHE_LRU)
+            pipe.zcard(redis_keys.CACHE_LRU)
         replies = await pipe.execute()
         metrics.WORKERS_ALIVE.set(self.workers)
         queued_by_model: dict[str, int] = {}
         for i, (model, version) in enumerate(served):
             depths = replies[i * lanes:(i + 1) * lanes]
-            batch = depths[keys.PRIORITY_STEPS.index(keys.BATCH_STEP)]
+            batch = depths[redis_keys.PRIORITY_STEPS.index(redis_keys.BATCH_STEP)]
             queued = sum(depths) - batch
             metrics.QUEUE_DEPTH.labels(model, version, "interactive").set(queued)
             metrics.QUEUE_DEPTH.labels(model, version, "batch").set(batch)

@@ -16,7 +16,7 @@ import time
 import redis.asyncio as aioredis
 
 from gateway.admission.catalog import Choice
-from ops.core import keys
+from ops.core import redis_keys
 from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest
 from ops.core.queue import SEND_ERRORS, QueueSender
@@ -43,8 +43,8 @@ class RequestStore:
 
         async def put() -> None:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.set(keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=keys.request_ttl_s(self.settings))
-            pipe.zadd(keys.UNCLAIMED, {rid: at})
+            pipe.set(redis_keys.request(rid), json.dumps(queued.model_dump(mode="json")), ex=redis_keys.request_ttl_s(self.settings))
+            pipe.zadd(redis_keys.UNCLAIMED, {rid: at})
             if self.settings.confirmations:
                 # On a replica before the message goes: should a failover lose the message, the
                 # record and the mark survive it, and the reaper sends the request again.
@@ -59,9 +59,9 @@ class RequestStore:
     async def stop(self, rid: str) -> None:
         """Cancel a request everywhere: queued, it never runs; running, it frees its slot."""
         try:
-            await self.redis.set(keys.cancelled(rid), "1", ex=keys.cancelled_ttl_s(self.settings))
-            await self.redis.zrem(keys.UNCLAIMED, rid)
-            await self.redis.publish(keys.CANCEL_CHANNEL, rid)
+            await self.redis.set(redis_keys.cancelled(rid), "1", ex=redis_keys.cancelled_ttl_s(self.settings))
+            await self.redis.zrem(redis_keys.UNCLAIMED, rid)
+            await self.redis.publish(redis_keys.CANCEL_CHANNEL, rid)
         except aioredis.RedisError as exc:
             log.warning("event=cancel_failed request_id=%s error=%r", rid, exc)
 

@@ -33,7 +33,7 @@ from engine.prefix_index import BLOCK_TOKENS, block_keys
 from gateway import metrics
 from gateway.admission.catalog import Catalog, Choice
 from gateway.admission.worker_prefixes import WorkerPrefixes
-from gateway.protocol import Generate
+from gateway.request import Generate
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

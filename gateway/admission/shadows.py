@@ -20,7 +20,7 @@ from gateway.admission.catalog import Choice
 from gateway.admission.request_store import RequestStore
 from gateway.delivery.events import ClientEvent
 from gateway.delivery.router import ReplyRouter, Route, Sink
-from ops.core import keys
+from ops.core import redis_keys
 from ops.rollout import outcomes
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.settings import Settings
@@ -134,6 +134,6 @@ class Shadows:
 
     def _forget_old_pairs(self) -> None:
         """A pair whose shadows never ended (their worker died for good) goes after the replay log's life."""
-        horizon = time.time() - keys.stream_ttl_s(self.settings)
+        horizon = time.time() - redis_keys.stream_ttl_s(self.settings)
         for rid in [rid for rid, pair in self.pairs.items() if pair.at < horizon]:
             del self.pairs[rid]

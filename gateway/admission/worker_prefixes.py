@@ -2,7 +2,7 @@
 shares (prefix-aware routing, docs/scaling.md).
 
 Workers write what their caches store and evict (workers/prefix_report.py): a set per worker (its
-snapshot, `keys.prefix_blocks`) and one shared capped log (`keys.PREFIX_LOG`). `WorkerPrefixes`
+snapshot, `redis_keys.prefix_blocks`) and one shared capped log (`redis_keys.PREFIX_LOG`). `WorkerPrefixes`
 is the index, pure: block key -> the workers that hold it, and for a prompt's chain of block keys,
 how far each worker holds it. `PrefixFollower` keeps it current: it reads every live worker's
 snapshot, then follows the log; it reads the snapshots again after any Redis error (a restart, a
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import redis.asyncio as aioredis
 
-from ops.core import fleet, keys
+from ops.core import redis_keys, roster
 
 log = logging.getLogger("brigade.gateway")
 
@@ -87,14 +87,14 @@ class PrefixFollower:
 
     async def rebuild(self) -> str:
         """Every live worker's snapshot; returns the log position to follow from."""
-        last = await self.redis.xrevrange(keys.PREFIX_LOG, count=1)
+        last = await self.redis.xrevrange(redis_keys.PREFIX_LOG, count=1)
         position = last[0][0] if last else "0-0"
-        live = {s["instance"] for s in await fleet.live_workers_async(self.redis) if "instance" in s}
+        live = {s["instance"] for s in await roster.live_workers_async(self.redis) if "instance" in s}
         for instance in list(self.index.held):
             if instance not in live:
                 self.index.forget(instance)
         for instance in live:
-            self.index.replace(instance, await self.redis.smembers(keys.prefix_blocks(instance)))
+            self.index.replace(instance, await self.redis.smembers(redis_keys.prefix_blocks(instance)))
         self.rebuilds += 1
         return position
 
@@ -103,7 +103,7 @@ class PrefixFollower:
         if not instance:
             return
         if entry.get("reset"):
-            self.index.replace(instance, await self.redis.smembers(keys.prefix_blocks(instance)))
+            self.index.replace(instance, await self.redis.smembers(redis_keys.prefix_blocks(instance)))
             return
         if entry.get("s"):
             self.index.store(instance, entry["s"].split())
@@ -115,7 +115,7 @@ class PrefixFollower:
             try:
                 position = await self.rebuild()
                 while True:
-                    read = await self.redis.xread({keys.PREFIX_LOG: position}, count=READ_COUNT, block=READ_BLOCK_MS)
+                    read = await self.redis.xread({redis_keys.PREFIX_LOG: position}, count=READ_COUNT, block=READ_BLOCK_MS)
                     for _, entries in read or []:
                         for entry_id, entry in entries:
                             await self.apply(entry)

@@ -121,7 +121,7 @@ class StreamError:
 
 @dataclass(frozen=True)
 class Refused:
-    """A message refused (gateway/protocol.py's ProtocolError): no id when it named no request,
+    """A message refused (gateway/request.py's ProtocolError): no id when it named no request,
     or when the request it named runs on (a duplicate id)."""
 
     code: str

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from gateway.delivery.events import StreamError
 from gateway.delivery.router import GAP, Delivery, ReplyRouter, Route
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.messages import QueuedRequest, ReplyEvent
 from ops.core.redis_clients import async_client, async_outage_retry, outage_pause_s
 from ops.core.settings import Settings
@@ -138,7 +138,7 @@ class ReplyIntake:
                 if event is not None:
                     self._send(self.router.forward(route, event))
             if (self.router.live.get(rid) is route and not entries
-                    and not await self.redis.exists(keys.stream(rid), keys.request(rid))):
+                    and not await self.redis.exists(redis_keys.stream(rid), redis_keys.request(rid))):
                 log.warning("event=request_lost_with_redis request_id=%s", rid)
                 await self._resend_or_end(route)
 
@@ -182,7 +182,7 @@ class ReplyIntake:
         """The replay-log entries a live route has not been given, oldest first, without reading
         the whole log for every gap: after its first catch-up a route remembers where the log
         stood; the first one reads back from the newest entry only to the token its client has."""
-        key = keys.stream(route.request_id)
+        key = redis_keys.stream(route.request_id)
         if route.stream_id != "0-0":
             entries = await self.redis.xrange(key, min=f"({route.stream_id}")
         else:
@@ -219,9 +219,9 @@ class ReplyIntake:
                 await self.follow_changed.wait()
                 continue
             self.follow_changed.clear()
-            rid_of = {keys.stream(rid): rid for rid in followed}
+            rid_of = {redis_keys.stream(rid): rid for rid in followed}
             reading = dict(followed)  # the routes this read is for; a route replaced meanwhile starts anew
-            streams = {keys.stream(rid): route.stream_id for rid, route in followed.items()}
+            streams = {redis_keys.stream(rid): route.stream_id for rid, route in followed.items()}
             replies = await self._read_through_outage(streams)
             for stream_key, entries in replies or []:
                 rid = rid_of[stream_key]
@@ -254,7 +254,7 @@ class ReplyIntake:
 
     async def _end_vanished_follows(self) -> None:
         for rid, route in list(self.router.followed.items()):
-            if not await self.follower.exists(keys.stream(rid), keys.request(rid)):
+            if not await self.follower.exists(redis_keys.stream(rid), redis_keys.request(rid)):
                 self.end_with_error(route, "unavailable", LOST_WITH_REDIS)
 
     def fail_all(self, code: str, message: str) -> None:

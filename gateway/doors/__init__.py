@@ -1,7 +1,7 @@
 """Doors: each wire format, parsed at its edge into the one request (`gateway/protocol.Generate`)
 and answered in its own shapes.
 
-`ws_door.py` (the WebSocket protocol; `ws_protocol.py` reads its frames), `http_door.py` (the OpenAI
+`ws_door.py` (the WebSocket protocol; `ws_protocol.py` reads its frames), `openai_door.py` (the OpenAI
 API over HTTP and SSE: `openai_schema.py` reads a body, `openai_render.py` writes answers and
 chunks, `http_answers.py` gathers several prompts of one body, `http_body.py`, `http_errors.py`),
 `responses_door.py` (`/v1/responses`: `responses_schema.py`, `responses_render.py`,

@@ -12,7 +12,7 @@ from gateway.admission.admission import Admission, Admitted
 from gateway.admission.lifecycle import Caller
 from gateway.delivery.events import ClientEvent, StreamError, Token
 from gateway.delivery.router import AnswerQueue
-from gateway.protocol import Generate, ProtocolError
+from gateway.request import Generate, ProtocolError
 
 
 class ClientGone(Exception):

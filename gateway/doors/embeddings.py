@@ -36,7 +36,7 @@ from gateway.doors import openai_schema as oa
 from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, outcome_of
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import GatewaySettings, Settings
 
 if TYPE_CHECKING:

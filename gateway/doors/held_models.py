@@ -17,7 +17,7 @@ from gateway.admission.api_keys import ApiKey
 from gateway.admission.lifecycle import RequestLifecycle
 from gateway.admission.limits import KeyLimiter
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.redis_clients import through_failover
 from ops.core.settings import CacheSettings, Settings
 

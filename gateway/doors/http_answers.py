@@ -19,7 +19,7 @@ from gateway.delivery.router import AnswerQueue
 from gateway.doors.answer_wait import admit, next_event, stream_error
 from gateway.doors.openai_render import Answer
 from gateway.doors.openai_schema import Options
-from gateway.protocol import Generate
+from gateway.request import Generate
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 
 
 def error_response(err: ProtocolError, retry_after_s: float | None = None) -> JSONResponse:

@@ -1,6 +1,6 @@
 """The OpenAI API's request bodies, apart from any socket: a body in, a `Generate` and its `Options` out.
 
-A body is read straight into the rules every door shares (gateway/protocol.py's RequestRules), so a
+A body is read straight into the rules every door shares (gateway/request.py's RequestRules), so a
 limit or a check lands once for every door, and no other door's format stands between. OpenAI's fields and vLLM's extra
 ones are each supported, accepted and ignored (with a reason), or refused with `unsupported_field`
 and a message that says what to do (docs/doors.md has the table); unknown fields are refused as
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol import Generate, ProtocolError, RequestRules
+from gateway.request import Generate, ProtocolError, RequestRules
 from ops.core.messages import GenerateParams
 
 BRIGADE_FIELDS = {"cache", "cache_threshold", "deadline_ms"}

@@ -27,7 +27,7 @@ from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.doors.rerank_models import Scorer, ScoringModels
 from gateway.doors.rerank_schema import PairsAsk, RerankAsk, parse_rerank, parse_score, rerank_body, score_body
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import Settings
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import numpy as np
 
 from cache.pair_model import MAX_TOKENS
 from gateway.doors.held_models import embedding_model_name
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import CacheSettings, Settings
 
 if TYPE_CHECKING:

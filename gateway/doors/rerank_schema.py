@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.doors import openai_schema as oa
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import GatewaySettings, Settings
 
 COMMON_FIELDS = {"model", "user", "request_id", "cache_salt"}

@@ -2,7 +2,7 @@
 request's `previous_response_id` continues, in Redis, so that any gateway answers for any response.
 
 Each lives `responses_ttl_s`, and at most `responses_max` are kept, the oldest dropped first
-(ops/core/keys.py). A response belongs to the API key that created it (when keys are on): another
+(ops/core/redis_keys.py). A response belongs to the API key that created it (when keys are on): another
 key is told it does not exist, as for batch jobs.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import redis.asyncio as aioredis
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.settings import Settings
 
 
@@ -38,28 +38,28 @@ class ResponseStore:
 
     async def put(self, stored: StoredResponse) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.response(stored.id), json.dumps(asdict(stored)), ex=keys.response_ttl_s(self.settings))
-        pipe.zadd(keys.RESPONSES, {stored.id: stored.response.get("created_at") or time.time()})
-        pipe.zcard(keys.RESPONSES)
+        pipe.set(redis_keys.response(stored.id), json.dumps(asdict(stored)), ex=redis_keys.response_ttl_s(self.settings))
+        pipe.zadd(redis_keys.RESPONSES, {stored.id: stored.response.get("created_at") or time.time()})
+        pipe.zcard(redis_keys.RESPONSES)
         *_, count = await pipe.execute()
-        over = count - keys.responses_max(self.settings)
+        over = count - redis_keys.responses_max(self.settings)
         if over > 0:
-            oldest = [member for member, _ in await self.redis.zpopmin(keys.RESPONSES, over)]
+            oldest = [member for member, _ in await self.redis.zpopmin(redis_keys.RESPONSES, over)]
             if oldest:
-                await self.redis.delete(*[keys.response(r) for r in oldest])
+                await self.redis.delete(*[redis_keys.response(r) for r in oldest])
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
-        raw = await self.redis.get(keys.response(response_id))
+        raw = await self.redis.get(redis_keys.response(response_id))
         if raw is None:
             return None
         stored = StoredResponse(**json.loads(raw))
         return stored if stored.owner == owner else None
 
     async def exists(self, response_id: str) -> bool:
-        return bool(await self.redis.exists(keys.response(response_id)))
+        return bool(await self.redis.exists(redis_keys.response(response_id)))
 
     async def delete(self, response_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.response(response_id))
-        pipe.zrem(keys.RESPONSES, response_id)
+        pipe.delete(redis_keys.response(response_id))
+        pipe.zrem(redis_keys.RESPONSES, response_id)
         await pipe.execute()

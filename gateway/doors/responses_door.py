@@ -33,7 +33,7 @@ from gateway.doors.answer_wait import ClientGone, admit, first_event, stream_err
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
 from gateway.doors.response_store import ResponseStore, StoredResponse
-from gateway.protocol import ProtocolError, RequestRules
+from gateway.request import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

@@ -1,7 +1,7 @@
 """The Responses API's request bodies (`POST /v1/responses`), apart from any socket: a body in, a
 `Generate` and its `ResponseOptions` out.
 
-A body is read straight into the rules every door shares (gateway/protocol.py's RequestRules), as
+A body is read straight into the rules every door shares (gateway/request.py's RequestRules), as
 a chat: `input` (a string, or a list of items: messages, function calls and their outputs) and the
 conversation of `previous_response_id` become the chat's messages, `instructions` its system turn,
 `max_output_tokens` its `max_tokens`, `text.format` its guide, and the flat function `tools` of the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.doors import openai_schema as oa
-from gateway.protocol import Generate, ProtocolError, RequestRules
+from gateway.request import Generate, ProtocolError, RequestRules
 
 # vLLM's and Brigade's further sampling fields, as the chat door takes them (one answer per request).
 PASSED = oa.PASSED - {"n", "prompt_logprobs"}

@@ -3,7 +3,7 @@ tokenizer.
 
 A prompt or chat messages in, the token ids the engine would run out; ids in, text out. Messages
 go through the same translation and checks as a chat completion (openai_schema.chat_messages,
-then the rules every door shares: gateway/protocol.py), and are rendered by the cache's
+then the rules every door shares: gateway/request.py), and are rendered by the cache's
 `PromptRenderer`, the same chat-template call the engine's `encode` makes, so that `count` equals
 a chat answer's `usage.prompt_tokens` for the same messages. Each model version's tokenizer files
 are read from its folder on this machine (catalog.folder), once, off the event loop; a fast
@@ -35,7 +35,7 @@ from gateway.admission.catalog import Catalog
 from gateway.doors import openai_schema as oa
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ProtocolError, RequestRules
+from gateway.request import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

@@ -23,7 +23,7 @@ from gateway.admission.auth import Authenticator
 from gateway.admission.lifecycle import Caller, RequestLifecycle
 from gateway.delivery.events import ClientEvent, Done, FeedbackRecorded, Queued, Refused
 from gateway.doors.ws_protocol import Cancel, ClientProtocol, Feedback, Resume
-from gateway.protocol import Generate, ProtocolError
+from gateway.request import Generate, ProtocolError
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")

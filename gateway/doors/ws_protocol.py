@@ -1,6 +1,6 @@
 """The WebSocket protocol, apart from any socket: a frame in, a command or an error out.
 
-A `generate` frame's fields are read straight into gateway/protocol.py's rules, which every door
+A `generate` frame's fields are read straight into gateway/request.py's rules, which every door
 shares; `cancel`, `resume` and `feedback` are the WebSocket's own. A problem raises ProtocolError,
 which the WebSocket door answers with an `error` event, keeping the connection going.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gateway.protocol import Generate, ProtocolError, RequestRules
+from gateway.request import Generate, ProtocolError, RequestRules
 from ops.core.messages import GenerateParams
 from ops.core.settings import Settings
 

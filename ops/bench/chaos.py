@@ -36,7 +36,7 @@ from ops.bench.batch_load import BatchLoad
 from ops.bench.fleet import Fleet
 from ops.bench.load_clients import Tally, sse_client, websocket_client
 from ops.bench.netns import CutLink, NamespaceUnavailable
-from ops.core import keys
+from ops.core import redis_keys
 from ops.stack.supervision import PartExited, say
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +200,7 @@ class Chaos:
         """The gateway holding the batch job's lease (by its /healthz id); None if none does."""
         def holder() -> str | None:
             try:
-                return self.fleet.redis.get(keys.batch_lease(self.batch.job_id))
+                return self.fleet.redis.get(redis_keys.batch_lease(self.batch.job_id))
             except redis.RedisError:  # a Redis in failover: not known
                 return None
         lease = await asyncio.to_thread(holder)

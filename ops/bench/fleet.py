@@ -21,7 +21,7 @@ import redis
 
 from ops.bench.netns import CutLink
 from ops.core import redis_clients
-from ops.core.fleet import live_workers
+from ops.core.roster import live_workers
 from ops.core.ports import free_port
 from ops.core.settings import get_settings
 from ops.stack.redis_ha import RedisHA, replica_of

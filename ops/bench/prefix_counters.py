@@ -13,7 +13,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops.core import redis_clients
-from ops.core.fleet import live_workers
+from ops.core.roster import live_workers
 from ops.core.redaction import redact_url
 
 HITS = "vllm:prefix_cache_hits_total"

@@ -23,16 +23,16 @@ def _store(settings: Settings):
 
 
 async def stats(settings: Settings) -> dict:
-    from ops.core import keys
+    from ops.core import redis_keys
     from ops.core.redis_clients import async_client
 
     r = async_client(settings.cache_redis)
-    counters = {k: int(v) for k, v in (await r.hgetall(keys.CACHE_STATS)).items()}
-    entries = await r.zcard(keys.CACHE_LRU)
+    counters = {k: int(v) for k, v in (await r.hgetall(redis_keys.CACHE_STATS)).items()}
+    entries = await r.zcard(redis_keys.CACHE_LRU)
     namespaces = {}
-    async for key in r.scan_iter(match=keys.CACHE_NAMESPACE_PATTERN, count=1000):
+    async for key in r.scan_iter(match=redis_keys.CACHE_NAMESPACE_PATTERN, count=1000):
         namespaces[key.rsplit(":", 1)[1]] = await r.scard(key)
-    sample = [k async for k in r.scan_iter(match=keys.CACHE_ENTRY_PATTERN, count=1000)][:500]
+    sample = [k async for k in r.scan_iter(match=redis_keys.CACHE_ENTRY_PATTERN, count=1000)][:500]
     sampled = [await r.memory_usage(k) or 0 for k in sample]
     memory = int(sum(sampled) / len(sampled) * entries) if sampled else 0
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)

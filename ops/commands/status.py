@@ -19,9 +19,9 @@ from dataclasses import asdict
 
 import redis
 
-from ops.core import fleet, keys, redis_clients
+from ops.core import redis_clients, redis_keys, roster
 from ops.rollout import registry
-from ops.core.fleet import scale_signal
+from ops.core.roster import scale_signal
 from ops.core.redaction import redact, redact_url
 from ops.core.settings import Settings
 
@@ -53,7 +53,7 @@ def _prefix_shares(rows: list[dict]) -> list[dict]:
 
 def _queue(depths: list[int]) -> dict:
     return {"lane": "interactive", "total": sum(depths),
-            "by_priority": {STEP_NAMES[step]: d for step, d in zip(keys.PRIORITY_STEPS, depths)}}
+            "by_priority": {STEP_NAMES[step]: d for step, d in zip(redis_keys.PRIORITY_STEPS, depths)}}
 
 
 def _served_versions(r: redis.Redis, settings: Settings, statuses: list[dict]) -> tuple[list[tuple[str, str]], set]:
@@ -66,14 +66,14 @@ def _served_versions(r: redis.Redis, settings: Settings, statuses: list[dict]) -
 
 def collect(settings: Settings) -> dict:
     r = redis_clients.client(settings.redis_url)
-    statuses = fleet.live_workers(r)
+    statuses = roster.live_workers(r)
     served, registered = _served_versions(r, settings, statuses)
     pipe = r.pipeline(transaction=False)
     for model, version in served:
-        for name in keys.queue_lists(model, version):
+        for name in redis_keys.queue_lists(model, version):
             pipe.llen(name)
     replies = pipe.execute()
-    steps = len(keys.PRIORITY_STEPS)
+    steps = len(redis_keys.PRIORITY_STEPS)
     now = time.time()
     models = []
     for i, (model, version) in enumerate(served):
@@ -81,7 +81,7 @@ def collect(settings: Settings) -> dict:
         mine = [w for w in statuses if (str(w.get("model")), w.get("version") or "") == (model, version)]
         signal = scale_signal(mine, sum(depths), settings.per_worker_target)
         models.append({
-            "served": keys.served(model, version), "model": model, "version": version,
+            "served": redis_keys.served(model, version), "model": model, "version": version,
             "registered": (model, version) in registered,
             # alive: live heartbeats, the draining ones among them (as the fleet's line counts them)
             "alive": len(mine), "draining": sum(bool(w.get("draining")) for w in mine),
@@ -89,14 +89,14 @@ def collect(settings: Settings) -> dict:
             "queue": _queue(depths), "desired": signal.desired,
             "workers": _prefix_shares([_worker_row(w, now) for w in sorted(mine, key=lambda w: str(w.get("worker")))]),
         })
-    configured = keys.served(settings.model_name, settings.model_version)
+    configured = redis_keys.served(settings.model_name, settings.model_version)
     shown = [m for m in models if m["workers"] or m["queue"]["total"] or m["registered"]]
     models = shown or [m for m in models if m["served"] == configured]
-    depths = [sum(m["queue"]["by_priority"][STEP_NAMES[step]] for m in models) for step in keys.PRIORITY_STEPS]
-    dead = r.llen(keys.DEAD_LETTERS)
+    depths = [sum(m["queue"]["by_priority"][STEP_NAMES[step]] for m in models) for step in redis_keys.PRIORITY_STEPS]
+    dead = r.llen(redis_keys.DEAD_LETTERS)
     signal = scale_signal(statuses, sum(depths), settings.per_worker_target)
     c = r if settings.cache_redis == settings.redis_url else redis_clients.client(settings.cache_redis)
-    counters = {k: int(v) for k, v in c.hgetall(keys.CACHE_STATS).items()}
+    counters = {k: int(v) for k, v in c.hgetall(redis_keys.CACHE_STATS).items()}
     hits = counters.get("exact_hits", 0) + counters.get("semantic_hits", 0)
     lookups = hits + counters.get("misses", 0)
     return {
@@ -104,7 +104,7 @@ def collect(settings: Settings) -> dict:
         # Every worker, of every version, and every version's queue added up: the fleet at a glance.
         "workers": sorted((_worker_row(w, now) for w in statuses), key=lambda w: str(w["worker"])),
         "queue": _queue(depths),
-        "cache": {"entries": c.zcard(keys.CACHE_LRU), "hit_rate": round(hits / lookups, 4) if lookups else None,
+        "cache": {"entries": c.zcard(redis_keys.CACHE_LRU), "hit_rate": round(hits / lookups, 4) if lookups else None,
                   "hits": hits, "lookups": lookups},
         "dead_letters": dead,
         "autoscale": asdict(signal) | {"desired": signal.desired, "in_system": signal.in_system},

@@ -45,7 +45,7 @@ def cmd_worker(args, settings: Settings) -> int:
     if isinstance(settings, str):
         print(f"brigade worker: {settings}", file=sys.stderr)
         return 1
-    from ops.core.keys import interactive_queue, worker_queue
+    from ops.core.redis_keys import interactive_queue, worker_queue
     from workers import tasks
     from workers.app import worker_app
     from workers.engine_loading import EngineUnavailable

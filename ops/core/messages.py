@@ -101,7 +101,7 @@ class GenerateParams(BaseModel):
 
     # strict: "0.5" is not a temperature; a client learns that at once instead of by surprise.
     model_config = ConfigDict(extra="forbid", strict=True)
-    # 0: the prompt only scored (prompt_logprobs), no token generated (gateway/protocol.py's rule)
+    # 0: the prompt only scored (prompt_logprobs), no token generated (gateway/request.py's rule)
     max_tokens: Annotated[int | None, Field(None, ge=0), Role("always", door="own")]
     temperature: Annotated[float | None, Field(None, ge=0.0, le=2.0), Role("always")]
     top_p: Annotated[float | None, Field(None, gt=0.0, le=1.0), Role("sampled")]

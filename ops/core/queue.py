@@ -15,8 +15,8 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from ops.core import keys
-from ops.core.keys import BATCH_STEP, interactive_queue
+from ops.core import redis_keys
+from ops.core.redis_keys import BATCH_STEP, interactive_queue
 from ops.core.messages import QueuedRequest
 from ops.core.redis_address import (
     is_sentinel,
@@ -120,13 +120,13 @@ class QueueSender:
         Every message carries the request id and when it was sent (`SENT_HEADER`): the reaper
         reads the time at the tail of a queue to tell a lost message from one still waiting, and a
         worker's transport marks the request taken the moment its message arrives. `sent_at`: the
-        time its unclaimed mark holds (keys.UNCLAIMED), so that the reaper compares one reading of
+        time its unclaimed mark holds (redis_keys.UNCLAIMED), so that the reaper compares one reading of
         one clock (a send that waits out a failover, or an admission that took seconds, must not
         make its own message look younger than the request)."""
         rid = queued.request_id
         shown = {} if self.settings.flower_show_prompts else {"argsrepr": task_summary(queued), "kwargsrepr": "{}"}
         batch = queued.lane == "batch"
-        queue = (keys.worker_queue(queued.model, queued.version, worker) if worker
+        queue = (redis_keys.worker_queue(queued.model, queued.version, worker) if worker
                  else interactive_queue(queued.model, queued.version))
         self.app.send_task(BATCH_TASK if batch else GENERATE_TASK, args=[queued.model_dump(mode="json")],
                            queue=queue, task_id=rid if first else f"{rid}-{uuid.uuid4().hex[:6]}",
@@ -137,7 +137,7 @@ class QueueSender:
 def task_summary(queued: QueuedRequest) -> str:
     """What task events (and so Flower) show of a request instead of its arguments: its shape,
     never its text. Prompts are the users' words; whoever watches the workers need not read them."""
-    shape = {"request_id": queued.request_id, "model": keys.served(queued.model, queued.version), "lane": queued.lane,
+    shape = {"request_id": queued.request_id, "model": redis_keys.served(queued.model, queued.version), "lane": queued.lane,
              "max_tokens": queued.params.max_tokens}
     if queued.prompt is not None:
         shape["prompt_chars"] = len(queued.prompt)

@@ -6,7 +6,7 @@ BRIGADE_DEFAULT_* settings override it (vLLM's `--override-generation-config`); 
 names takes Brigade's neutral value. A request's own field wins over all of them.
 
 The gateway applies them once, at admission, for the version the request is routed to
-(gateway/protocol.py's `runnable`): before the exact-cache key is made and before a sampled request
+(gateway/request.py's `runnable`): before the exact-cache key is made and before a sampled request
 gets its seed, so the key, the seed and the queued request all carry the values that really run.
 A worker runs what it is given, and refuses a request queued without them.
 

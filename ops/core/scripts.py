@@ -1,7 +1,7 @@
 """Every Lua script Brigade runs, read from ops/core/lua/ and registered on a client.
 
 Each script stands alone (no text is spliced into another) and touches only keys passed in
-KEYS, so that ops/core/keys.py sees every key and Redis Cluster could route every script.
+KEYS, so that ops/core/redis_keys.py sees every key and Redis Cluster could route every script.
 `register_script` sends a script by EVALSHA, and its text only the first time a Redis lacks it.
 """
 from __future__ import annotations

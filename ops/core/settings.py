@@ -394,7 +394,7 @@ class CacheSettings(BaseModel):
 class BatchSettings(BaseModel):
     """Batch jobs (gateway/batch/): their files, window, retention and the runner's lease."""
 
-    # Batch jobs (gateway/batch/batch_runner.py): where their files live (every gateway must see the same
+    # Batch jobs (gateway/batch/runner.py): where their files live (every gateway must see the same
     # folder), lines in flight per job (see batch_window below), how long a job's records outlive its completion window,
     # the runner's lease and how often gateways look for jobs to run.
     # Under the data dir, not BRIGADE_HOME (a cache): a job's records survive in Redis now, and

@@ -1,11 +1,11 @@
 """Canary releases: a new version's share raised step by step while it keeps its objectives, and
 set to 0 the moment it breaks one.
 
-A canary's record (keys.canary(model), JSON) names the canary and the stable version it is
+A canary's record (redis_keys.canary(model), JSON) names the canary and the stable version it is
 compared with, the steps (percents, ending at 100), how long each step lasts, the objectives
 (ops/rollout/slo.py, ratios against the stable version in the same window) and the fewest requests a
 verdict needs. One controller at a time steps every running canary: whoever holds
-keys.CANARY_LEASE (any gateway, or the reaper) calls `Controller.tick` every canary_tick_s. A tick
+redis_keys.CANARY_LEASE (any gateway, or the reaper) calls `Controller.tick` every canary_tick_s. A tick
 reads both versions' outcomes (ops/rollout/outcomes.py) over the sliding window and decides:
 - a breach, with enough requests: rolled back (route stable=100, canary=0), the reason and the
   evidence (both versions' numbers, each objective's value and limit) kept in the record;
@@ -13,7 +13,7 @@ reads both versions' outcomes (ops/rollout/outcomes.py) over the sliding window 
   the step to 100 is the promotion (route canary=100 and the registry's stable version, in one
   transaction);
 - otherwise nothing (waiting for requests, or for the interval).
-Every decision is also pushed to keys.canary_log(model), capped at CANARY_LOG_MAX.
+Every decision is also pushed to redis_keys.canary_log(model), capped at CANARY_LOG_MAX.
 
 The window starts no earlier than the canary did: outcomes of the canary version from before
 (an earlier canary, a shadow) are not its evidence. Every function takes `now` so that tests and
@@ -31,7 +31,7 @@ from typing import Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.rollout import outcomes, registry
 from ops.rollout.canary_verdicts import Verdict, VersionStats, breach_reason, judge
 from ops.rollout.registry import RegistryError, RouteSpec, Share
@@ -90,26 +90,26 @@ class Decision:
 
 
 def read(client: redis.Redis, model: str) -> CanaryRecord | None:
-    raw = client.get(keys.canary(model))
+    raw = client.get(redis_keys.canary(model))
     return CanaryRecord.model_validate_json(raw) if raw else None
 
 
 def _log(client: redis.Redis, model: str, entry: dict) -> None:
     pipe = client.pipeline(transaction=True)
-    pipe.lpush(keys.canary_log(model), json.dumps(entry))
-    pipe.ltrim(keys.canary_log(model), 0, keys.CANARY_LOG_MAX - 1)
+    pipe.lpush(redis_keys.canary_log(model), json.dumps(entry))
+    pipe.ltrim(redis_keys.canary_log(model), 0, redis_keys.CANARY_LOG_MAX - 1)
     pipe.execute()
 
 
 def log_entries(client: redis.Redis, model: str, count: int = 20) -> list[dict]:
     """The newest decisions first."""
-    return [json.loads(raw) for raw in client.lrange(keys.canary_log(model), 0, count - 1)]
+    return [json.loads(raw) for raw in client.lrange(redis_keys.canary_log(model), 0, count - 1)]
 
 
 def _save_if_running(client: redis.Redis, record: CanaryRecord, started_at: float) -> bool:
     """Write the record only while the stored one is the same canary, still running: a hand's
     abort or promote between a tick's read and its write wins."""
-    name = keys.canary(record.model)
+    name = redis_keys.canary(record.model)
 
     def save(pipe) -> bool:
         raw = pipe.get(name)
@@ -166,12 +166,12 @@ def start(client: redis.Redis, model: str, version: str, steps: list[float], int
         raise CanaryError("--min-requests is at least 1")
     snap = registry.read_snapshot(client)
     if snap.entry(model, version) is None:
-        raise CanaryError(f"{keys.served(model, version)} is not registered (brigade models list)")
+        raise CanaryError(f"{redis_keys.served(model, version)} is not registered (brigade models list)")
     stable = snap.stable.get(model)
     if not stable or snap.entry(model, stable) is None:
         raise CanaryError(f"model {model!r} has no stable version to compare with (brigade models list)")
     if stable == version:
-        raise CanaryError(f"{keys.served(model, version)} is already the stable version of {model}: "
+        raise CanaryError(f"{redis_keys.served(model, version)} is already the stable version of {model}: "
                           "register the new version and give it (--version)")
     current = read(client, model)
     if current is not None and current.state == "running":
@@ -182,7 +182,7 @@ def start(client: redis.Redis, model: str, version: str, steps: list[float], int
                           started_at=now, step_started_at=now)
     reason = f"canary step 1 of {len(steps)}"
     entry = _note(record, "started", reason, now)
-    client.set(keys.canary(model), record.model_dump_json())
+    client.set(redis_keys.canary(model), record.model_dump_json())
     _route(client, model, _split(record, record.share), reason)
     _log(client, model, {"model": model, **entry})
     log.info("event=canary_started model=%s version=%s stable=%s share=%g slo=%r", model, version, stable,
@@ -314,7 +314,7 @@ def status(client: redis.Redis, model: str, now: float | None = None) -> dict:
 
 
 class Controller:
-    """Steps every running canary while it holds keys.CANARY_LEASE; any number may run (in each
+    """Steps every running canary while it holds redis_keys.CANARY_LEASE; any number may run (in each
     gateway, in the reaper), one acts. Call `tick()` every settings.canary_tick_s."""
 
     def __init__(self, client: redis.Redis, owner_id: str, settings: RolloutSettings):
@@ -324,27 +324,27 @@ class Controller:
 
     def hold_lease(self) -> bool:
         """Take the lease if free, renew it if ours; False when another controller holds it."""
-        if self.client.set(keys.CANARY_LEASE, self.owner_id, nx=True, px=self.lease_ms):
+        if self.client.set(redis_keys.CANARY_LEASE, self.owner_id, nx=True, px=self.lease_ms):
             return True
 
         def renew(pipe) -> bool:
-            if pipe.get(keys.CANARY_LEASE) != self.owner_id:
+            if pipe.get(redis_keys.CANARY_LEASE) != self.owner_id:
                 return False
             pipe.multi()
-            pipe.pexpire(keys.CANARY_LEASE, self.lease_ms)
+            pipe.pexpire(redis_keys.CANARY_LEASE, self.lease_ms)
             return True
 
-        return self.client.transaction(renew, keys.CANARY_LEASE, value_from_callable=True)
+        return self.client.transaction(renew, redis_keys.CANARY_LEASE, value_from_callable=True)
 
     def release(self) -> None:
         """Give the lease up (on shutdown), only if ours, so another controller takes over at once."""
 
         def drop(pipe) -> None:
-            if pipe.get(keys.CANARY_LEASE) == self.owner_id:
+            if pipe.get(redis_keys.CANARY_LEASE) == self.owner_id:
                 pipe.multi()
-                pipe.delete(keys.CANARY_LEASE)
+                pipe.delete(redis_keys.CANARY_LEASE)
 
-        self.client.transaction(drop, keys.CANARY_LEASE)
+        self.client.transaction(drop, redis_keys.CANARY_LEASE)
 
     def running(self) -> list[CanaryRecord]:
         """Every model's running canary: one record per registered model, read in one round trip."""
@@ -352,7 +352,7 @@ class Controller:
         if not models:
             return []
         found = []
-        for raw in self.client.mget([keys.canary(m) for m in models]):
+        for raw in self.client.mget([redis_keys.canary(m) for m in models]):
             if raw:
                 record = CanaryRecord.model_validate_json(raw)
                 if record.state == "running":

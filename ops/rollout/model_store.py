@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from ops.core import keys, redis_clients
+from ops.core import redis_clients, redis_keys
 from ops.rollout import registry
 from ops.rollout.registry import ModelEntry, RegistryError, Snapshot
 from ops.core.sampling_defaults import DEFAULT_MODEL_GENERATION, FILE_FIELDS
@@ -250,6 +250,6 @@ def register_default_model(client: redis.Redis, settings: Settings) -> str | Non
     from engine.model_files import prepare_default_model
 
     folder = prepare_default_model(settings.model_dir)
-    entry, _ = add_model(client, settings, keys.served(settings.model_name, DEFAULT_VERSION), folder,
+    entry, _ = add_model(client, settings, redis_keys.served(settings.model_name, DEFAULT_VERSION), folder,
                          in_place=True, if_missing=True)
     return None if entry is None else f"registered the default model as {entry.ref} ({folder})"

@@ -1,7 +1,7 @@
 """What each version's finished requests looked like, kept where every canary controller reads it.
 
 The gateway that settles a request appends one entry to its version's outcome stream
-(keys.outcomes, capped and expiring): when it ended, its latencies as the client saw them, whether
+(redis_keys.outcomes, capped and expiring): when it ended, its latencies as the client saw them, whether
 it failed, whether the cache answered it, and for a shadow copy whether its text equals the
 served answer. A canary compares two versions over a sliding window of these entries, whichever
 gateway served them; Prometheus's histograms are per process and cannot be windowed that way.
@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ops.core import keys
+from ops.core import redis_keys
 from ops.core.settings import Settings
 
 
@@ -67,9 +67,9 @@ def from_timing(timing: dict | None, usage: dict | None, error: bool = False, ca
 
 def _append(pipe, settings: Settings, model: str, version: str, outcome: Outcome):
     """Queue one outcome on a pipeline: the entry (capped) and the stream's TTL renewed."""
-    name = keys.outcomes(model, version)
-    pipe.xadd(name, outcome.fields(), maxlen=keys.outcomes_maxlen(settings), approximate=True)
-    pipe.expire(name, keys.outcomes_ttl_s(settings))
+    name = redis_keys.outcomes(model, version)
+    pipe.xadd(name, outcome.fields(), maxlen=redis_keys.outcomes_maxlen(settings), approximate=True)
+    pipe.expire(name, redis_keys.outcomes_ttl_s(settings))
     return pipe
 
 
@@ -86,7 +86,7 @@ def window(client, model: str, version: str, since: float, until: float | None =
     """A version's outcomes that ended in [since, until] (stream ids are the time they were added)."""
     start = f"{int(since * 1000)}-0"
     end = f"{int(until * 1000)}-99999999" if until is not None else "+"
-    return [Outcome.from_fields(fields) for _id, fields in client.xrange(keys.outcomes(model, version), start, end)]
+    return [Outcome.from_fields(fields) for _id, fields in client.xrange(redis_keys.outcomes(model, version), start, end)]
 
 
 class WindowReader:
@@ -99,7 +99,7 @@ class WindowReader:
         self._seen: dict[str, tuple[str, deque]] = {}  # stream -> (last id read, [(ms, outcome)] in order)
 
     def window(self, client, model: str, version: str, since: float, until: float | None = None) -> list[Outcome]:
-        name = keys.outcomes(model, version)
+        name = redis_keys.outcomes(model, version)
         since_ms = int(since * 1000)
         last, kept = self._seen.get(name, (None, deque()))
         if last is None:

@@ -3,7 +3,7 @@
 An entry describes one prepared version (name, version, where its folder is, a checksum of the
 weights, parameter count, context length, chat template, generation defaults, when it was added).
 Entries, the stable version of each model, the default model and the routes live in Redis
-(ops/core/keys.py: MODELS, MODEL_STABLE, MODEL_DEFAULT, ROUTES), with the persistence of the
+(ops/core/redis_keys.py: MODELS, MODEL_STABLE, MODEL_DEFAULT, ROUTES), with the persistence of the
 service's data; the weights live in the model store on disk (Settings.store_dir, one folder per
 version: store/NAME/VERSION), which `brigade models pull` fills from a shared folder.
 
@@ -28,7 +28,7 @@ from typing import Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ops.core import keys
+from ops.core import redis_keys
 
 STICKY_MODES = ("key", "user", "conversation", "none")
 BUCKETS = 10_000  # a sticky hash lands in one of these; shares are percentages with two decimals
@@ -70,7 +70,7 @@ class ModelEntry(BaseModel):
 
     @property
     def ref(self) -> str:
-        return keys.served(self.name, self.version)
+        return redis_keys.served(self.name, self.version)
 
 
 class Share(BaseModel):
@@ -249,7 +249,7 @@ class Snapshot:
         return sorted((e for e in self.entries.values() if e.name == model), key=lambda e: e.added_at)
 
     def entry(self, model: str, version: str) -> ModelEntry | None:
-        return self.entries.get(keys.served(model, version)) if version else None
+        return self.entries.get(redis_keys.served(model, version)) if version else None
 
     @property
     def models(self) -> set[str]:
@@ -274,11 +274,11 @@ def _snapshot(replies: list) -> Snapshot:
 
 
 def _read(pipe) -> None:
-    pipe.get(keys.REGISTRY_REVISION)
-    pipe.hgetall(keys.MODELS)
-    pipe.hgetall(keys.MODEL_STABLE)
-    pipe.get(keys.MODEL_DEFAULT)
-    pipe.hgetall(keys.ROUTES)
+    pipe.get(redis_keys.REGISTRY_REVISION)
+    pipe.hgetall(redis_keys.MODELS)
+    pipe.hgetall(redis_keys.MODEL_STABLE)
+    pipe.get(redis_keys.MODEL_DEFAULT)
+    pipe.hgetall(redis_keys.ROUTES)
 
 
 def read_snapshot(client: redis.Redis) -> Snapshot:
@@ -294,7 +294,7 @@ async def read_snapshot_async(client) -> Snapshot:
 
 
 async def revision_async(client) -> int:
-    return int(await client.get(keys.REGISTRY_REVISION) or 0)
+    return int(await client.get(redis_keys.REGISTRY_REVISION) or 0)
 
 
 def register(client: redis.Redis, entry: ModelEntry, replace: bool = False) -> None:
@@ -302,25 +302,25 @@ def register(client: redis.Redis, entry: ModelEntry, replace: bool = False) -> N
     ref = entry.ref
 
     def add(pipe) -> None:
-        if pipe.hexists(keys.MODELS, ref) and not replace:
+        if pipe.hexists(redis_keys.MODELS, ref) and not replace:
             raise RegistryError(f"{ref} is already registered: give another version, or remove it first")
-        first_of_model = not pipe.hexists(keys.MODEL_STABLE, entry.name)
-        no_default = not pipe.exists(keys.MODEL_DEFAULT)
+        first_of_model = not pipe.hexists(redis_keys.MODEL_STABLE, entry.name)
+        no_default = not pipe.exists(redis_keys.MODEL_DEFAULT)
         pipe.multi()
-        pipe.hset(keys.MODELS, ref, entry.model_dump_json())
+        pipe.hset(redis_keys.MODELS, ref, entry.model_dump_json())
         if first_of_model:
-            pipe.hset(keys.MODEL_STABLE, entry.name, entry.version)
+            pipe.hset(redis_keys.MODEL_STABLE, entry.name, entry.version)
         if no_default:
-            pipe.set(keys.MODEL_DEFAULT, entry.name)
-        pipe.incr(keys.REGISTRY_REVISION)
+            pipe.set(redis_keys.MODEL_DEFAULT, entry.name)
+        pipe.incr(redis_keys.REGISTRY_REVISION)
 
-    client.transaction(add, keys.MODELS, keys.MODEL_STABLE, keys.MODEL_DEFAULT)
+    client.transaction(add, redis_keys.MODELS, redis_keys.MODEL_STABLE, redis_keys.MODEL_DEFAULT)
 
 
 def remove(client: redis.Redis, name: str, version: str) -> None:
     """Remove a version; refused while a route gives it traffic or it is the stable one of others."""
     snap = read_snapshot(client)
-    ref = keys.served(name, version)
+    ref = redis_keys.served(name, version)
     if ref not in snap.entries:
         raise RegistryError(f"{ref} is not registered (brigade models list)")
     route = snap.routes.get(name)
@@ -331,13 +331,13 @@ def remove(client: redis.Redis, name: str, version: str) -> None:
         raise RegistryError(f"{ref} is the stable version of {name}: promote another first (brigade models stable "
                             f"{name}@{others[-1].version})")
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(keys.MODELS, ref)
+    pipe.hdel(redis_keys.MODELS, ref)
     if not others:
-        pipe.hdel(keys.MODEL_STABLE, name)
-        pipe.hdel(keys.ROUTES, name)
+        pipe.hdel(redis_keys.MODEL_STABLE, name)
+        pipe.hdel(redis_keys.ROUTES, name)
         if snap.default == name:
-            pipe.delete(keys.MODEL_DEFAULT)
-    pipe.incr(keys.REGISTRY_REVISION)
+            pipe.delete(redis_keys.MODEL_DEFAULT)
+    pipe.incr(redis_keys.REGISTRY_REVISION)
     pipe.execute()
 
 
@@ -346,18 +346,18 @@ def set_default(client: redis.Redis, name: str) -> None:
     if name not in snap.models:
         raise RegistryError(f"model {name!r} is not registered (brigade models list)")
     pipe = client.pipeline(transaction=True)
-    pipe.set(keys.MODEL_DEFAULT, name)
-    pipe.incr(keys.REGISTRY_REVISION)
+    pipe.set(redis_keys.MODEL_DEFAULT, name)
+    pipe.incr(redis_keys.REGISTRY_REVISION)
     pipe.execute()
 
 
 def set_stable(client: redis.Redis, name: str, version: str) -> None:
     snap = read_snapshot(client)
-    if keys.served(name, version) not in snap.entries:
-        raise RegistryError(f"{keys.served(name, version)} is not registered (brigade models list)")
+    if redis_keys.served(name, version) not in snap.entries:
+        raise RegistryError(f"{redis_keys.served(name, version)} is not registered (brigade models list)")
     pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.MODEL_STABLE, name, version)
-    pipe.incr(keys.REGISTRY_REVISION)
+    pipe.hset(redis_keys.MODEL_STABLE, name, version)
+    pipe.incr(redis_keys.REGISTRY_REVISION)
     pipe.execute()
 
 
@@ -372,16 +372,16 @@ def set_route(client: redis.Redis, route: RouteSpec, stable: str | None = None) 
             raise RegistryError(f"{route.model}@{share.version} is not registered; registered: {', '.join(sorted(known))}")
     route = route.model_copy(update={"updated_at": time.time()})
     pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.ROUTES, route.model, route.model_dump_json())
+    pipe.hset(redis_keys.ROUTES, route.model, route.model_dump_json())
     if stable is not None:
-        pipe.hset(keys.MODEL_STABLE, route.model, stable)
-    pipe.incr(keys.REGISTRY_REVISION)
+        pipe.hset(redis_keys.MODEL_STABLE, route.model, stable)
+    pipe.incr(redis_keys.REGISTRY_REVISION)
     pipe.execute()
     return route
 
 
 def clear_route(client: redis.Redis, name: str) -> bool:
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(keys.ROUTES, name)
-    pipe.incr(keys.REGISTRY_REVISION)
+    pipe.hdel(redis_keys.ROUTES, name)
+    pipe.incr(redis_keys.REGISTRY_REVISION)
     return bool(pipe.execute()[0])

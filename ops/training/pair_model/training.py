@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.core import keys, redis_clients
+from ops.core import redis_clients, redis_keys
 from ops.training.pair_model.bounds import Targets
 from ops.training.pair_model.lookalikes import generate
 from ops.training.pair_model.pairs import CHAT_TEST, CHAT_TUNE, Pair, read_pairs, split_of
@@ -168,7 +168,7 @@ def hard_negatives_from_redis(settings) -> list[Pair]:
     try:
         client = redis_clients.client(settings.cache_redis, timeout_s=redis_clients.CACHE_TIMEOUT_S,
                                       connect_timeout_s=1)
-        rows = client.lrange(keys.CACHE_HARD_NEGATIVES, 0, -1)
+        rows = client.lrange(redis_keys.CACHE_HARD_NEGATIVES, 0, -1)
     except (redis.RedisError, OSError):
         return []
     pairs = []

@@ -6,7 +6,7 @@ stands next to the key's own (`stream_ttl_s`, `stream_maxlen`, ...): a write sit
 it never computes the bound itself. The values are Settings fields; these functions only say
 which field bounds which key. Unbounded by design:
 - CLAIMS: one field per request a live worker holds; removed when it ends or is reaped.
-- WORKERS: one member per worker that beat in the last ops.core.fleet.FORGET_S (pruned by every beat).
+- WORKERS: one member per worker that beat in the last ops.core.roster.FORGET_S (pruned by every beat).
 - UNCLAIMED: one member per queued request; removed at its claim, its cancel, or once its record expired.
 - api_key(id), api_key_usage(id), API_KEYS: one hash each and one set member per API key. Keys
   are created by an operator only (`brigade keys create`), never by a request, so they are bounded
@@ -80,7 +80,7 @@ def worker_ttl_ms(settings: WorkerSettings) -> int:
 
 
 # sorted set: worker instance -> time of its last heartbeat; the registry readers use instead of
-# scanning for worker keys (ops/core/fleet.py).
+# scanning for worker keys (ops/core/roster.py).
 WORKERS = f"{PREFIX}:workers"
 
 
@@ -341,7 +341,7 @@ def key_in_flight_ttl_ms(stale_s: float) -> int:
     return math.ceil(stale_s * 1000)
 
 
-# ---- batch jobs (gateway/batch/batch_jobs.py) -----------------------------------------------------------
+# ---- batch jobs (gateway/batch/jobs.py) -----------------------------------------------------------
 # A job's keys live batch_ttl_s: its hash, its in-flight map (at most Settings.batch_window fields)
 # and its files; its lease lives seconds. The job index and the active set lose a member when its
 # hash is gone (pruned by `list`) or the job ends.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from gateway.batch.batch_jobs import JobStore
+from gateway.batch.jobs import JobStore
 
 log = logging.getLogger("brigade.batch")
 

@@ -4,7 +4,7 @@ Results come back in any order; each waits in a reorder buffer until every line 
 written (the buffer holds no more than the window of lines in flight). Written lines are
 fsynced, and only then does the job's record say how far the output got (lines written, bytes of
 output, counts) and forget their request ids: durable first, then recorded, and recorded only
-while this runner holds the job's lease (gateway/batch/batch_lease.py). A crash in between
+while this runner holds the job's lease (gateway/batch/lease.py). A crash in between
 leaves lines past the recorded length; the next writer of the job starts from a new file that
 holds only the recorded length (`open`) and writes them again; so a line is in the output once,
 whoever wrote it.
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway import metrics
-from gateway.batch.batch_jobs import JobStore
-from gateway.batch.batch_lease import JobLease
-from gateway.batch.batch_output import BLANK, LineResult
+from gateway.batch.jobs import JobStore
+from gateway.batch.lease import JobLease
+from gateway.batch.output import BLANK, LineResult
 
 log = logging.getLogger("brigade.batch")
 

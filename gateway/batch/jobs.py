@@ -1,11 +1,11 @@
 """Batch jobs and their files, as records in Redis and files on disk: no runner logic here.
 
-A job is one hash (`ops/keys.batch_job`): its fixed description, its state, counters and the
+A job is one hash (`ops/redis_keys.batch_job`): its fixed description, its state, counters and the
 runner's progress (the next input line to queue, the lines written out, the output file's
 length after them). Files (uploaded inputs, produced outputs and error reports) are plain files
 in `Settings.batch_dir`, described by a hash each; every gateway and the runner must see the same
 folder (one machine, or a shared volume). Every key expires `batch_retention_s` after the job's
-completion window closes (`keys.batch_ttl_s`); the lease is renewed and dropped by
+completion window closes (`redis_keys.batch_ttl_s`); the lease is renewed and dropped by
 ops/core/lua/{renew,drop}_lease.lua, so that only its holder can.
 
 States follow OpenAI's Batch API: validating -> in_progress -> finalizing -> completed, or failed
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from ops.core import keys, scripts
+from ops.core import redis_keys, scripts
 from ops.core.settings import Settings
 
 FINAL = {"completed", "failed", "cancelled", "expired"}
@@ -61,7 +61,7 @@ class JobStore:
         return self.settings.batch_dir / f"{file_id}.jsonl"
 
     def checked_path(self, job_id: str) -> Path:
-        """A running job's input as validation checked it (gateway/batch/batch_input.py), removed
+        """A running job's input as validation checked it (gateway/batch/input.py), removed
         when the job ends."""
         self.settings.batch_dir.mkdir(parents=True, exist_ok=True)
         return self.settings.batch_dir / f"{job_id}.checked.jsonl"
@@ -70,12 +70,12 @@ class JobStore:
         path = self.path_for(file_id)
         record = {"id": file_id, "object": "file", "bytes": path.stat().st_size, "created_at": int(time.time()),
                   "filename": filename, "purpose": purpose, "path": str(path), "owner": owner}
-        await self.redis.hset(keys.batch_file(file_id), mapping={k: str(v) for k, v in record.items()})
-        await self.redis.expire(keys.batch_file(file_id), int(ttl_s))
+        await self.redis.hset(redis_keys.batch_file(file_id), mapping={k: str(v) for k, v in record.items()})
+        await self.redis.expire(redis_keys.batch_file(file_id), int(ttl_s))
         return record
 
     async def get_file(self, file_id: str) -> dict | None:
-        raw = await self.redis.hgetall(keys.batch_file(file_id))
+        raw = await self.redis.hgetall(redis_keys.batch_file(file_id))
         if not raw:
             return None
         return {**raw, "bytes": int(raw["bytes"]), "created_at": int(raw["created_at"])}
@@ -93,31 +93,31 @@ class JobStore:
             "errors": "[]", "owner": owner, **{c: 0 for c in COUNTERS},
         }
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.batch_job(job_id), mapping={k: str(v) for k, v in fields.items()})
-        pipe.expire(keys.batch_job(job_id), self.ttl_s(window_s))
-        pipe.zadd(keys.BATCH_JOBS, {job_id: now})
-        pipe.sadd(keys.BATCH_ACTIVE, job_id)
+        pipe.hset(redis_keys.batch_job(job_id), mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(redis_keys.batch_job(job_id), self.ttl_s(window_s))
+        pipe.zadd(redis_keys.BATCH_JOBS, {job_id: now})
+        pipe.sadd(redis_keys.BATCH_ACTIVE, job_id)
         await pipe.execute()
         return await self.get(job_id)
 
     def ttl_s(self, window_s: float) -> int:
         """How long a job's keys (and its files') live, for a job with this completion window."""
-        return keys.batch_ttl_s(self.settings, window_s)
+        return redis_keys.batch_ttl_s(self.settings, window_s)
 
     async def get(self, job_id: str) -> dict | None:
-        raw = await self.redis.hgetall(keys.batch_job(job_id))
+        raw = await self.redis.hgetall(redis_keys.batch_job(job_id))
         return decode_job(raw) if raw else None
 
     async def list(self, limit: int = 20, after: str | None = None, owner: str | None = None) -> list[dict]:
         """Newest first (one owner's, when given); ids whose record expired leave the index on the way."""
-        ids = await self.redis.zrevrange(keys.BATCH_JOBS, 0, -1)
+        ids = await self.redis.zrevrange(redis_keys.BATCH_JOBS, 0, -1)
         if after in ids:
             ids = ids[ids.index(after) + 1:]
         jobs = []
         for job_id in ids:
             job = await self.get(job_id)
             if job is None:
-                await self.redis.zrem(keys.BATCH_JOBS, job_id)
+                await self.redis.zrem(redis_keys.BATCH_JOBS, job_id)
                 continue
             if owner is not None and job.get("owner", "") != owner:
                 continue
@@ -132,10 +132,10 @@ class JobStore:
         encoded = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(int(v) if isinstance(v, bool) else v)
                    for k, v in fields.items()}
         if held_by is None:
-            await self.redis.hset(keys.batch_job(job_id), mapping=encoded)
+            await self.redis.hset(redis_keys.batch_job(job_id), mapping=encoded)
             return True
         pairs = [part for item in encoded.items() for part in item]
-        return await self._write_held(keys=[keys.batch_lease(job_id), keys.batch_job(job_id)],
+        return await self._write_held(keys=[redis_keys.batch_lease(job_id), redis_keys.batch_job(job_id)],
                                       args=[held_by, *pairs]) == 1
 
     async def move(self, job_id: str, state: str, held_by: str | None = None) -> bool:
@@ -148,7 +148,7 @@ class JobStore:
         if not await self.update(job_id, held_by, **fields):
             return False
         if state in FINAL:
-            await self.redis.srem(keys.BATCH_ACTIVE, job_id)
+            await self.redis.srem(redis_keys.BATCH_ACTIVE, job_id)
         return True
 
     async def request_cancel(self, job_id: str) -> dict | None:
@@ -163,37 +163,37 @@ class JobStore:
         return job
 
     async def active(self) -> list[str]:
-        return sorted(await self.redis.smembers(keys.BATCH_ACTIVE))
+        return sorted(await self.redis.smembers(redis_keys.BATCH_ACTIVE))
 
     async def forget_active(self, job_id: str) -> None:
         """A job whose record expired leaves the runners' set."""
-        await self.redis.srem(keys.BATCH_ACTIVE, job_id)
+        await self.redis.srem(redis_keys.BATCH_ACTIVE, job_id)
 
     # ---- the runner's lease ----------------------------------------------------------------------
 
     async def take_lease(self, job_id: str, holder: str, ttl_s: int) -> bool:
-        return bool(await self.redis.set(keys.batch_lease(job_id), holder, nx=True, ex=ttl_s))
+        return bool(await self.redis.set(redis_keys.batch_lease(job_id), holder, nx=True, ex=ttl_s))
 
     async def renew_lease(self, job_id: str, holder: str, ttl_s: int) -> bool:
-        return bool(await self._renew_lease(keys=[keys.batch_lease(job_id)], args=[holder, ttl_s]))
+        return bool(await self._renew_lease(keys=[redis_keys.batch_lease(job_id)], args=[holder, ttl_s]))
 
     async def drop_lease(self, job_id: str, holder: str) -> None:
-        await self._drop_lease(keys=[keys.batch_lease(job_id)], args=[holder])
+        await self._drop_lease(keys=[redis_keys.batch_lease(job_id)], args=[holder])
 
     # ---- lines in flight -------------------------------------------------------------------------
 
     async def record_in_flight(self, job_id: str, number: int, request_id: str, ttl_s: int) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(keys.batch_in_flight(job_id), str(number), request_id)
-        pipe.expire(keys.batch_in_flight(job_id), ttl_s)
+        pipe.hset(redis_keys.batch_in_flight(job_id), str(number), request_id)
+        pipe.expire(redis_keys.batch_in_flight(job_id), ttl_s)
         await pipe.execute()
 
     async def in_flight(self, job_id: str) -> dict[int, str]:
-        return {int(k): v for k, v in (await self.redis.hgetall(keys.batch_in_flight(job_id))).items()}
+        return {int(k): v for k, v in (await self.redis.hgetall(redis_keys.batch_in_flight(job_id))).items()}
 
     async def forget_in_flight(self, job_id: str, numbers: list[int]) -> None:
         if numbers:
-            await self.redis.hdel(keys.batch_in_flight(job_id), *[str(n) for n in numbers])
+            await self.redis.hdel(redis_keys.batch_in_flight(job_id), *[str(n) for n in numbers])
 
 
 def decode_job(raw: dict) -> dict:

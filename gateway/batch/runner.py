@@ -1,14 +1,14 @@
 """Runs batch jobs inside the gateways: whichever gateway holds a job's lease runs it.
 
 Every gateway looks for active jobs once a `batch_poll_s` and takes the lease of any job nobody
-holds (gateway/batch/batch_lease.py), so a job outlives the gateway that started it: when that gateway
+holds (gateway/batch/lease.py), so a job outlives the gateway that started it: when that gateway
 stops or dies, the lease lapses and another gateway (or the same one, restarted) continues.
 
-Running a job moves it through its states (gateway/batch/batch_jobs.py): validating checks every line
+Running a job moves it through its states (gateway/batch/jobs.py): validating checks every line
 first (all bad lines reported at once) and keeps each verdict in the job's checked file, so that no
 line is parsed twice; in_progress streams the checked file, keeping a window of lines in flight (`LinesInFlight`), each
-run through admission on the batch lane (gateway/batch/batch_lines.py), and writes the results in input
-order (gateway/batch/batch_writer.py); finalizing records the output file. The window is the live
+run through admission on the batch lane (gateway/batch/lines.py), and writes the results in input
+order (gateway/batch/writer.py); finalizing records the output file. The window is the live
 workers' batch width (`max_batch` each) shared among the jobs this gateway runs, unless
 `batch_window` sets it: enough to fill every engine row, while each worker's other task threads
 (it takes `worker_concurrency`, twice its batch width, off the queue) stay free for interactive
@@ -32,13 +32,13 @@ import redis.asyncio as aioredis
 from gateway.admission.api_keys import ApiKey, KeyStore
 from gateway.admission.lifecycle import Caller
 from gateway.admission.load import LoadMonitor
-from gateway.batch.batch_input import MAX_REASONS_SHOWN, BadLine, Checker, read_checked, write_checked
-from gateway.batch.batch_jobs import JobStore, new_id
-from gateway.batch.batch_lease import JobLease, LeaseLost
-from gateway.batch.batch_lines import LineRunner, RunningJob
-from gateway.batch.batch_output import BLANK, LineResult, invalid_result
-from gateway.batch.batch_writer import OrderedWriter
-from gateway.protocol import RequestRules
+from gateway.batch.input import MAX_REASONS_SHOWN, BadLine, Checker, read_checked, write_checked
+from gateway.batch.jobs import JobStore, new_id
+from gateway.batch.lease import JobLease, LeaseLost
+from gateway.batch.lines import LineRunner, RunningJob
+from gateway.batch.output import BLANK, LineResult, invalid_result
+from gateway.batch.writer import OrderedWriter
+from gateway.request import RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.batch")

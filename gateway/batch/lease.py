@@ -1,6 +1,6 @@
 """A gateway's lease on one batch job: only the gateway holding it runs the job and writes its output.
 
-The lease is a key with a short TTL (`keys.batch_lease`, `batch_lease_s`): taken only when nobody
+The lease is a key with a short TTL (`redis_keys.batch_lease`, `batch_lease_s`): taken only when nobody
 holds it, renewed every third of its TTL by a task of its own while the job runs here, dropped at
 the end. Renewing and dropping happen only while this gateway still holds it
 (ops/core/lua/{renew,drop}_lease.lua), so a gateway that stalled past its TTL cannot take the job
@@ -11,7 +11,7 @@ A lease can also be lost unseen: a stall longer than the TTL, or a Redis failove
 the key, and two gateways both think they run the job. So a runner writes the job's record only
 through its lease (`update`, `move`: ops/core/lua/write_held.lua checks the holder in the same
 step), and a refusal raises `LeaseLost`: what the record says is only ever the holder's. The
-output file is fenced apart (gateway/batch/batch_writer.py).
+output file is fenced apart (gateway/batch/writer.py).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import logging
 
 import redis.asyncio as aioredis
 
-from gateway.batch.batch_jobs import JobStore
-from ops.core import keys
+from gateway.batch.jobs import JobStore
+from ops.core import redis_keys
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.batch")
@@ -36,7 +36,7 @@ class JobLease:
         self.store = store
         self.job_id = job_id
         self.holder = holder  # this gateway's id, written on the lease
-        self.ttl_s = keys.batch_lease_ttl_s(settings)
+        self.ttl_s = redis_keys.batch_lease_ttl_s(settings)
         self.renew_every_s = settings.batch_lease_s / 3
         self.lost = asyncio.Event()  # set once a renewal finds the lease no longer this gateway's
         self._renewer: asyncio.Task | None = None

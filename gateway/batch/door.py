@@ -6,7 +6,7 @@ given inline (Brigade's `input`: a list of request lines), with Brigade's `skip_
 `warm_cache`; `GET /v1/batches[/{id}]` and `POST /v1/batches/{id}/cancel` follow the job, and
 `GET /v1/files/{id}/content` returns the output. With API keys on, a job and its files belong to
 the key that made them. The jobs themselves run in whichever gateway holds their lease
-(gateway/batch/batch_runner.py).
+(gateway/batch/runner.py).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from gateway.admission.auth import Authenticator
-from gateway.batch.batch_input import URLS
-from gateway.batch.batch_jobs import JobStore, new_id, parse_window, public_view
+from gateway.batch.input import URLS
+from gateway.batch.jobs import JobStore, new_id, parse_window, public_view
 from gateway.doors.http_errors import error_response
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.settings import Settings
 
 BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata", "input", "skip_invalid", "warm_cache"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 
-from ops.core import keys
+from ops.core import redis_keys
 
 FORGET_S = 600.0  # generous beside any heartbeat TTL, so clocks that disagree a little do no harm
 
@@ -29,19 +29,19 @@ def record_beat(pipe, instance: str, status: dict, ttl_ms: int, now: float, prun
     """Queue one heartbeat on a pipeline: status key, registry member, and (when `prune`) the
     members silent for FORGET_S dropped. No transaction is needed: a member whose key is missing
     reads as dead, and a key written a moment before its member is seen at the next beat."""
-    pipe.set(keys.worker(instance), json.dumps(status), px=ttl_ms)
-    pipe.zadd(keys.WORKERS, {instance: now})
+    pipe.set(redis_keys.worker(instance), json.dumps(status), px=ttl_ms)
+    pipe.zadd(redis_keys.WORKERS, {instance: now})
     if "model" in status:  # whose own queue this is, for the reaper to return it once the worker is gone
-        pipe.hset(keys.WORKER_QUEUES, instance, json.dumps({"model": status["model"], "version": status.get("version", "")}))
+        pipe.hset(redis_keys.WORKER_QUEUES, instance, json.dumps({"model": status["model"], "version": status.get("version", "")}))
     if prune:
-        pipe.zremrangebyscore(keys.WORKERS, 0, now - FORGET_S)
+        pipe.zremrangebyscore(redis_keys.WORKERS, 0, now - FORGET_S)
 
 
 def forget(client: redis.Redis, instance: str) -> None:
     """A worker that stops cleanly leaves at once instead of when its key expires."""
     pipe = client.pipeline()
-    pipe.delete(keys.worker(instance))
-    pipe.zrem(keys.WORKERS, instance)
+    pipe.delete(redis_keys.worker(instance))
+    pipe.zrem(redis_keys.WORKERS, instance)
     pipe.execute()
 
 
@@ -58,13 +58,13 @@ def _statuses(raws: list) -> list[dict]:
 
 def live_workers(client: redis.Redis) -> list[dict]:
     """The status of every worker whose heartbeat has not expired."""
-    names = client.zrange(keys.WORKERS, 0, -1)
-    return _statuses(client.mget([keys.worker(n) for n in names])) if names else []
+    names = client.zrange(redis_keys.WORKERS, 0, -1)
+    return _statuses(client.mget([redis_keys.worker(n) for n in names])) if names else []
 
 
 async def live_workers_async(client: aioredis.Redis) -> list[dict]:
-    names = await client.zrange(keys.WORKERS, 0, -1)
-    return _statuses(await client.mget([keys.worker(n) for n in names])) if names else []
+    names = await client.zrange(redis_keys.WORKERS, 0, -1)
+    return _statuses(await client.mget([redis_keys.worker(n) for n in names])) if names else []
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, disconnected, first_event, stream_error
 from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response
-from gateway.protocol import Generate, ProtocolError, RequestRules
+from gateway.request import Generate, ProtocolError, RequestRules
 from ops.core.settings import Settings
 
 log = logging.getLogger("brigade.gateway")
 
 
-class HttpDoor:
+class OpenAIDoor:
     def __init__(self, settings: Settings, rules: RequestRules, auth: Authenticator, admission: Admission,
                  lifecycle: RequestLifecycle, catalog: Catalog):
         self.settings = settings

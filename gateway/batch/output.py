@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from gateway.batch.batch_input import BadLine, BatchLine
+from gateway.batch.input import BadLine, BatchLine
 from gateway.delivery.events import Done
 from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa

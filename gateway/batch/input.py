@@ -22,7 +22,7 @@ from typing import Iterator
 from pydantic import TypeAdapter
 
 from gateway.doors import openai_schema as oa
-from gateway.protocol import Generate, ProtocolError, RequestRules
+from gateway.request import Generate, ProtocolError, RequestRules
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}  # url -> chat?
 MAX_CUSTOM_ID_CHARS = 512
@@ -110,7 +110,7 @@ def write_checked(path: str, checker: Checker, checked: Path) -> tuple[int, list
     errors), and how many were bad."""
     valid, bad, count_bad = 0, [], 0
     # A name of this call's own: two gateways that both think they validate the job (a lease
-    # lost unseen: gateway/batch/batch_lease.py) must not write one half file between them.
+    # lost unseen: gateway/batch/lease.py) must not write one half file between them.
     partial = checked.with_name(f"{checked.name}.{secrets.token_hex(4)}.part")
     try:
         with open(path, "rb") as source, open(partial, "w", encoding="utf-8") as out:

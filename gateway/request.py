@@ -2,7 +2,7 @@
 error every rule raises.
 
 Each door reads its own wire format (a WebSocket frame: gateway/doors/ws_protocol.py; an OpenAI
-body: gateway/doors/openai_schema.py; a batch line: gateway/batch/batch_input.py) straight into
+body: gateway/doors/openai_schema.py; a batch line: gateway/batch/input.py) straight into
 `RequestRules.generate`, which checks what every door shares — one prompt, lengths, the model,
 the sampling fields as GenerateParams declares them, tools — and gives the one `Generate`. The
 sampling fields the client left unset stay unset here: admission fills them once, from the

@@ -23,13 +23,13 @@ import redis.asyncio as aioredis
 
 from gateway.admission.admission import Admission
 from gateway.admission.lifecycle import Caller, RequestLifecycle
-from gateway.batch.batch_input import BatchLine
-from gateway.batch.batch_jobs import JobStore
-from gateway.batch.batch_output import LineResult, completed, copy_result, dedup_key, request_failed
+from gateway.batch.input import BatchLine
+from gateway.batch.jobs import JobStore
+from gateway.batch.output import LineResult, completed, copy_result, dedup_key, request_failed
 from gateway.delivery.events import Done, StreamError, Token
 from gateway.delivery.router import AnswerQueue, ReplyRouter
 from gateway.doors import openai_render as render
-from gateway.protocol import ProtocolError
+from gateway.request import ProtocolError
 from ops.core.redis_clients import async_outage_retry
 
 log = logging.getLogger("brigade.batch")
