@@ -27,7 +27,7 @@ import redis
 from ops.core.ports import free_port  # noqa: F401  (the tests take it from here)
 from ops.stack.redis_ha import TLSFiles, replica_of
 from ops.stack.stack import Stack as Parts
-from ops.stack.stack import redis_command
+from ops.stack.stack import redis_command, with_env
 
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
@@ -238,7 +238,7 @@ def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
         # The cut is tested on its own (tests/test_repetition.py).
         "BRIGADE_REPETITION_STOP_TOKENS": "0",
     }
-    return with_env(dict(os.environ), **{**base, **extra})
+    return with_env(dict(os.environ), {**base, **extra})
 
 
 def http_get(port: int, path: str) -> tuple[int, dict]:
@@ -276,17 +276,6 @@ def create_key(redis_url: str, name: str = "test", **limits) -> str:
             await client.aclose()
 
     return asyncio.run(create())
-
-
-def with_env(env: dict, **changes: str | None) -> dict:
-    """`env` with these variables set; a variable given as None is removed."""
-    out = dict(env)
-    for name, value in changes.items():
-        if value is None:
-            out.pop(name, None)
-        else:
-            out[name] = value
-    return out
 
 
 class Stack:
@@ -359,7 +348,7 @@ class Stack:
         tied = signal.SIGKILL if threading.current_thread() is threading.main_thread() else None
         proc = self.parts.start(part, name, extra or [], env=env, wrap=wrap, death_signal=tied)
         started = self.parts.supervisor.parts[name]
-        proc = BrigadeProcess(proc, started.env or self.env, Path(started.log.name), started.log)
+        proc = BrigadeProcess(proc, started.env or self.env, self.parts.log(name), started.log)
         self.started.append(proc)
         return proc
 
