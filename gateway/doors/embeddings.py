@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,15 +33,14 @@ from gateway import metrics
 from gateway.admission.auth import Authenticator
 from gateway.doors import openai_schema as oa
 from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, outcome_of
-from gateway.doors.http_body import read_json
-from gateway.doors.http_errors import error_response
+from gateway.doors.http_body import asked
+from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import ProtocolError
 from ops.core.settings import GatewaySettings, Settings
 
 if TYPE_CHECKING:
     from cache.embedder import Embedder
 
-log = logging.getLogger("brigade.gateway")
 
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 
@@ -129,8 +127,7 @@ class EmbeddingsDoor:
         started = time.perf_counter()
         rid, key, inputs = uuid.uuid4().hex, None, 0
         try:
-            key = await self.auth.authenticate(request.headers.get("authorization"))
-            body = await read_json(request, self.settings.max_message_bytes)
+            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
             embedder = self._embedder()
             ask = parse_embeddings(body, self.name, embedder.dim, self.settings)
             inputs = len(ask.inputs)
@@ -144,9 +141,8 @@ class EmbeddingsDoor:
             self._count(outcome_of(err), inputs)
             return error_response(err)  # Retry-After only where a retry can succeed (limits, Redis)
         except Exception:
-            log.exception("event=embeddings_failed request_id=%s", rid)
             self._count("failed", inputs)
-            return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+            return internal_error("embeddings_failed", request_id=rid)
         body, tokens = content
         self.admission.settle(key, rid, tokens)
         self._count("served", inputs)

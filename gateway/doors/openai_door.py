@@ -12,7 +12,6 @@ client cannot resume.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 
 import redis.asyncio as aioredis
@@ -30,12 +29,10 @@ from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, disconnected, first_event, stream_error
-from gateway.doors.http_body import read_json
-from gateway.doors.http_errors import error_response
+from gateway.doors.http_body import asked
+from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import Generate, ProtocolError, RequestRules
 from ops.core.settings import Settings
-
-log = logging.getLogger("brigade.gateway")
 
 
 class OpenAIDoor:
@@ -49,8 +46,7 @@ class OpenAIDoor:
         self.catalog = catalog
 
     async def caller(self, request: Request) -> Caller:
-        header = request.headers.get("authorization")
-        return Caller(await self.auth.authenticate(header), "http")
+        return Caller(await self.auth.authenticate(request.headers.get("authorization")), "http")
 
     async def models(self, request: Request) -> Response:
         try:
@@ -72,8 +68,8 @@ class OpenAIDoor:
     async def _complete(self, request: Request, chat: bool) -> Response:
         client_id = uuid.uuid4().hex[:16]
         try:
-            caller = await self.caller(request)
-            body = await read_json(request, self.settings.max_message_bytes)
+            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
+            caller = Caller(key, "http")
             asks = oa.parse_prompts(body, chat, self.rules, client_id)
             if len(asks) > 1:
                 return await self._several(request, caller, asks, client_id)
@@ -82,8 +78,7 @@ class OpenAIDoor:
         except ProtocolError as err:
             return error_response(err)
         except Exception:
-            log.exception("event=http_request_failed")
-            return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+            return internal_error("http_request_failed")
         rid = admitted.server_id or client_id
         gathered = render.Answer(opts.n)
         try:  # an answer in one body is gathered first

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -23,8 +22,8 @@ from starlette.responses import Response
 from gateway import metrics
 from gateway.admission.auth import Authenticator
 from gateway.doors.held_models import HeldModelAdmission, outcome_of
-from gateway.doors.http_body import read_json
-from gateway.doors.http_errors import error_response
+from gateway.doors.http_body import asked
+from gateway.doors.http_errors import error_response, internal_error
 from gateway.doors.rerank_models import Scorer, ScoringModels
 from gateway.doors.rerank_schema import PairsAsk, RerankAsk, parse_rerank, parse_score, rerank_body, score_body
 from gateway.request import ProtocolError
@@ -33,8 +32,6 @@ from ops.core.settings import Settings
 if TYPE_CHECKING:
     from cache.embedder import Embedder
     from cache.pair_model import PairModel
-
-log = logging.getLogger("brigade.gateway")
 
 
 class RerankDoor:
@@ -60,8 +57,7 @@ class RerankDoor:
         started = time.perf_counter()
         rid, key, name, pairs = uuid.uuid4().hex, None, self.models.reranker, 0
         try:
-            key = await self.auth.authenticate(request.headers.get("authorization"))
-            body = await read_json(request, self.settings.max_message_bytes)
+            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
             ask = parse_rerank(body, self.settings) if api == "rerank" else parse_score(body, self.settings)
             asked = ask.pairs if isinstance(ask, RerankAsk) else ask
             scorer = self.models.choose(asked.model)
@@ -76,9 +72,8 @@ class RerankDoor:
             self._count(name, api, outcome_of(err), pairs)
             return error_response(err)
         except Exception:
-            log.exception("event=rerank_failed api=%s request_id=%s", api, rid)
             self._count(name, api, "failed", pairs)
-            return error_response(ProtocolError("internal_error", "the gateway failed on this request"))
+            return internal_error("rerank_failed", api=api, request_id=rid)
         self.admission.settle(key, rid, tokens)
         self._count(name, api, "served", pairs)
         metrics.RERANK_SECONDS.labels(name, api).observe(time.perf_counter() - started)

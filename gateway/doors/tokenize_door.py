@@ -20,7 +20,6 @@ refused as the rest of the OpenAI door refuses them. Keys are checked as for /v1
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +32,11 @@ from cache.query import PromptRenderer
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
 from gateway.doors import openai_schema as oa
-from gateway.doors.http_body import read_json
-from gateway.doors.http_errors import error_response
+from gateway.doors.http_body import asked
+from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import ProtocolError, RequestRules
 from ops.core.settings import Settings
 
-log = logging.getLogger("brigade.gateway")
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs",
                    "tools"}
@@ -153,7 +151,7 @@ class TokenizeDoor:
         except ProtocolError as err:
             return error_response(err)
         except Exception:
-            return _failed("tokenize")
+            return internal_error("tokenize_failed", "to tokenize this request")
 
     async def detokenize(self, request: Request) -> Response:
         try:
@@ -164,7 +162,7 @@ class TokenizeDoor:
         except ProtocolError as err:
             return error_response(err)
         except Exception:
-            return _failed("detokenize")
+            return internal_error("detokenize_failed", "to detokenize this request")
 
     async def tokenizer_info(self, request: Request) -> Response:
         try:
@@ -175,11 +173,10 @@ class TokenizeDoor:
         except ProtocolError as err:
             return error_response(err)
         except Exception:
-            return _failed("describe the tokenizer of")
+            return internal_error("describe_the_tokenizer_of_failed", "to describe the tokenizer of this request")
 
     async def _checked_body(self, request: Request) -> Any:
-        await self.auth.authenticate(request.headers.get("authorization"))
-        return await read_json(request, self.settings.max_message_bytes)
+        return (await asked(request, self.auth, self.settings.max_message_bytes))[1]
 
     async def _tokenizer(self, model: str, version: str) -> ModelTokenizer:
         version = version or self.catalog.snapshot.stable.get(model, "")
@@ -204,8 +201,3 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
-
-
-def _failed(what: str) -> Response:
-    log.exception("event=%s_failed", what)
-    return error_response(ProtocolError("internal_error", f"the gateway failed to {what} this request"))
