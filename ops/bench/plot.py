@@ -144,9 +144,13 @@ def plot_versus(report: dict, path: str) -> None:
     latency (p50 and p99), each against the concurrency, one line per setup (medians over the runs)."""
     lengths = list(dict.fromkeys((row["prompt"], row["ending"]) for row in report["rows"]))
     fig, axes = plt.subplots(3, len(lengths), figsize=(6.5 * len(lengths), 10), squeeze=False)
+    # Each ending's answers in the report's own words, to their first "," or ";" ("128 tokens",
+    # "up to 256 tokens"): a natural answer is as long as the model makes it.
+    said = report.get("endings", {})
+    answers = "; ".join(f"{e}: {said.get(e, str(report['max_tokens']) + ' tokens').split(';')[0].split(',')[0]}"
+                        for e in sorted({row["ending"] for row in report["rows"]}))
     fig.suptitle(f"brigade bench serve --versus llama-server\n{report['threads']} threads each, "
-                 f"{report['max_tokens']} tokens per answer, medians of {report['runs']} runs, "
-                 f"{report['cpu']['model_name'] or 'CPU'}", fontsize=11)
+                 f"{answers}, medians of {report['runs']} runs, {report['cpu']['model_name'] or 'CPU'}", fontsize=11)
     for column, (length, ending) in enumerate(lengths):
         rows = [row for row in report["rows"] if (row["prompt"], row["ending"]) == (length, ending)]
         cs = [row["concurrency"] for row in rows]
