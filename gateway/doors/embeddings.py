@@ -33,7 +33,7 @@ from gateway import metrics
 from gateway.admission.auth import Authenticator
 from gateway.doors import openai_schema as oa
 from gateway.doors.held_models import HeldModelAdmission, embedding_model_name, outcome_of
-from gateway.doors.http_body import asked
+from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import ProtocolError
 from ops.core.settings import GatewaySettings, Settings
@@ -127,7 +127,8 @@ class EmbeddingsDoor:
         started = time.perf_counter()
         rid, key, inputs = uuid.uuid4().hex, None, 0
         try:
-            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
+            key = await self.auth.authenticate(request.headers.get("authorization"))
+            body = await read_json(request, self.settings.max_message_bytes)
             embedder = self._embedder()
             ask = parse_embeddings(body, self.name, embedder.dim, self.settings)
             inputs = len(ask.inputs)

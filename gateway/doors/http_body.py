@@ -1,20 +1,15 @@
 """A JSON request body, read no further than the largest message the gateway takes (as for
 WebSocket frames), for every HTTP door that takes one: an oversized body is refused before it
-is all in memory, and a body that is not JSON gets the stable code `invalid_json`. The caller's
-key is checked first (`asked`): a refused caller's body is never read.
+is all in memory, and a body that is not JSON gets the stable code `invalid_json`.
 """
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 
-from gateway.admission.auth import Authenticator
 from gateway.request import ProtocolError
-
-if TYPE_CHECKING:
-    from gateway.admission.api_keys import ApiKey
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -35,9 +30,3 @@ async def read_json(request: Request, limit: int) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_json", "the request body is not valid JSON") from None
-
-
-async def asked(request: Request, auth: Authenticator, limit: int) -> tuple["ApiKey | None", Any]:
-    """Every JSON door's way in: the caller's key (a ProtocolError when refused), then the body."""
-    key = await auth.authenticate(request.headers.get("authorization"))
-    return key, await read_json(request, limit)

@@ -29,7 +29,7 @@ from gateway.doors import openai_render as render
 from gateway.doors import openai_schema as oa
 from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, disconnected, first_event, stream_error
-from gateway.doors.http_body import asked
+from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import Generate, ProtocolError, RequestRules
 from ops.core.settings import Settings
@@ -68,8 +68,8 @@ class OpenAIDoor:
     async def _complete(self, request: Request, chat: bool) -> Response:
         client_id = uuid.uuid4().hex[:16]
         try:
-            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
-            caller = Caller(key, "http")
+            caller = await self.caller(request)
+            body = await read_json(request, self.settings.max_message_bytes)
             asks = oa.parse_prompts(body, chat, self.rules, client_id)
             if len(asks) > 1:
                 return await self._several(request, caller, asks, client_id)

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from gateway import metrics
 from gateway.admission.auth import Authenticator
 from gateway.doors.held_models import HeldModelAdmission, outcome_of
-from gateway.doors.http_body import asked
+from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response, internal_error
 from gateway.doors.rerank_models import Scorer, ScoringModels
 from gateway.doors.rerank_schema import PairsAsk, RerankAsk, parse_rerank, parse_score, rerank_body, score_body
@@ -57,7 +57,8 @@ class RerankDoor:
         started = time.perf_counter()
         rid, key, name, pairs = uuid.uuid4().hex, None, self.models.reranker, 0
         try:
-            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
+            key = await self.auth.authenticate(request.headers.get("authorization"))
+            body = await read_json(request, self.settings.max_message_bytes)
             ask = parse_rerank(body, self.settings) if api == "rerank" else parse_score(body, self.settings)
             asked = ask.pairs if isinstance(ask, RerankAsk) else ask
             scorer = self.models.choose(asked.model)

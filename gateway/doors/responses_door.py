@@ -30,7 +30,7 @@ from gateway.doors import responses_render as render
 from gateway.doors import responses_schema as rs
 from gateway.doors import sse
 from gateway.doors.answer_wait import ClientGone, admit, first_event, stream_error
-from gateway.doors.http_body import asked
+from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response, internal_error
 from gateway.doors.response_store import ResponseStore, StoredResponse
 from gateway.request import ProtocolError, RequestRules
@@ -64,8 +64,8 @@ class ResponsesDoor:
     async def create(self, request: Request) -> Response:
         client_id = uuid.uuid4().hex[:16]
         try:
-            key, body = await asked(request, self.auth, self.settings.max_message_bytes)
-            caller = Caller(key, "responses")
+            caller = await self._caller(request)
+            body = await read_json(request, self.settings.max_message_bytes)
             previous = await self._previous(body, self._owner(caller))
             cmd, opts = rs.parse(body, self.rules, client_id, previous)
             admitted, answer = await admit(self.admission, cmd, caller)

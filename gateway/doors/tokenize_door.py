@@ -32,7 +32,7 @@ from cache.query import PromptRenderer
 from gateway.admission.auth import Authenticator
 from gateway.admission.catalog import Catalog
 from gateway.doors import openai_schema as oa
-from gateway.doors.http_body import asked
+from gateway.doors.http_body import read_json
 from gateway.doors.http_errors import error_response, internal_error
 from gateway.request import ProtocolError, RequestRules
 from ops.core.settings import Settings
@@ -176,7 +176,8 @@ class TokenizeDoor:
             return internal_error("describe_the_tokenizer_of_failed", "to describe the tokenizer of this request")
 
     async def _checked_body(self, request: Request) -> Any:
-        return (await asked(request, self.auth, self.settings.max_message_bytes))[1]
+        await self.auth.authenticate(request.headers.get("authorization"))
+        return await read_json(request, self.settings.max_message_bytes)
 
     async def _tokenizer(self, model: str, version: str) -> ModelTokenizer:
         version = version or self.catalog.snapshot.stable.get(model, "")
