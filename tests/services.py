@@ -156,7 +156,7 @@ class RedisHAServer:
 
     def restart(self, name: str) -> None:
         """Start a killed node again, as a replica of the primary the sentinels promoted (as the
-        benchmark fleet does, ops/bench/roster.py): left to the sentinels, it came back as a primary
+        benchmark fleet does, ops/bench/fleet.py): left to the sentinels, it came back as a primary
         of its own until their next look at it, 10-15 s, which every following test waited out."""
         self.procs[name] = subprocess.Popen(replica_of(self.ha.parts()[name], self.ha.host, self.ha.primary_port()),
                                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -441,7 +441,7 @@ class Stack:
         SIGKILLed and its heartbeat forgotten."""
         import psutil
 
-        from ops.core import fleet as registry_of_workers
+        from ops.core import roster
 
         worker = self.start("worker", name, ["--name", worker_name], **env)
         client = self.redis.client
@@ -459,7 +459,7 @@ class Stack:
         finally:
             worker.proc.kill()
             worker.proc.wait(10)
-            registry_of_workers.forget(client, status["instance"])
+            roster.forget(client, status["instance"])
 
     # ---- the end -------------------------------------------------------------------------------
 
