@@ -29,6 +29,7 @@ from ops.stack.redis_ha import TLSFiles, replica_of
 from ops.stack.stack import Stack as Parts
 from ops.stack.stack import redis_command, with_env
 
+ROOT = Path(__file__).resolve().parent.parent  # where every test part runs, as a developer would
 REDIS_INSTALL_HINT = (
     "redis-server is not installed, and the integration tests need a real one: "
     "run `make test` (it installs it) or `sudo apt-get install -y redis-server`"
@@ -291,7 +292,7 @@ class Stack:
         self.env = service_env(redis.url, self.port, **env)
         # Every process is a part of one ops Stack, as `brigade up`'s and the benchmarks' are; this
         # class stops them itself (all asked at once: see `stop`).
-        self.parts = Parts(self.env, logs)
+        self.parts = Parts(self.env, logs, cwd=ROOT)
         self.gateways: dict[str, BrigadeProcess] = {}
         self.workers: dict[str, BrigadeProcess] = {}
         self.started: list[BrigadeProcess] = []  # every process, in start order, replaced ones too

@@ -24,7 +24,7 @@ from ops.bench.serve import run as run_load
 from ops.bench.serve_config import LoadConfig
 from ops.core.ports import free_port
 from ops.core.settings import Settings
-from ops.stack.stack import Stack, readyz_workers
+from ops.stack.stack import ROOT, Stack, readyz_workers
 from ops.stack.supervision import PartExited
 START_TIMEOUT_S = 300.0
 ROUTINGS = ("shared", "prefix")  # BRIGADE_ROUTING's values (ops/core/settings.py, routing)
@@ -78,7 +78,7 @@ class Fleet:
         self.env = env
         # One part, `up` itself, which supervises the fleet's own parts; it stops them in order
         # when it gets SIGTERM, and gets SIGTERM too should this benchmark die.
-        self.stack = Stack(env, log_dir, order=("up",), grace_s={"up": 60.0})
+        self.stack = Stack(env, log_dir, order=("up",), grace_s={"up": 60.0}, cwd=ROOT)
         self.supervisor = self.stack.supervisor
         self.log_path = log_dir / f"{self.name}.log"
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from ops.stack.supervision import STOP_ORDER, Supervisor
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: where every part runs
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the folder the packages are installed in)
 
 
 def part_command(part: str, *args: str) -> list[str]:
@@ -71,11 +71,14 @@ class Stack:
     """Brigade's parts as named children of this process, each from `part_command`, with `env` (None:
     this process's own environment) and its own changes, and its log `<name>.log` in `logs` (None:
     this process's output). A name started again gets `<name>-2.log`, so that the first one's log
-    stays readable; a part restarted by the supervisor (a crash it makes) keeps its log."""
+    stays readable; a part restarted by the supervisor (a crash it makes) keeps its log. Parts run
+    in `cwd` (None: this process's own, so that `brigade up`'s parts read a relative BRIGADE_MODEL
+    as the user wrote it)."""
 
     def __init__(self, env: dict[str, str] | None = None, logs: Path | None = None, *,
-                 order: tuple[str, ...] = STOP_ORDER, grace_s: dict[str, float] | None = None):
-        self.env, self.logs = env, logs
+                 order: tuple[str, ...] = STOP_ORDER, grace_s: dict[str, float] | None = None,
+                 cwd: Path | None = None):
+        self.env, self.logs, self.cwd = env, logs, cwd
         self.supervisor = Supervisor(order=order, grace_s=grace_s)
         self._starts: Counter[str] = Counter()
 
@@ -90,7 +93,7 @@ class Stack:
         n = self._starts[name]
         log = None if self.logs is None else self.logs / (f"{name}.log" if n == 1 else f"{name}-{n}.log")
         argv = part_command(part, *args)
-        return self.supervisor.start(name, wrap(argv) if wrap else argv, env=with_env(self.env, env), cwd=ROOT,
+        return self.supervisor.start(name, wrap(argv) if wrap else argv, env=with_env(self.env, env), cwd=self.cwd,
                                      log=log, death_signal=death_signal, role=part)
 
     def log(self, name: str) -> Path | None:
