@@ -29,6 +29,7 @@ from ops.commands.cli import build_parser
 from ops.commands.cli_options import report_failure
 from ops.core.logs import RedactingFormatter
 from ops.core.redaction import redact
+from ops.stack.stack import with_env
 from tests.services import RedisServer, Stack, create_key, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +46,7 @@ def client_env(**extra: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIGADE_")}
     env.update(BRIGADE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", BRIGADE_GATEWAY_PORT=str(free_port()),
                PYTHONUNBUFFERED="1")
-    for name, value in extra.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return with_env(env, extra)
 
 
 def brigade(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
