@@ -80,11 +80,11 @@ class Fleet:
         # when it gets SIGTERM, and gets SIGTERM too should this benchmark die.
         self.stack = Stack(env, log_dir, order=("up",), grace_s={"up": 60.0}, cwd=ROOT)
         self.supervisor = self.stack.supervisor
-        self.log_path = log_dir / f"{self.name}.log"
 
     def __enter__(self) -> "Fleet":
         # --ephemeral: each size gets a fresh, empty Redis, not the last size's queue and records.
         self.stack.start("up", self.name, ["--ephemeral", "--workers", str(self.workers)], death_signal=signal.SIGTERM)
+        self.log_path = self.stack.log(self.name)  # the Stack names it
         try:
             self.supervisor.wait_for(lambda: self.ready_workers() >= self.workers, START_TIMEOUT_S, interval_s=0.5)
         except PartExited:
