@@ -82,10 +82,13 @@ def test_every_fault_under_load_loses_no_request_token_or_batch_line(tiny_model_
     goal, ws, sse, batch = report["goal"], report["websocket"], report["sse"], report["batch"]
     why = f"{done.stderr[-2000:]}\nlogs: {report['logs']}"
 
-    # Every fault happened, in a whole fleet, and did what it is for.
-    faults = {kind: [f for f in report["faults"] if f["fault"] == kind and "at_s" in f]
+    # Every fault happened, in a whole fleet, under load (a fault pushed late by the wait for the
+    # last one's repairs keeps the load on: on a slow machine the third kill once came after it),
+    # and did what it is for.
+    faults = {kind: [f for f in report["faults"] if f["fault"] == kind]
               for kind in ("worker_kill", "redis_primary_kill", "gateway_kill", "worker_cut")}
-    assert len(faults["worker_kill"]) >= 3 and len(faults["redis_primary_kill"]) == 2, report["faults"]
+    assert report["load_s"] >= max(f["at_s"] for f in report["faults"]) + 4.9, (report["load_s"], report["faults"])
+    assert len(faults["worker_kill"]) == 3 and len(faults["redis_primary_kill"]) == 2, report["faults"]
     assert {f["part"] for f in faults["worker_kill"]} == {"worker-0", "worker-1"}, report["faults"]  # in turn
     assert all(f["promoted"] not in (None, f["killed"]) for f in faults["redis_primary_kill"]), report["faults"]
     assert len(faults["gateway_kill"]) == 1 and len(faults["worker_cut"]) == 1, report["faults"]

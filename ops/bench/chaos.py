@@ -34,7 +34,7 @@ import redis
 
 from ops.bench.batch_load import BatchLoad
 from ops.bench.fleet import Fleet
-from ops.bench.load_clients import Tally, sse_client, websocket_client
+from ops.bench.load_clients import Deadline, Tally, sse_client, websocket_client
 from ops.bench.netns import CutLink, NamespaceUnavailable
 from ops.core import redis_keys
 from ops.stack.supervision import PartExited, say
@@ -107,6 +107,7 @@ class Chaos:
         self.ws, self.sse = Tally(self.t0), Tally(self.t0)
         self.batch = BatchLoad(fleet.http_urls, config.batch_lines, config.max_tokens)
         self.faults: list[dict] = []
+        self.load_s: float | None = None  # how long the clients asked: `seconds`, or more (`run`)
         self.gateway_kills: list[tuple[int, float]] = []
         self.memory: dict[str, list[tuple[float, float | None]]] = {}
 
@@ -119,7 +120,10 @@ class Chaos:
     async def run(self) -> dict:
         c = self.config
         self.t0 = self.ws.t0 = self.sse.t0 = time.monotonic()
-        until = self.t0 + c.seconds
+        # The load lasts `seconds`, and longer while a planned fault still waits for a whole fleet
+        # (each fault waits for the last one's repairs): every fault happens under load, and the
+        # load goes on 5 s past the last, so that its effect is seen.
+        until = Deadline(self.t0 + c.seconds, held=True)
         self.sample_memory()
         await self.batch.submit()
         tasks = [asyncio.create_task(websocket_client(self.fleet.ws_urls, n, until, c.max_tokens, self.ws))
@@ -130,12 +134,12 @@ class Chaos:
         for fault in schedule(c):
             while self.now() < fault.at_s:
                 await asyncio.sleep(0.2)
-            if time.monotonic() > until - 5:
-                self.faults.append({"fault": fault.kind, "planned_at_s": fault.at_s, "skipped": "the load had ended"})
-                continue
             self.faults.append(await self.apply(fault))
-        while time.monotonic() < until:
+            until.at_least(time.monotonic() + 5)
+        until.held = False
+        while not until.passed():
             await asyncio.sleep(0.2)
+        self.load_s = self.now()
         await self.batch.poll()
         self.batch.note("load_end")
         # Requests in flight at the deadline are finished, not abandoned.
@@ -265,7 +269,7 @@ class Chaos:
         return {"config": asdict(self.config), "fleet": self.fleet_shape(), "code": code_version(), "goal": goal, "websocket": ws, "sse": sse,
                 "batch": batch, "faults": self.faults, "memory_mb": memory,
                 "log_events": log_events(self.fleet.workdir),
-                "wall_s": self.now(), "logs": str(self.fleet.workdir)}
+                "load_s": self.load_s, "wall_s": self.now(), "logs": str(self.fleet.workdir)}
 
     def fleet_shape(self) -> dict:
         return {"gateways": len(self.fleet.gateways), "workers": len(self.fleet.workers), "reaper": 1,
@@ -307,7 +311,7 @@ def summary(report: dict) -> str:
     ws, sse, batch, goal = report["websocket"], report["sse"], report["batch"], report["goal"]
     faults = ", ".join(f"{f['fault']}@{f.get('at_s', '-')}s" for f in report["faults"])
     return "\n".join([
-        f"chaos: {report['config']['seconds']:.0f} s; faults: {faults}",
+        f"chaos: load for {report['load_s']:.0f} s (asked {report['config']['seconds']:.0f}); faults: {faults}",
         f"  websocket: {ws['requests_completed']} completed, failed {ws['requests_failed'] or 0}, "
         f"{ws['broken_streams']} broken, {ws.get('resumed', 0)} resumed; TTFT p50/p99 {ws['ttft_s']['p50']}/"
         f"{ws['ttft_s']['p99']} s, e2e p50/p99 {ws['e2e_s']['p50']}/{ws['e2e_s']['p99']} s",

@@ -127,6 +127,21 @@ class Tally:
 
 
 @dataclass
+class Deadline:
+    """When the clients stop asking. `held` keeps the load on past `at`: `bench chaos` holds it
+    while a planned fault waits for a whole fleet, so no fault happens to an idle one."""
+
+    at: float
+    held: bool = False
+
+    def passed(self) -> bool:
+        return not self.held and time.monotonic() >= self.at
+
+    def at_least(self, at: float) -> None:
+        self.at = max(self.at, at)
+
+
+@dataclass
 class InFlight:
     """The request a WebSocket client waits on."""
 
@@ -140,12 +155,12 @@ class InFlight:
     resumed_after: list[int] = field(default_factory=list)  # the after_index of each resume sent
 
 
-async def websocket_client(urls: list[str], n: int, until: float, max_tokens: int, tally: Tally) -> None:
+async def websocket_client(urls: list[str], n: int, until: Deadline, max_tokens: int, tally: Tally) -> None:
     """Client n, starting on gateway n mod len(urls): ask, read to the end, ask again, until `until`."""
     rng = random.Random(n)
     g = n % len(urls)
     asking: InFlight | None = None
-    while asking is not None or time.monotonic() < until:
+    while asking is not None or not until.passed():
         try:
             async with connect(urls[g], open_timeout=30, max_size=None) as ws:
                 if asking is not None:  # the connection broke under it
@@ -159,7 +174,7 @@ async def websocket_client(urls: list[str], n: int, until: float, max_tokens: in
                                                   "after_index": asking.order.last}))
                 while True:
                     if asking is None:
-                        if time.monotonic() >= until:
+                        if until.passed():
                             return
                         asking = InFlight(f"w{n}-{tally.sent}", rng.choice(QUESTIONS), time.monotonic())
                         tally.sent += 1
@@ -214,14 +229,14 @@ async def _read_answer(ws, asking: InFlight, tally: Tally, url: str) -> None:
             return
 
 
-async def sse_client(urls: list[str], n: int, until: float, max_tokens: int, tally: Tally,
+async def sse_client(urls: list[str], n: int, until: Deadline, max_tokens: int, tally: Tally,
                      killed_between: Callable[[int, float, float], bool]) -> None:
     """SSE client n, starting on gateway n mod len(urls). `killed_between(g, t1, t2)`: was gateway g
     killed in that span (a stream cut then was cut by its own gateway's death)."""
     rng = random.Random(10_000 + n)
     g = n % len(urls)
     async with httpx.AsyncClient(timeout=httpx.Timeout(RECV_TIMEOUT_S, connect=10)) as http:
-        while time.monotonic() < until:
+        while not until.passed():
             body = {"messages": [{"role": "user", "content": rng.choice(QUESTIONS)}], "max_tokens": max_tokens,
                     "stream": True, "stream_options": {"include_usage": True}, "logprobs": True}
             sent = time.monotonic()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ops.bench.fleet import Fleet, rss_mb
-from ops.bench.load_clients import Tally, websocket_client
+from ops.bench.load_clients import Deadline, Tally, websocket_client
 from ops.stack.supervision import PartExited
 
 
@@ -31,7 +31,7 @@ async def _soak(fleet: Fleet, clients: int, seconds: float, kill_every_s: float,
     gateway = fleet.pid("gateway-0")
     rss_before = rss_mb(gateway)
     until = started + seconds
-    tasks = [asyncio.create_task(websocket_client(fleet.ws_urls, n, until, max_tokens, tally)) for n in range(clients)]
+    tasks = [asyncio.create_task(websocket_client(fleet.ws_urls, n, Deadline(until), max_tokens, tally)) for n in range(clients)]
     killed, rss, failovers = [], [], []
     next_kill = started + kill_every_s if kill_every_s > 0 else float("inf")
     # the primary's kills, evenly spaced: for 3 in 300 s, at 75, 150 and 225 s
