@@ -48,7 +48,9 @@ def other_env(tmp_path_factory, kernel_root) -> dict:
 
     folder = tmp_path_factory.mktemp("other-env")
     (folder / "torch").symlink_to(Path(torch.__file__).parent)
-    env = {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
+    # One compile at a time (torch's cpp_extension reads MAX_JOBS): a build that takes both cores
+    # starved the other pytest worker (a stack start beside it took 103 s, not 20).
+    env = {"PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)]), "MAX_JOBS": "1"}
     yield env
     shutil.rmtree(OTHER_BUILD.get("dir", kernel_root / "none"), ignore_errors=True)
 
