@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # How `up` is stopped, each on its own `brigade up`. "sigint-through-a-dead-pipe" is
 # `brigade up 2>&1 | tee LOG` and Ctrl-C: the terminal sends SIGINT to the whole pipeline, tee
-# dies of it, and `up` must stop its children although every print of its own now fails.
-ORDERLY = ("sigint-through-a-dead-pipe", "sigpipe", "sighup", "sigterm")
+# dies of it, and `up` must stop its children although every print of its own now fails. SIGHUP
+# and SIGPIPE reach the handler SIGTERM reaches (`stop_when_signalled`): each is sent to the
+# supervisor that handler drives, in a process of its own, below, not to a whole `up`.
+ORDERLY = ("sigint-through-a-dead-pipe", "sigterm")
 CASES = (*ORDERLY, "sigkill")
 WITH_FLOWER = ("sigint-through-a-dead-pipe", "sigkill")  # Flower stopped in order, and killed with `up`
 EPHEMERAL = ("sigterm",)  # one `up --ephemeral`: its Redis keeps nothing
@@ -80,8 +82,7 @@ def stop(up: BrigadeUp, case: str) -> None:
     if case == "sigint-through-a-dead-pipe":
         os.killpg(os.getpgid(up.proc.pid), signal.SIGINT)  # the pipeline: tee leads it, `up` is in it
     else:
-        up.proc.send_signal({"sigpipe": signal.SIGPIPE, "sighup": signal.SIGHUP, "sigterm": signal.SIGTERM,
-                             "sigkill": signal.SIGKILL}[case])
+        up.proc.send_signal({"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[case])
 
 
 @pytest.mark.long
@@ -89,7 +90,7 @@ def test_a_second_up_on_the_same_data_folder_refuses_to_start_a_redis_there(ups)
     """Two Redis servers writing one append-only folder would corrupt it."""
     import redis
 
-    first = ups["sighup"]
+    first = ups["sigint-through-a-dead-pipe"]  # its data folder is kept (not --ephemeral), and it runs first
     first.wait_ready()
     redis_url, port = f"redis://127.0.0.1:{free_port()}/0", free_port()
     env = dict(first.env, BRIGADE_REDIS_URL=redis_url, BRIGADE_GATEWAY_PORT=str(port))
@@ -250,6 +251,39 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
         ending.wait_for(lambda: False, 60)
     assert (exited.value.name, exited.value.code) == ("reaper", 3)
     ending.stop()
+
+
+# `up`'s loop in small: the handler it installs, one part, the watch, the stop in order.
+STOPS_WHEN_SIGNALLED = """
+import sys, time
+from pathlib import Path
+from ops.stack.supervision import Supervisor, stop_when_signalled
+stopping = stop_when_signalled()
+folder = Path(sys.argv[1])
+supervisor = Supervisor()
+supervisor.start("worker", [sys.executable, "-c", sys.argv[2], str(folder / "stopped"), "worker"],
+                 log=folder / "worker.log")
+supervisor.wait_for(lambda: "started" in (folder / "worker.log").read_text(), 60)
+print("watching", flush=True)
+ended = supervisor.watch(stopping)
+supervisor.stop()
+sys.exit(0 if ended is None else 1)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE],
+                         ids=lambda s: s.name)
+def test_each_stop_signal_has_the_supervisor_stop_its_part_and_exit_0(tmp_path, signum):
+    watcher = subprocess.Popen([sys.executable, "-c", STOPS_WHEN_SIGNALLED, str(tmp_path), RECORDS_ITS_STOP],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert watcher.stdout.readline().strip() == "watching", watcher.stdout.read()
+        watcher.send_signal(signum)
+        assert watcher.wait(30) == 0, watcher.stdout.read()
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert (tmp_path / "stopped").read_text().split() == ["worker"]  # asked to stop, not killed with it
 
 
 @pytest.mark.long

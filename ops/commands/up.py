@@ -34,7 +34,7 @@ def redis_answers(url: str) -> bool:
 def cmd_up(args, settings: Settings) -> int:
     from ops.core.ports import CannotListen, ensure_free
     from ops.stack.stack import Stack
-    from ops.stack.supervision import STOP_SIGNALS, say, stop_graces
+    from ops.stack.supervision import say, stop_graces, stop_when_signalled
 
     if args.workers < 1:
         print("brigade up: --workers must be at least 1", file=sys.stderr)
@@ -48,26 +48,19 @@ def cmd_up(args, settings: Settings) -> int:
     except CannotListen as exc:
         print(exc, file=sys.stderr)
         return 1
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, stop)
+    stopping = stop_when_signalled()
     stack = Stack(grace_s=stop_graces(settings))
     supervisor = stack.supervisor  # Redis, the HA set and the watch are its parts too
     ha = None
     if args.redis_ha:
-        ha = _start_redis_ha(supervisor, settings, lambda: stopping)
+        ha = _start_redis_ha(supervisor, settings, stopping)
         if ha is None:
             supervisor.stop()
             return 1
         settings = settings.model_copy(update={"redis_url": ha.url})
         stack.env = {**os.environ, "BRIGADE_REDIS_URL": ha.url}  # every part started after the set runs on it
     elif not redis_answers(settings.redis_url):
-        failed = _start_local_redis(args, supervisor, settings, lambda: stopping)
+        failed = _start_local_redis(args, supervisor, settings, stopping)
         if failed is not None:
             return failed
     problem = _up_models_step(args.model, settings)
@@ -82,9 +75,9 @@ def cmd_up(args, settings: Settings) -> int:
         sys.stdout)
     status = 0
     try:
-        while (ended := supervisor.watch(lambda: stopping)) is not None:
+        while (ended := supervisor.watch(stopping)) is not None:
             if ha is not None and ended[0].startswith("redis-"):
-                _rejoin_redis_node(supervisor, ha, ended, lambda: stopping)
+                _rejoin_redis_node(supervisor, ha, ended, stopping)
                 continue
             say(f"brigade {ended[0]} exited (code {ended[1]}); stopping the rest")
             status = 1

@@ -39,6 +39,19 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def stop_when_signalled() -> Callable[[], bool]:
+    """Catch STOP_SIGNALS from here on; the returned function says whether one came. Called from
+    the main thread (Python runs signal handlers there), before the first part starts."""
+    came: list[int] = []
+
+    def note(signum, _frame) -> None:
+        came.append(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, note)
+    return lambda: bool(came)
+
+
 def tied_to_this_process(death_signal: signal.Signals) -> Callable[[], None] | None:
     """A Popen preexec_fn: the child receives `death_signal` when this process dies, however it
     dies. None where there is no prctl (not Linux): there, only an orderly stop stops children.
