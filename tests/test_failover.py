@@ -23,6 +23,7 @@ from tests.clients import Answer, absorb, ask_once, resume
 from tests.services import RedisServer, Stack, http_status, queued_params, wait_until
 from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
 from tests.streams import stream_clients as streams
+from tests.worker_scrapes import Samples, delta, scrape
 
 pytestmark = pytest.mark.long
 
@@ -67,6 +68,10 @@ async def stream_clients(url: str, fault, **options):
 # ---- SIGKILL ----------------------------------------------------------------------------------------
 
 def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expected):
+    # Each worker's /metrics before the run (at the address its heartbeat gives): the survivor
+    # must count each request it continued as a failover, and time only its own first tokens.
+    before = {n: scrape(s["metrics_url"]) for n, s in fleet.statuses().items()}
+
     def fault(clients):
         rids = [c.answer.request_id for c in clients]
         wait_until(lambda: claimed(fleet, clients), 10, what="every request claimed")
@@ -89,9 +94,32 @@ def test_sigkill_mid_stream_every_client_still_gets_the_whole_answer(fleet, expe
             # (3 s) + reaper interval + a prefill must stay well inside 3x the TTL.
             assert after[0] - killed_at < 3 * HEARTBEAT_TTL_S, f"{c.id}: {after[0] - killed_at:.2f}s to the next token"
             assert c.answer.end["timing"]["worker"] != victim
+        survivor = next(n for n in before if n != victim)
+        assert_survivor_counted(fleet, clients, affected, survivor, before[survivor])
     finally:
         fleet.start_worker(victim)
         fleet.wait_ready(gateways=["gateway"])
+
+
+def assert_survivor_counted(fleet, clients, affected, survivor: str, before: Samples) -> None:
+    """The survivor's failovers are the requests it continued (claimed a second time, after the
+    kill), and its first-token count only the requests it ran from their start: the continued
+    ones' first tokens came from the killed worker."""
+    client = fleet.redis.client
+    attempts = {c.id: int(client.hget(redis_keys.claim(c.answer.request_id), "attempts")) for c in clients}
+    by_survivor = [c.id for c in clients if c.answer.end["timing"]["worker"] == survivor]
+    continued = sorted(i for i in by_survivor if attempts[i] > 1)
+    assert continued == sorted(c.id for c in affected), (continued, attempts)
+    was = {survivor: before}
+
+    def counted():
+        now = {survivor: scrape(fleet.statuses([survivor])[survivor]["metrics_url"])}
+        return now if delta(was, now, "brigade_failovers_total") >= len(continued) else None
+
+    now = wait_until(counted, 30, what="the survivor to count its failovers")
+    assert delta(was, now, "brigade_failovers_total") == len(continued)
+    own = [i for i in by_survivor if attempts[i] == 1]
+    assert delta(was, now, "brigade_time_to_first_token_seconds_count") == len(own)
 
 
 # ---- SIGTERM ----------------------------------------------------------------------------------------

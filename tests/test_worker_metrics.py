@@ -1,4 +1,3 @@
-# Over 400 lines: one module-scoped real stack of two workers whose metrics every test scrapes.
 """Every worker's Prometheus /metrics, scraped from real processes: a real redis-server, two real
 `brigade worker` processes on one host, a real reaper and gateway, real WebSocket clients, the
 tiny model (what is counted does not depend on the words). Counts are checked as differences
@@ -20,10 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from ops.core import redis_keys
-from tests.clients import Answer, absorb, ask, collect_one
+from tests.clients import Answer, ask, collect_one
 from tests.services import Stack, queued_params, wait_until
+from tests.worker_scrapes import MODEL, Samples, delta, scrape, value
+from tests.vllm_metric_cases import *  # noqa: F401,F403  (its test runs on this module's fleet)
 
-MODEL = "smollm2-135m-instruct"
 WORKERS = ("w1@metrics", "w2@metrics")
 HISTOGRAMS = {
     "brigade_time_to_first_token_seconds", "brigade_time_per_output_token_seconds",
@@ -44,36 +44,11 @@ LONG_PROMPTS = [
     "Tell me everything you know about the history of tea.",
 ]
 
-Samples = dict[tuple[str, tuple], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        assert resp.status == 200
-        text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels besides the model's and its version's (the fleet's
-    workers serve the model unversioned: version ""), 0 when absent."""
-    want = tuple(sorted({"model": MODEL, "version": "", **labels}.items()))
-    return samples.get((name, want), 0.0)
-
 
 class Fleet(Stack):
     def scrape(self, names=WORKERS) -> dict[str, Samples]:
         """Every live worker's /metrics (of those named), at the address its heartbeat gives."""
         return {n: scrape(s["metrics_url"]) for n, s in self.statuses(names).items()}
-
-
-def total(snapshots: dict[str, Samples], name: str, **labels: str) -> float:
-    return sum(value(s, name, **labels) for s in snapshots.values())
-
-
-def delta(before: dict[str, Samples], after: dict[str, Samples], name: str, **labels: str) -> float:
-    return total(after, name, **labels) - total(before, name, **labels)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +110,7 @@ def test_two_workers_on_one_host_serve_metrics_on_their_own_ports_named_in_their
         assert all(families[n].type == "gauge" for n in GAUGES)
         assert all(families[n].type == "counter" for n in COUNTERS)
         # Only the worker's own registry: nothing from prometheus_client's default (process, GC);
-        # beside Brigade's names, vLLM's for the same numbers (tests/test_vllm_metric_names.py).
+        # beside Brigade's names, vLLM's for the same numbers (tests/vllm_metric_cases.py).
         assert not [n for n in families if not n.startswith(("brigade_", "vllm:"))], sorted(families)
         samples = [s for n, f in families.items() if n.startswith("brigade_") for s in f.samples]
         # Unversioned (no BRIGADE_MODEL_VERSION): the version label is there, empty.
@@ -315,70 +290,6 @@ def test_a_request_past_its_attempts_is_dead_lettered_and_counted_by_the_worker_
     assert delta(before, after, "brigade_request_errors_total", code="worker_failed") == 1
     assert delta(before, after, "brigade_failovers_total") == 0  # buried, not continued
     assert [e["code"] for e in stream_events(client, rid) if e["type"] == "error"] == ["worker_failed"]
-
-
-# ---- failover (kills a worker: keep these last) ------------------------------------------------------------
-
-@pytest.mark.long
-def test_the_surviving_worker_counts_each_request_it_continued_after_a_sigkill(fleet):
-    client = fleet.redis.client
-    before = fleet.scrape()
-    answers = {f"f{i}": Answer(f"f{i}") for i in range(len(LONG_PROMPTS))}
-    victim: dict = {}
-
-    async def one(cid: str, prompt: str, started: asyncio.Event):
-        async with connect(fleet.url) as ws:
-            await ws.send(json.dumps({"type": "generate", "id": cid, "max_tokens": 600, "cache": "off",
-                                      "messages": [{"role": "user", "content": prompt}]}))
-            while answers[cid].end is None:
-                absorb(answers, json.loads(await ws.recv()))
-                if all(len(a.tokens) >= 3 or a.end for a in answers.values()):
-                    started.set()
-
-    def every_request_held():
-        rids = {a.request_id for a in answers.values()}
-        statuses = fleet.statuses(WORKERS)
-        held = {r for s in statuses.values() for r in s["requests"]}
-        return statuses if rids <= held else None
-
-    def kill():
-        rids = {a.request_id for a in answers.values()}
-        statuses = wait_until(every_request_held, 10, what="every request in a heartbeat")
-        name = max(statuses, key=lambda n: len(set(statuses[n]["requests"]) & rids))
-        victim["name"] = name
-        fleet.kill(fleet.workers[name])
-
-    async def main():
-        started = asyncio.Event()
-        tasks = [asyncio.create_task(one(cid, p, started)) for cid, p in zip(answers, LONG_PROMPTS)]
-        await asyncio.wait_for(started.wait(), 120)
-        await asyncio.to_thread(kill)
-        await asyncio.wait_for(asyncio.gather(*tasks), 240)
-
-    try:
-        asyncio.run(main())
-        survivor = next(n for n in WORKERS if n != victim["name"])
-        for a in answers.values():
-            assert a.end["type"] == "done", a.end
-            assert a.indexes == list(range(len(a.tokens))), a.indexes
-        attempts = {a.id: int(client.hget(redis_keys.claim(a.request_id), "attempts")) for a in answers.values()}
-        by_survivor = [a.id for a in answers.values() if a.end["timing"]["worker"] == survivor]
-        # Continued: claimed again after the kill (a second attempt), and finished by the survivor.
-        continued = [i for i in by_survivor if attempts[i] > 1]
-        assert continued, "the killed worker held none of the running requests"
-
-        def counted():
-            after = fleet.scrape([survivor])
-            return after if delta({survivor: before[survivor]}, after, "brigade_failovers_total") >= len(continued) \
-                else None
-        after = wait_until(counted, 30, what="the survivor to count its failovers")
-        assert delta({survivor: before[survivor]}, after, "brigade_failovers_total") == len(continued)
-        # Their first tokens came from the killed worker: the survivor timed only its own requests'.
-        own = [i for i in by_survivor if attempts[i] == 1]
-        assert delta({survivor: before[survivor]}, after, "brigade_time_to_first_token_seconds_count") == len(own)
-    except BaseException:
-        print(fleet.tails())
-        raise
 
 
 def test_a_worker_whose_metrics_port_is_taken_logs_it_once_and_serves_without_metrics(fleet):
