@@ -6,9 +6,8 @@ default model, one real gateway — in batches of 4 prompts per request, with th
 log-likelihoods and accuracy equal `lm_eval --model hf` on the same model folder in float32.
 
 Both runs are offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): the task reads its local file, the hf
-run the model folder, the completions run the gateway. About two minutes on two cores (two
-lm_eval processes, each importing its library for ~15 s, 128 log-likelihoods each): marked
-`long`."""
+run the model folder, the completions run the gateway. The two lm_eval processes run at once
+(each imports its library for ~15 s, then computes 128 log-likelihoods): marked `long`."""
 from __future__ import annotations
 
 import json
@@ -50,15 +49,21 @@ def stack(redis_server, model_dir, tmp_path_factory):
         yield s
 
 
-def run_lm_eval(out: Path, *args: str) -> tuple[dict[int, list[float]], float, str]:
-    """One lm_eval run of the task, offline: each question's log-likelihoods (by choice), the
-    accuracy, and what it printed."""
+def start_lm_eval(out: Path, *args: str) -> subprocess.Popen:
+    """One lm_eval run of the task, offline, started (`lm_eval_results` reads what it wrote)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(out / "datasets"), "TOKENIZERS_PARALLELISM": "false"}
-    run = subprocess.run([lm_eval_command(), *args, "--batch_size", str(BATCH), "--tasks", TASK, "--include_path", ".",
-                          "--log_samples", "--output_path", str(out)],
-                         cwd=TASK_DIR, env=env, capture_output=True, text=True, timeout=600)
-    printed = run.stdout + run.stderr
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "lm_eval.log").open("w") as log:  # a file, not a pipe: neither run waits on its reader
+        return subprocess.Popen([lm_eval_command(), *args, "--batch_size", str(BATCH), "--tasks", TASK,
+                                 "--include_path", ".", "--log_samples", "--output_path", str(out)],
+                                cwd=TASK_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def lm_eval_results(run: subprocess.Popen, out: Path) -> tuple[dict[int, list[float]], float, str]:
+    """Each question's log-likelihoods (by choice), the accuracy, and what the run printed."""
+    run.wait(timeout=600)
+    printed = (out / "lm_eval.log").read_text(errors="replace")
     assert run.returncode == 0, printed[-4000:]
     samples = [json.loads(line) for path in out.rglob(f"samples_{TASK}_*.jsonl") for line in path.open()]
     results = [json.loads(path.read_text()) for path in out.rglob("results_*.json")]
@@ -69,13 +74,21 @@ def run_lm_eval(out: Path, *args: str) -> tuple[dict[int, list[float]], float, s
 
 def test_lm_eval_local_completions_in_batches_scores_each_question_as_hugging_face_float32(stack, model_dir, tmp_path):
     questions = sum(1 for line in (TASK_DIR / "questions.jsonl").open() if line.strip())
-    served, served_acc, printed = run_lm_eval(
-        tmp_path / "brigade", "--model", "local-completions",
-        "--model_args", f"model={MODEL},base_url={stack.http}/v1/completions,max_retries=1")
+    # Both at once: each spends its first ~15 s importing its library, and the served one then
+    # mostly waits on the stack.
+    served_run = start_lm_eval(tmp_path / "brigade", "--model", "local-completions",
+                               "--model_args", f"model={MODEL},base_url={stack.http}/v1/completions,max_retries=1")
+    reference_run = start_lm_eval(tmp_path / "hf", "--model", "hf", "--model_args",
+                                  f"pretrained={model_dir},dtype=float32", "--device", "cpu")
+    try:
+        served, served_acc, printed = lm_eval_results(served_run, tmp_path / "brigade")
+        reference, reference_acc, _ = lm_eval_results(reference_run, tmp_path / "hf")
+    finally:
+        for run in (served_run, reference_run):
+            if run.poll() is None:
+                run.kill()
     # It found the server's tokenizer itself (no `tokenizer_backend` given): /tokenizer_info and /tokenize.
     assert "Auto-detected remote tokenizer support" in printed, printed[-4000:]
-    reference, reference_acc, _ = run_lm_eval(
-        tmp_path / "hf", "--model", "hf", "--model_args", f"pretrained={model_dir},dtype=float32", "--device", "cpu")
     assert sorted(served) == sorted(reference) == list(range(questions))
     gaps = [abs(a - b) for doc in reference for a, b in zip(served[doc], reference[doc], strict=True)]
     assert len(gaps) == sum(len(choices) for choices in reference.values()) > questions
