@@ -289,13 +289,23 @@ def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_re
     assert again["runs"]["trained"]["summary"]["steps"] == 6 and again["runs"]["hard_only"]["summary"]["steps"] == 6
 
 
-def test_brigade_distill_refuses_a_student_with_another_vocabulary_and_a_missing_budget(tiny_model_dir, tmp_path):
+def test_brigade_distill_refuses_a_student_with_another_vocabulary_and_a_missing_budget(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch, capsys):
+    from ops.commands.cli import main
+
+    # In this process (the command's own `main`): a refusal is decided before anything is
+    # trained, and three processes importing torch cost 25 s of the suite.
+    monkeypatch.setenv("BRIGADE_HOME", str(tmp_path))
     config = tmp_path / "student.json"
     config.write_text(json.dumps({"vocab_size": 1000, "num_hidden_layers": 1}))
-    base = ["--teacher", str(tiny_model_dir), "--out", "s@v1", "--no-register"]
-    run = _distill(base + ["--student-config", str(config), "--steps", "1"], tmp_path, timeout=120)
-    assert run.returncode == 2 and "vocabulary has 1000 entries and the teacher's 49152" in run.stderr
-    run = _distill(base + ["--student-layers", "1"], tmp_path, timeout=120)
-    assert run.returncode == 2 and "give --steps N or --minutes M" in run.stderr
-    run = _distill(base + ["--student-layers", "3", "--steps", "1"], tmp_path, timeout=120)
-    assert run.returncode == 2 and "between 1 and the teacher's 2" in run.stderr
+    base = ["distill", "--teacher", str(tiny_model_dir), "--out", "s@v1", "--no-register"]
+    threads = torch.get_num_threads()  # the command sets its own: this process's are given back
+    try:
+        for args, says in ((["--student-config", str(config), "--steps", "1"],
+                            "vocabulary has 1000 entries and the teacher's 49152"),
+                           (["--student-layers", "1"], "give --steps N or --minutes M"),
+                           (["--student-layers", "3", "--steps", "1"], "between 1 and the teacher's 2")):
+            assert main(base + args) == 2, args
+            assert says in capsys.readouterr().err, args
+    finally:
+        torch.set_num_threads(threads)
