@@ -18,13 +18,14 @@ up: install
 # marker `long`); CI (.ci/run) runs both. Two pytest processes, each taking whole modules (a
 # module's stack of real processes starts once): much of a test is waiting on those processes,
 # so two share two cores well. `pytest` alone runs everything, in one process.
-PYTEST_PARALLEL := -n 2 --dist loadfile
+# --no-loadscope-reorder: the modules go out in tests/conftest.py's order, the slowest first.
+PYTEST_PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not long and not peers"
 
 test-long: install
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --no-loadscope-reorder -m "long and not peers"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "long and not peers"
 
 # The whole `bench serve --versus llama-server` run in small (pytest marker `peers`): it needs
 # llama.cpp built, which takes minutes, so neither suite above waits on it.

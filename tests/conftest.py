@@ -17,11 +17,17 @@ from ops.core.settings import Settings, openmp_spin  # noqa: E402
 
 openmp_spin(Settings())
 
-# The long modules that take longest, to be handed out first (`make test-long` keeps this order with
-# --no-loadscope-reorder). pytest-xdist hands each module whole to the first free process; by its
-# default order (most tests first) the chaos run, a module of one test, came late and
-# ran alone at the end while the other process waited.
-LONGEST_FIRST = ("test_chaos.py", "test_redis_failover.py", "test_failover.py")
+# The modules that take longest, to be handed out first (both suites keep this order with
+# --no-loadscope-reorder; each suite skips the modules it has no tests of). pytest-xdist hands each
+# module whole to the first free process; by its default order (most tests first) a slow module
+# of few tests came last and ran alone while the other process waited: the chaos run in
+# `make test-long`, the kernels' second build (3 tests, 2-3 minutes) in `make test`. The order of
+# the make-test modules is their time in the runs of December 2026 (pytest --durations).
+LONGEST_FIRST = ("test_chaos.py", "test_redis_failover.py", "test_failover.py",
+                 "test_kernel_build.py", "test_cli_options.py", "test_models_cli.py", "test_openai_api.py",
+                 "test_bench_serve.py", "test_distill.py", "test_models.py", "test_routing.py",
+                 "test_openai_depth.py", "test_service.py", "test_distill_serving.py", "test_doors.py",
+                 "test_defaults_and_hits.py")
 
 
 def pytest_collection_modifyitems(config, items):

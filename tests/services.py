@@ -238,6 +238,10 @@ def service_env(redis_url: str, gateway_port: int, **extra: str | None) -> dict:
         # tokens, and need long ones (a fault must land mid-answer): no answer is cut for looping.
         # The cut is tested on its own (tests/test_repetition.py).
         "BRIGADE_REPETITION_STOP_TOKENS": "0",
+        # One thread per worker: the two pytest processes and their stacks share two cores, and a
+        # worker of two threads beside them is oversubscribed (FACTS: ruinous for OpenMP). The
+        # answers do not depend on it (each product's sum runs within one thread).
+        "BRIGADE_TORCH_THREADS": "1",
     }
     return with_env(dict(os.environ), {**base, **extra})
 
