@@ -255,7 +255,7 @@ def test_the_supervisor_stops_its_parts_in_order_and_restarts_a_killed_one(tmp_p
 
 # `up`'s loop in small: the handler it installs, one part, the watch, the stop in order.
 STOPS_WHEN_SIGNALLED = """
-import sys, time
+import sys
 from pathlib import Path
 from ops.stack.supervision import Supervisor, stop_when_signalled
 stopping = stop_when_signalled()

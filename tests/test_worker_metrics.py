@@ -11,17 +11,16 @@ import signal
 import socket
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from ops.core import redis_keys
 from tests.clients import Answer, ask, collect_one
 from tests.services import Stack, queued_params, wait_until
 from tests.worker_scrapes import MODEL, Samples, delta, scrape, value
+from tests.worker_scrapes import families as metric_families
 from tests.vllm_metric_cases import *  # noqa: F401,F403  (its test runs on this module's fleet)
 
 WORKERS = ("w1@metrics", "w2@metrics")
@@ -101,10 +100,7 @@ def test_two_workers_on_one_host_serve_metrics_on_their_own_ports_named_in_their
     ports = {p.port for p in parsed.values()}
     assert len(ports) == len(WORKERS) and 0 not in ports, urls
     for name, url in urls.items():
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-        # prometheus_client's text format adds a `_created` gauge beside each counter and histogram.
-        families = {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+        families = metric_families(url, created=False)
         assert {n for n in families if n.startswith("brigade_")} == HISTOGRAMS | GAUGES | COUNTERS, name
         assert all(families[n].type == "histogram" for n in HISTOGRAMS)
         assert all(families[n].type == "gauge" for n in GAUGES)
@@ -316,9 +312,7 @@ def test_a_worker_serving_a_version_names_it_in_every_series_and_in_its_heartbea
     try:
         status = fleet.wait_ready(["v7@metrics"])["v7@metrics"]
         assert (status["model"], status["version"]) == (MODEL, "v7"), status
-        with urllib.request.urlopen(status["metrics_url"], timeout=5) as resp:
-            text = resp.read().decode()
-        families = {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+        families = metric_families(status["metrics_url"], created=False)
         assert {n for n in families if n.startswith("brigade_")} == HISTOGRAMS | GAUGES | COUNTERS
         samples = [s for f in families.values() for s in f.samples]
         # vLLM's names of the same series label the model as vLLM does (`model_name`: workers/vllm_metrics.py).

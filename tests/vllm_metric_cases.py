@@ -7,15 +7,12 @@ same collectors, not a second count (workers/vllm_metrics.py). The counts are di
 two scrapes, summed over the fleet's workers, since the fleet served other tests' requests before."""
 from __future__ import annotations
 
-import urllib.request
-
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.services import wait_until, worker_statuses
+from tests.worker_scrapes import MODEL, families, samples
 from workers.vllm_metrics import VLLM_NAMES
 
-MODEL = "smollm2-135m-instruct"
 FLEET = ("w1@metrics", "w2@metrics")  # test_worker_metrics' workers
 SERVED = (("engine", "0"), ("model_name", MODEL), ("version", ""))
 # What inference-perf's vLLM client and vLLM's Grafana dashboard read, with vLLM's types.
@@ -30,28 +27,20 @@ EXPECTED = {
 }
 
 
-def families_at(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return {family.name: family for family in text_string_to_metric_families(resp.read().decode())}
-
-
-def samples_of(families: dict, prefix: str) -> dict[tuple, float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for name, family in families.items() if name.startswith(prefix) for s in family.samples}
-
-
 def vllm_scrapes(fleet) -> dict[str, dict]:
     """Every fleet worker's /metrics as metric families, by worker."""
-    return {n: families_at(s["metrics_url"]) for n, s in fleet.statuses(FLEET).items()}
+    return {n: families(s["metrics_url"]) for n, s in fleet.statuses(FLEET).items()}
 
 
 def vllm_total(scrapes: dict[str, dict], name: str, **labels: str) -> float:
     want = tuple(sorted({**dict(SERVED), **labels}.items()))
-    return sum(samples_of(families, "vllm:").get((name, want), 0.0) for families in scrapes.values())
+    return sum(samples(scraped, "vllm:").get((name, want), 0.0) for scraped in scrapes.values())
 
 
 def test_each_vllm_series_is_there_and_equals_brigades_own_of_the_same_scrape(fleet):
-    idle = lambda: not any(s["requests"] for s in worker_statuses(fleet.redis.client))  # noqa: E731
+    def idle() -> bool:
+        return not any(s["requests"] for s in worker_statuses(fleet.redis.client))
+
     wait_until(idle, 60, interval=0.2, what="the fleet idle before the first scrape")
     before = vllm_scrapes(fleet)
     for prompt in ("The capital of France is", "One, two, three,", "Once upon a time"):
@@ -71,10 +60,10 @@ def test_each_vllm_series_is_there_and_equals_brigades_own_of_the_same_scrape(fl
         return scrapes if aborted == 1 and idle() else None
 
     after = wait_until(settled, 60, interval=0.2, what="the left request to end cancelled, and the fleet idle")
-    for families in after.values():
+    for scraped in after.values():
         for name, kind in EXPECTED.items():
-            assert name in families and families[name].type == kind, (name, families.get(name))
-        assert samples_of(families, "vllm:") == vllm_as_brigade(samples_of(families, "brigade_"))
+            assert name in scraped and scraped[name].type == kind, (name, scraped.get(name))
+        assert samples(scraped, "vllm:") == vllm_as_brigade(samples(scraped, "brigade_"))
 
     def grew(name: str, **labels: str) -> float:
         return vllm_total(after, name, **labels) - vllm_total(before, name, **labels)

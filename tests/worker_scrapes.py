@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "smollm2-135m-instruct"  # the served name of the tests' workers, the tiny model's too
@@ -13,12 +14,23 @@ MODEL = "smollm2-135m-instruct"  # the served name of the tests' workers, the ti
 Samples = dict[tuple[str, tuple], float]
 
 
-def scrape(url: str) -> Samples:
+def families(url: str, created: bool = True) -> dict[str, Metric]:
+    """The metric families at `url`, by name; `created=False` leaves out the `_created` gauge
+    prometheus_client's text format adds beside each counter and histogram."""
     with urllib.request.urlopen(url, timeout=5) as resp:
         assert resp.status == 200
         text = resp.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text) if created or not f.name.endswith("_created")}
+
+
+def samples(of: dict[str, Metric], prefix: str = "") -> Samples:
+    """Every sample of the families whose name starts with `prefix`, keyed by name and labels."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+            for name, family in of.items() if name.startswith(prefix) for s in family.samples}
+
+
+def scrape(url: str) -> Samples:
+    return samples(families(url))
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
