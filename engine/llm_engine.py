@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from engine import checkpoint
 from engine.engine_request import EngineRequest, RequestReader, RequestRejected
 from engine.finishing import Finisher
 from engine.inbox import RequestInbox
@@ -116,7 +117,7 @@ class Engine:
                                   config.grid_weights, kernel_dir, grid_dir)
         self.context_length = int(getattr(mc, "max_position_embeddings", 2048))
         self.eos_ids = self._eos_ids()
-        self.vocab_width = int(model.get_output_embeddings().weight.shape[0])  # the logits' width
+        self.vocab_width = int(self.runner.primary.head.shape[0])  # the logits' width
         self.reader = RequestReader(self.tokenizer, self.vocab_width, self.context_length, self.kv)
         self.inbox = RequestInbox()
         self.finisher = Finisher(self.scheduler, self.inbox, clock)
@@ -145,22 +146,24 @@ class Engine:
     # ---- construction -----------------------------------------------------------------------
 
     @classmethod
-    def load(cls, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> "Engine":
+    def load(cls, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+             reference: bool = False) -> "Engine":
+        """The engine over the model folder `config.model`: read by engine/checkpoint.py where it
+        can (a plain Llama), else by transformers (`reference=True` always: tests and benches that
+        compare with transformers' own `generate` need its model)."""
         offline()
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
         if config.torch_threads > 0:
             torch.set_num_threads(config.torch_threads)
         placement = resolve(config.device, config.dtype)
         path = Path(config.model)
         started = time.monotonic()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=placement.load_dtype, attn_implementation="sdpa")
-        model.to(placement.device)
-        log.info("event=model_loaded path=%s device=%s dtype=%s seconds=%.1f", path, placement.device,
-                 placement.dtype, time.monotonic() - started)
+        tokenizer = checkpoint.read_tokenizer(path)
+        model = None if reference else checkpoint.read(path, placement.load_dtype, placement.device)
+        if model is None:
+            model = checkpoint.transformers_model(path, placement.load_dtype, placement.device)
+        log.info("event=model_loaded path=%s device=%s dtype=%s reader=%s seconds=%.1f", path, placement.device,
+                 placement.dtype, "brigade" if isinstance(model, checkpoint.Checkpoint) else "transformers",
+                 time.monotonic() - started)
         return cls(model, tokenizer, config, placement, clock)
 
     def _eos_ids(self) -> set[int]:

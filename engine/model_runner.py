@@ -24,11 +24,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers.activations import ACT2FN
-from transformers.models.llama.modeling_llama import rotate_half
 
 from engine import grid_store
 from engine.batch_invariance import padded, row_quantum
+from engine.checkpoint import Checkpoint
 from engine.grid_linear import PANEL_FROM, GridMatrix, matmul
 from engine.kernels import KernelUnavailable, kernels
 from engine.placement import Placement
@@ -57,39 +56,37 @@ class Weights:
     """One copy of the model's weights, in one precision, as the forward reads them."""
 
     def __init__(self, model, dtype: torch.dtype, grid: bool = False, grid_dir: Path | None = None):
-        body = model.base_model
-        config = model.config
+        config, tensors, self.rotary = _parts(model)
         cast = lambda t: t.detach().to(dtype)  # noqa: E731 (a no-op when dtype is the model's)
         self.dtype = dtype
         # Rows a pass is padded to a multiple of (engine/batch_invariance.py); 1: unpadded.
         self.quantum = 1
-        self.embed = cast(body.embed_tokens.weight)
-        self.head = cast(model.get_output_embeddings().weight)
-        self.norm = cast(body.norm.weight)
+        self.embed = cast(tensors["model.embed_tokens.weight"])
+        # A tied head is the embedding (its transformers model lists the tensor once, under this name).
+        self.head = cast(tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"]))
+        self.norm = cast(tensors["model.norm.weight"])
         self.eps = config.rms_norm_eps
-        self.rotary = body.rotary_emb
         self.act_name = config.hidden_act
-        self.act = ACT2FN[config.hidden_act]
-        attn = body.layers[0].self_attn
-        self.head_dim = attn.head_dim
+        self.act = _activation(config.hidden_act)
         self.heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.group = self.heads // self.kv_heads
-        self.scale = attn.scaling
+        self.scale = self.head_dim ** -0.5  # transformers' Llama attention's `scaling`
         self.layers = []
-        for layer in body.layers:
-            a, m = layer.self_attn, layer.mlp
-            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
-            qkv_parts = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-            gate_up_parts = [m.gate_proj.weight, m.up_proj.weight]
+        for i in range(config.num_hidden_layers):
+            at = lambda name: tensors.get(f"model.layers.{i}.{name}")  # noqa: E731
+            biases = [at(f"self_attn.{p}_proj.bias") for p in "qkv"]
+            qkv_parts = [at(f"self_attn.{p}_proj.weight") for p in "qkv"]
+            gate_up_parts = [at("mlp.gate_proj.weight"), at("mlp.up_proj.weight")]
             self.layers.append(Layer(
-                attn_norm=cast(layer.input_layernorm.weight),
+                attn_norm=cast(at("input_layernorm.weight")),
                 qkv=cast(torch.cat(qkv_parts)),
                 qkv_bias=cast(torch.cat(biases)) if biases[0] is not None else None,
-                o=cast(a.o_proj.weight),
-                mlp_norm=cast(layer.post_attention_layernorm.weight),
+                o=cast(at("self_attn.o_proj.weight")),
+                mlp_norm=cast(at("post_attention_layernorm.weight")),
                 gate_up=cast(torch.cat(gate_up_parts)),
-                down=cast(m.down_proj.weight),
+                down=cast(at("mlp.down_proj.weight")),
             ))
             if dtype == model.dtype:  # same precision: the model's own weights become views of the fused ones
                 _share(qkv_parts, self.layers[-1].qkv)
@@ -298,11 +295,31 @@ def native_decoder(kernels, w: Weights):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of queries and keys together ([T, heads, d]; Llama's halves)."""
-    return x * cos + rotate_half(x) * sin
+    """Rotary position embedding of queries and keys together ([T, heads, d]; Llama's halves:
+    transformers' `rotate_half`)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _share(parts: list[torch.nn.Parameter], fused: torch.Tensor) -> None:
+def _parts(model):
+    """A model's config, its tensors by their transformers names, and its rotary embedding: from a
+    Checkpoint (engine/checkpoint.py), or from a transformers model (its parameters, which
+    `_share` may point at the fused copies)."""
+    if isinstance(model, Checkpoint):
+        return model.config, model.tensors, model.rotary
+    return model.config, dict(model.named_parameters()), model.base_model.rotary_emb
+
+
+def _activation(name: str):
+    """The MLP's activation: SiLU (every Llama) without importing transformers' table of them."""
+    if name == "silu":
+        return F.silu
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+def _share(parts: list[torch.Tensor], fused: torch.Tensor) -> None:
     """Point each part at its rows of `fused`, so that the model and the engine hold one copy."""
     at = 0
     for p in parts:

@@ -44,6 +44,18 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def reference_model(model_dir):
+    """The real default model as transformers builds it, in float32: the reference every exact
+    answer is compared with (its `generate`). The engines read the same folder without it
+    (engine/checkpoint.py)."""
+    import torch
+
+    from engine.checkpoint import transformers_model
+
+    return transformers_model(model_dir, torch.float32, torch.device("cpu")).eval()
+
+
+@pytest.fixture(scope="session")
 def engine(model_dir):
     """The real default model (SmolLM2-135M-Instruct) in one engine, shared by the session, in the
     exact precision (float32: Hugging Face generate's greedy tokens, batch- and resume-invariant)."""

@@ -48,7 +48,7 @@ README_EXAMPLES = ["What is the capital of France?", "Hi"]
 
 
 @pytest.mark.real_model
-def test_the_default_mode_answers_the_readme_examples_as_hugging_face_float32(invariant_engine):
+def test_the_default_mode_answers_the_readme_examples_as_hugging_face_float32(invariant_engine, reference_model):
     engine = invariant_engine
     defaults = EngineConfig(model="")
     assert (engine.placement.dtype, defaults.batch_invariant, defaults.grid_weights) == ("float32", True, True)
@@ -59,10 +59,10 @@ def test_the_default_mode_answers_the_readme_examples_as_hugging_face_float32(in
         request.params = SamplingParams(max_tokens=32)
     done = engine.generate(requests)
     for request, question in zip(requests, README_EXAMPLES):
-        ids = torch.tensor([engine.encode(request)], device=engine.model.device)
+        ids = torch.tensor([engine.encode(request)])
         with torch.inference_mode():
-            reference = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                              max_new_tokens=32)[0, ids.shape[1]:]
+            reference = reference_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                                 max_new_tokens=32)[0, ids.shape[1]:]
         text = engine.tokenizer.decode(reference, skip_special_tokens=True)
         assert done[request.request_id].text == text, question
     assert "Paris" in done[requests[0].request_id].text

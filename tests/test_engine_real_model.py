@@ -29,33 +29,33 @@ def chat(i: str, text: str, **params) -> EngineRequest:
     return EngineRequest(i, SamplingParams(**params), messages=[{"role": "user", "content": text}])
 
 
-def hf_greedy(engine, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids], device=engine.model.device)
+def hf_greedy(model, engine, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids], device=model.device)
     with torch.inference_mode():
-        out = engine.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                                    pad_token_id=engine.tokenizer.eos_token_id)
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                             pad_token_id=engine.tokenizer.eos_token_id)
     return out[0, len(ids):].tolist()
 
 
-def top_two_gap(engine, ids: list[int]) -> float:
+def top_two_gap(model, ids: list[int]) -> float:
     with torch.inference_mode():
-        logits = engine.model(torch.tensor([ids], device=engine.model.device)).logits[0, -1].float()
+        logits = model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
 
 
-def test_greedy_output_equals_hugging_face_generate(engine):
+def test_greedy_output_equals_hugging_face_generate(engine, reference_model):
     requests = [chat(f"p{i}", p) for i, p in enumerate(PROMPTS)]
     ours = engine.generate(requests)
     for r in requests:
         prompt_ids = engine.encode(r)
-        theirs = hf_greedy(engine, prompt_ids, 32)
+        theirs = hf_greedy(reference_model, engine, prompt_ids, 32)
         mine = ours[r.request_id].token_ids
         if mine == theirs:
             continue
         # Allowed only where the model itself cannot tell the two best tokens apart.
         k = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-        gap = top_two_gap(engine, prompt_ids + theirs[:k])
+        gap = top_two_gap(reference_model, prompt_ids + theirs[:k])
         assert gap < 1e-3, f"{r.request_id}: first difference at token {k} with a top-two logit gap of {gap}"
 
 

@@ -174,9 +174,11 @@ def test_grid_weights_have_row_quantum_one():
 
 def test_a_model_on_grids_is_read_from_them_and_answers_as_hugging_face_float32(grid_tiny):
     from engine import Engine, EngineConfig, EngineRequest, SamplingParams
+    from engine.checkpoint import transformers_model
 
     engine = Engine.load(EngineConfig(model=str(grid_tiny), torch_threads=1, max_wait_ms=0))
     assert engine.runner.primary.storage == "grid" and engine.runner.primary.quantum == 1
+    model = transformers_model(grid_tiny, torch.float32, torch.device("cpu"))
     prompts = ["Hello there", "The capital of France is", "1 2 3 4"]
     requests = [EngineRequest(f"p{i}", SamplingParams(max_tokens=12, ignore_eos=True), prompt=p)
                 for i, p in enumerate(prompts)]
@@ -184,8 +186,8 @@ def test_a_model_on_grids_is_read_from_them_and_answers_as_hugging_face_float32(
     for r in requests:
         ids = torch.tensor([engine.encode(r)])
         with torch.inference_mode():
-            reference = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                              max_new_tokens=12, min_new_tokens=12)[0, ids.shape[1]:]
+            reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                       max_new_tokens=12, min_new_tokens=12)[0, ids.shape[1]:]
         assert done[r.request_id].token_ids == reference.tolist(), r.prompt
 
 

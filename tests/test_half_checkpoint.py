@@ -4,10 +4,14 @@ same upcast weights: alone and in a batch. The full 336-question comparison is `
 quality` on such a folder (docs/architecture.md, "Checkpoints stored in halves")."""
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, EngineRequest, SamplingParams
+from engine.checkpoint import transformers_model
 from engine.model_files import save_rounded
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "How many legs does a spider have?",
@@ -16,15 +20,21 @@ TOKENS = 20
 
 
 def reference(engine: Engine, request: EngineRequest, tokens: int, until_eos: bool = False) -> list[int]:
-    """Hugging Face float32 greedy `generate` on the engine's own (upcast) model object: `tokens`
-    new ones, or up to and without the end of the answer (`until_eos`)."""
-    ids = torch.tensor([engine.encode(request)], device=engine.model.device)
+    """Hugging Face float32 greedy `generate` on the same folder, upcast as transformers loads it:
+    `tokens` new ones, or up to and without the end of the answer (`until_eos`)."""
+    model = upcast_model(engine.config.model)
+    ids = torch.tensor([engine.encode(request)])
     at_least = {} if until_eos else {"min_new_tokens": tokens}
     with torch.inference_mode():
-        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=tokens, **at_least)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=tokens, **at_least)
     new = out[0, ids.shape[1]:].tolist()
     return [t for t in new if t != engine.tokenizer.eos_token_id] if until_eos else new
+
+
+@lru_cache(maxsize=2)
+def upcast_model(folder: str):
+    return transformers_model(Path(folder), torch.float32, torch.device("cpu")).eval()
 
 
 def ask(i: int, question: str) -> EngineRequest:
@@ -45,7 +55,7 @@ def test_a_bf16_checkpoint_is_read_as_bf16_and_answers_as_hugging_face_float32_a
     layers = len(primary.layers)
     # Every matrix (four per layer, the head) read as its bfloat16 halves, every layer in one native call.
     assert primary.grid_kinds == {"bf16": 4 * layers + 1} and engine.runner.native is not None
-    assert next(engine.model.parameters()).dtype == torch.float32  # upcast at load: HF's reference is float32
+    assert engine.model.dtype == torch.float32  # upcast at load, as transformers' float32 reference
     batched = [ask(i, q) for i, q in enumerate(QUESTIONS)]
     done = engine.generate(batched)
     for i, request in enumerate(batched):

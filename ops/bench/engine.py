@@ -16,10 +16,12 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from engine.checkpoint import transformers_model
 from engine.llm_engine import Engine, EngineConfig, EngineRequest
 from engine.placement import cpu_flags, resolve
 from engine.sequence import SamplingParams
@@ -49,7 +51,10 @@ def bench_requests(n: int, max_tokens: int) -> list[EngineRequest]:
 
 
 def baseline_seconds(engine: Engine, requests: list[EngineRequest], max_tokens: int) -> float:
-    model, tok = engine.model, engine.tokenizer
+    """Hugging Face generate on transformers' own model of the engine's folder, one request after
+    another."""
+    placement = engine.placement
+    model, tok = reference_model(engine.config.model, placement.load_dtype, placement.device), engine.tokenizer
     started = time.perf_counter()
     for r in requests:
         ids = torch.tensor([engine.encode(r)], device=model.device)
@@ -59,6 +64,12 @@ def baseline_seconds(engine: Engine, requests: list[EngineRequest], max_tokens: 
                 min_new_tokens=max_tokens, pad_token_id=tok.pad_token_id or tok.eos_token_id,
             )
     return time.perf_counter() - started
+
+
+@lru_cache(maxsize=1)
+def reference_model(folder: str, dtype: torch.dtype, device: torch.device):
+    """transformers' model of `folder`, read once per run."""
+    return transformers_model(Path(folder), dtype, device).eval()
 
 
 def brigade_seconds(engine: Engine, requests: list[EngineRequest]) -> tuple[float, list[float]]:

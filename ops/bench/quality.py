@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 import engine as engine_package
+from engine.checkpoint import transformers_model
 from engine.llm_engine import Engine
 from engine.placement import DTYPES, cpu_flags, resolve
 from ops.bench.quality_answers import (
@@ -206,19 +207,22 @@ def ask_reference(reference: Engine, questions: list[Question], config: QualityC
     """Hugging Face's answers in batches of config.hf_batch, or at batch 1 when left padding
     changed the greedy text of one of the first config.hf_check questions."""
     progress.phase("hf float32", len(questions))
+    # transformers' own model of the same folder: the engine reads it without transformers
+    # (engine/checkpoint.py), and its answers are what this bench holds that reading to.
+    model = transformers_model(Path(reference.config.model), torch.float32, reference.placement.device).eval()
     t = time.perf_counter()
-    hf = ask_hf(reference, questions, config.max_tokens, config.hf_batch, progress)
+    hf = ask_hf(model, reference, questions, config.max_tokens, config.hf_batch, progress)
     hf_s = time.perf_counter() - t
     # Left padding must not change greedy text; checked on a few questions at batch 1.
     checked = questions[:config.hf_check]
     progress.phase("hf float32 batch-1 check", len(checked))
-    single = {q.id: ask_hf(reference, [q], config.max_tokens, 1, progress)[q.id] for q in checked}
+    single = {q.id: ask_hf(model, reference, [q], config.max_tokens, 1, progress)[q.id] for q in checked}
     hf_equal = sum(single[q.id] == hf[q.id] for q in checked)
     hf_exact = hf_equal == len(checked)
     if not hf_exact:  # use what is exact: every question at batch 1 (slow)
         progress.phase("hf float32 batch 1", len(questions))
         t = time.perf_counter()
-        hf = ask_hf(reference, questions, config.max_tokens, 1, progress)
+        hf = ask_hf(model, reference, questions, config.max_tokens, 1, progress)
         hf_s = time.perf_counter() - t
     return HFReference(hf, config.hf_batch if hf_exact else 1, len(checked), hf_equal, hf_s)
 
@@ -282,11 +286,11 @@ def run_report(head: dict, modes: list[str], runs: dict[str, ModeRun], hf: HFRef
 
 def run(reference: Engine, config: QualityConfig, question_file: str | None = None,
         checkpoint: Callable[[dict], None] | None = None) -> dict:
-    """`reference` is a float32 engine (its model is Hugging Face's reference too); each mode gets
-    an engine of its own on the same model object, made and dropped in turn. `checkpoint` is handed
+    """`reference` is a float32 engine (Hugging Face's reference is loaded from its folder); each
+    mode gets an engine of its own on the same model object, made and dropped in turn. `checkpoint` is handed
     the report so far after the reference and after each mode: a run of an hour or more on a
     shared machine may be cut short, and what it measured should not go with it."""
-    if reference.placement.dtype != "float32" or next(reference.model.parameters()).dtype != torch.float32:
+    if reference.placement.dtype != "float32" or reference.model.dtype != torch.float32:
         raise ValueError("bench quality needs the model loaded in float32 (the Hugging Face reference)")
     every = load_questions(question_file)
     questions = spread(every, config.questions)

@@ -198,12 +198,12 @@ def consistency_runs(engine: Engine, run: ModeRun, subset: list[Question], other
     run.wall_s["consistency"] = round(time.perf_counter() - started, 1)
 
 
-def ask_hf(reference: Engine, questions: list[Question], max_tokens: int, batch: int,
+def ask_hf(model, reference: Engine, questions: list[Question], max_tokens: int, batch: int,
            progress: Progress) -> dict[str, Answer]:
-    """Hugging Face greedy `generate` on the reference's float32 model, `batch` prompts at a time,
-    left-padded (sorted by length, so that little padding is computed), from the prompts the
-    engine builds."""
-    model, tokenizer, eos_ids = reference.model, reference.tokenizer, reference.eos_ids
+    """Hugging Face greedy `generate` on its float32 `model` of the reference's folder, `batch`
+    prompts at a time, left-padded (sorted by length, so that little padding is computed), from
+    the prompts the engine builds."""
+    tokenizer, eos_ids = reference.tokenizer, reference.eos_ids
     prompts = {q.id: reference.encode(EngineRequest(q.id, messages=chat(q))) for q in questions}
     order = sorted(questions, key=lambda q: len(prompts[q.id]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
