@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import chat_prompt
+from engine.tokenizer import read_tokenizer
 from ops.core.messages import ChatMessage, GenerateParams
 
 CACHE_MODES = ("auto", "off", "exact")
@@ -46,9 +47,7 @@ class PromptRenderer:
     def __init__(self, model_dir: str | Path):
         self.tokenizer = None
         if (Path(model_dir) / "tokenizer_config.json").exists():
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            self.tokenizer = read_tokenizer(Path(model_dir))
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> str:
         """The prompt text the engine tokenizes for these messages (engine/chat_prompt.py, the call

@@ -7,7 +7,8 @@ machine, measured in 2026-12 against 0.6 s to load the default model's weights),
 none of that: only the weights, a few numbers of config.json and Llama's rotary embedding. So a
 plain Llama folder (safetensors, the default rotary) is read here with `safetensors` and the
 tokenizer's own class, and anything else (another architecture, a scaled rotary, pickled weights)
-goes through transformers as before (`read` returns None).
+goes through transformers as before (`read` returns None). The tokenizer's reader is
+engine/tokenizer.py's `read_tokenizer` (model-free: the gateway reads it too).
 
 The numbers are the same: the same tensors cast the same way, and `RotaryEmbedding` is the
 Llama one of transformers 5 line for line (tests/test_checkpoint.py compares both bit for bit).
@@ -131,17 +132,3 @@ def transformers_model(folder: Path, dtype: torch.dtype, device: torch.device):
 
     hf_logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(device)
-
-
-def read_tokenizer(folder: Path):
-    """The folder's tokenizer through its own class where that is transformers' plain fast one
-    (`TokenizersBackend`, what `AutoTokenizer` returns for it), without `AutoTokenizer`'s lookup;
-    else `AutoTokenizer`."""
-    config = folder / "tokenizer_config.json"
-    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-        return TokenizersBackend.from_pretrained(folder)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder)

@@ -42,7 +42,7 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculation import Drafter, SpeculationConfig, Verifier, attach_drafts
 from engine.starting import Starter
-from engine.tokenizer import SerializedTokenizer
+from engine.tokenizer import SerializedTokenizer, read_tokenizer
 
 __all__ = ["Completion", "Engine", "EngineConfig", "EngineRequest", "RequestRejected", "SequenceUpdate"]
 
@@ -157,7 +157,7 @@ class Engine:
         placement = resolve(config.device, config.dtype)
         path = Path(config.model)
         started = time.monotonic()
-        tokenizer = checkpoint.read_tokenizer(path)
+        tokenizer = read_tokenizer(path)
         model = None if reference else checkpoint.read(path, placement.load_dtype, placement.device)
         if model is None:
             model = checkpoint.transformers_model(path, placement.load_dtype, placement.device)

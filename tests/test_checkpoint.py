@@ -18,6 +18,7 @@ from engine import Engine, EngineConfig
 from engine import checkpoint
 from engine.grid_linear import GridMatrix
 from engine.model_runner import Layer, Weights
+from engine.tokenizer import read_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
@@ -56,7 +57,7 @@ def test_a_llama_folder_is_read_into_the_same_tensors_rotary_and_tokenizer_as_tr
     from transformers import AutoTokenizer
 
     auto = AutoTokenizer.from_pretrained(tiny_model_dir)
-    mine = checkpoint.read_tokenizer(tiny_model_dir)
+    mine = read_tokenizer(tiny_model_dir)
     assert type(mine) is type(auto)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Wie geht's? ünïcode 東京"}]
     assert mine.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \

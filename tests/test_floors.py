@@ -12,7 +12,7 @@ The floors, bottom up:
 - workers import ops.core, ops.rollout and engine;
 - gateway imports ops.core, ops.rollout and cache;
 - cache and gateway may also import the engine's model-free modules (SHARED_ENGINE: how a chat
-  becomes prompt text, the tool-call schemas, the grammar check), so every door renders and checks
+  becomes prompt text and its tokenizer read, the tool-call schemas, the grammar check), so every door renders and checks
   exactly as the engine will;
 - ops.training (offline training: distillation, the pair model's fine-tuning and tuning) imports
   ops.core, engine and cache, and nothing runtime imports it: a worker or a gateway never carries
@@ -50,7 +50,8 @@ MAY_IMPORT = {
 RUNTIME = ("ops.core", "ops.rollout", "engine", "cache", "workers", "gateway")
 # ops/ is its floors, each a package: nothing of ops lives outside them (data and dashboards aside).
 OPS_FLOORS = ("ops.core", "ops.rollout", "ops.stack", "ops.training", "ops.bench", "ops.commands")
-SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided", "engine.prefix_index"}
+SHARED_ENGINE = {"engine", "engine.chat_prompt", "engine.tool_schema", "engine.guided", "engine.prefix_index",
+                 "engine.tokenizer"}
 
 
 def module_name(path: Path) -> str:
