@@ -132,15 +132,16 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def embedder():
-    """The real embedding model, one per test module (tests/test_cache*.py)."""
+    """The real embedding model, one per test process (its load is about 10 s of CPU; the tests
+    only read it)."""
     from cache.embedder import Embedder
 
     return Embedder(threads=1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def renderer(model_dir):
     """The default model's chat template, for cache keys."""
     from cache.query import PromptRenderer
