@@ -107,7 +107,8 @@ def build_lock(build: Path):
 
 
 def kernels(root: Path | None = None):
-    """The compiled module (about 30 s the first time on a 2-core machine, then a load from the cache
+    """The compiled module (about 25 s the first time on a 2-core machine, 51 s of CPU: the sources
+    include the Tensor type, not all of ATen, csrc/kernels.h; then a load from the cache
     in `root`, a worker's BRIGADE_KERNEL_DIR; None: `default_root()`). One module per process: once
     it is loaded, later calls return it wherever they would have built it."""
     global _module

@@ -26,7 +26,7 @@ LOAD = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys
         "root = Path(sys.argv[1])\n"
         "print('build', build_dir(root), flush=True)\n"
         "print('isa', kernels(root).isa(), flush=True)\n")
-BUILD_TIMEOUT_S = 300  # a whole build is about 30 s on 2 idle cores; the suite may share them
+BUILD_TIMEOUT_S = 300  # a whole build is about 51 s of CPU (25 s on 2 idle cores); the suite may share them
 
 
 @pytest.fixture(scope="module")

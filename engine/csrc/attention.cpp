@@ -18,7 +18,7 @@
 // algorithm (`exp16`: every float checked against expf, bit for bit), and the sums over keys
 // still in key order, with a query's heads side by side. A cold 1,012-token prefill spent about
 // 0.8 s of its 2 s here one key at a time (docs/architecture.md).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <array>
@@ -454,7 +454,7 @@ at::Tensor attend_pass(const at::Tensor& q_in, const at::Tensor& new_kv_in, cons
   TORCH_CHECK(caches.size() == starts.size() && starts.size() == lengths.size(), "one start and length per chunk");
   TORCH_CHECK(H == KVH * group && new_kv.size(2) == 2 * d, "head counts do not match");
   const float scale = static_cast<float>(scale_in);
-  auto out = at::zeros({T, H * d}, q.options());
+  auto out = q.new_zeros({T, H * d});
   const float* qp = q.data_ptr<float>();
   const float* np = new_kv.data_ptr<float>();
   float* op = out.data_ptr<float>();

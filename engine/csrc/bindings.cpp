@@ -1,7 +1,7 @@
 // The Python module of Brigade's CPU kernels (engine/kernels.py builds and loads it). Every kernel
 // lets go of the GIL while it runs: a worker's other threads (its publisher, its heartbeat) run
 // beside a step's products instead of after them.
-#include <torch/python.h>  // pybind11 and tensor casters, without the C++ frontend (torch/extension.h)
+#include <torch/csrc/utils/pybind.h>  // pybind11 and the tensor casters alone
 
 #include "kernels.h"
 
@@ -12,14 +12,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &brigade::rms_norm, py::call_guard<py::gil_scoped_release>(), "Llama's RMSNorm of each row, the sum of squares in a fixed order");
   m.def("isa", &brigade::isa, "the vector instructions this build uses");
   py::class_<brigade::GridWeight>(m, "GridWeight")
-      .def(py::init([](torch::Tensor codes, std::optional<torch::Tensor> scale, std::optional<torch::Tensor> low,
-                       std::optional<torch::Tensor> bias) {
-             return brigade::GridWeight{codes, scale.value_or(torch::Tensor()), low.value_or(torch::Tensor()),
-                                        bias.value_or(torch::Tensor())};
+      .def(py::init([](at::Tensor codes, std::optional<at::Tensor> scale, std::optional<at::Tensor> low,
+                       std::optional<at::Tensor> bias) {
+             return brigade::GridWeight{codes, scale.value_or(at::Tensor()), low.value_or(at::Tensor()),
+                                        bias.value_or(at::Tensor())};
            }),
            py::arg("codes"), py::arg("scale"), py::arg("low"), py::arg("bias"));
   py::class_<brigade::DecoderLayer>(m, "DecoderLayer")
-      .def(py::init<torch::Tensor, torch::Tensor, brigade::GridWeight, brigade::GridWeight, brigade::GridWeight,
+      .def(py::init<at::Tensor, at::Tensor, brigade::GridWeight, brigade::GridWeight, brigade::GridWeight,
                     brigade::GridWeight>(),
            py::arg("attn_norm"), py::arg("mlp_norm"), py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"));
   py::class_<brigade::Decoder>(m, "Decoder")

@@ -8,7 +8,7 @@
 // `rms_norm` below (the loop calls it too), the products are the grid kernels, attention is
 // `attend`, and the rotary embedding and the residual sums are the same IEEE products and sums,
 // each rounded (the file is built with -ffp-contract=off, so no multiply-add is fused).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -24,7 +24,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   const auto w = weight.contiguous();
   const int64_t rows = x.size(0), width = x.size(1);
   TORCH_CHECK(w.numel() == width, "the norm's weight must have the rows' width");
-  auto out = at::empty_like(x);
+  auto out = x.new_empty(x.sizes());  // x is contiguous: so is this
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -51,7 +51,7 @@ at::Tensor GridWeight::operator()(const at::Tensor& x, int64_t panel_from) const
   auto y = low.defined()     ? q4_linear(x, codes, scale, low, panel_from)
            : scale.defined() ? q8_linear(x, codes, scale, panel_from)
                              : half_linear(x, codes, panel_from);
-  return bias.defined() ? y + bias : y;
+  return bias.defined() ? y.add(bias) : y;
 }
 
 Decoder::Decoder(std::vector<DecoderLayer> layers, double eps, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -67,8 +67,8 @@ void Decoder::rotate(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
                      at::Tensor& q, at::Tensor& new_kv) const {
   const int64_t T = qkv.size(0), d = head_dim_, half = d / 2, H = heads_, KVH = kv_heads_;
   const int64_t width = (H + 2 * KVH) * d;
-  q = at::empty({T, H, d}, qkv.options());
-  new_kv = at::empty({T, KVH, 2 * d}, qkv.options());
+  q = qkv.new_empty({T, H, d});
+  new_kv = qkv.new_empty({T, KVH, 2 * d});
   const float* src = qkv.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -104,12 +104,12 @@ at::Tensor Decoder::forward(const at::Tensor& hidden_in, const at::Tensor& cos_i
     at::Tensor q, new_kv;
     rotate(qkv, cos, sin, q, new_kv);
     const auto attended = attend(q, new_kv, caches, starts, lengths, static_cast<int64_t>(index), scale_, heads_ / kv_heads_);
-    hidden = hidden + layer.o(attended, panel_from_);
+    hidden = hidden.add(layer.o(attended, panel_from_));
     x = rms_norm(hidden, layer.mlp_norm, eps_);
     const auto gate_up = layer.gate_up(x, panel_from_);
     const int64_t inner = gate_up.size(1) / 2;
-    const auto act = at::silu(gate_up.narrow(1, 0, inner)) * gate_up.narrow(1, inner, inner);
-    hidden = hidden + layer.down(act, panel_from_);
+    const auto act = at::_ops::silu::call(gate_up.narrow(1, 0, inner)).mul(gate_up.narrow(1, inner, inner));
+    hidden = hidden.add(layer.down(act, panel_from_));
   }
   return hidden;
 }

@@ -18,7 +18,7 @@
 // number of rows M, a row's place among them, the path (weights decoded in registers for few rows,
 // a decoded panel for many) or the thread count (threads split the lane groups): the pass is
 // batch-invariant by construction, and there is no reduction across lanes at all.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -389,7 +389,7 @@ at::Tensor grid_linear(const at::Tensor& x, const at::Tensor& codes, const std::
               "weight shape does not match x");
   TORCH_CHECK(!blocked(Kind) || (scale && scale->size(1) == K / kBlock), "weight scale does not match x");
   const int64_t N = groups * kGroup;
-  auto out = at::empty({M, N}, xc.options());
+  auto out = xc.new_empty({M, N});
   const auto halves = [](const std::optional<at::Tensor>& t) {
     return t ? reinterpret_cast<const uint16_t*>(t->data_ptr<at::Half>()) : nullptr;
   };

@@ -4,7 +4,12 @@
 // file against ATen's 8, and a worker's first start waits for the build (on 2 cores: 75 s before,
 // 27 s with this and bindings.cpp compiled first).
 #pragma once
-#include <ATen/ATen.h>
+// The Tensor type and its methods, not ATen/ATen.h (every operator's function): that header was
+// 15 of each file's 17 s of compile (2-core AVX2, 2026-12). New tensors come from the methods
+// (`new_empty`, `new_zeros`), and the one operator without a method, SiLU, from its op's own
+// header (ATen/ops/silu_ops.h): each function's header (ATen/ops/silu.h) costs 4-7 s more.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/silu_ops.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <optional>
