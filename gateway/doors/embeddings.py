@@ -120,7 +120,7 @@ class EmbeddingsDoor:
         """Its `GET /v1/models` card, once the model is loaded (a gateway without the cache has none)."""
         if self.embedder is None:
             return None
-        return {"id": self.name, "kind": "embedding", "max_model_len": int(self.embedder.model.max_seq_length),
+        return {"id": self.name, "kind": "embedding", "max_model_len": self.embedder.max_seq_length,
                 "dimensions": self.embedder.dim, "endpoints": ["/v1/embeddings", "/v1/score", "/v1/rerank"]}
 
     async def embeddings(self, request: Request) -> Response:
