@@ -7,6 +7,7 @@ torch reached through another path, which is all that tells two environments apa
 build files (its include and library paths)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -60,11 +61,25 @@ OTHER_BUILD: dict[str, Path] = {}  # the other environment's build folder, once 
 
 def loader(kernel_root: Path, **env: str) -> subprocess.Popen:
     """A process that loads the kernels, building them if need be, in a session of its own: killed
-    with its group, its ninja and compilers die with it as a Ctrl-C or a stopped stack takes them.
-    (Killed alone, they went on building beside the next build, which then found its objects
-    rewritten behind it and built again: 25 s of a test that should take 3.)"""
+    with its session (`kill_session`), its ninja and compilers die with it as a Ctrl-C or a stopped
+    stack takes them. (Killed alone, they went on building beside the next build, which then found
+    its objects rewritten behind it and built again: 25 s of a test that should take 3.)"""
     return subprocess.Popen([sys.executable, "-c", LOAD, str(kernel_root)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env}, start_new_session=True)
+
+
+def kill_session(leader: subprocess.Popen) -> None:
+    """SIGKILL every process of `leader`'s session. Not its process group alone: ninja starts each
+    compiler in a group of its own, and a compiler outside the kill compiled on for 20 s."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            session = int(stat.read_text().rsplit(")", 1)[1].split()[3])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if session == leader.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+    leader.wait(timeout=10)
 
 
 def load(kernel_root: Path, **env: str) -> tuple[Path, str]:
@@ -89,8 +104,7 @@ def test_a_build_killed_part_way_is_redone_and_a_worker_started_after_it_gets_re
     lock = build / "lock"
     # torch's own lock: the builder is inside the build (compiling), not just starting.
     wait_until(lambda: lock.exists() or builder.poll() is not None, 120, what="the build to take torch's lock")
-    os.killpg(builder.pid, signal.SIGKILL)
-    builder.wait(timeout=10)
+    kill_session(builder)
     assert lock.exists(), "the killed build left no lock: this test would not show the fault"
     assert not (build / "brigade_kernels.so").exists(), "the build finished before it was killed"
 
