@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cache.embedder import default_embedding_dir
+from engine.tokenizer import read_tokenizer
 
 PAIR_WEIGHTS = Path(__file__).with_name("pair_model.safetensors")
 MAX_TOKENS = 128  # both questions together; longer pairs are cut from the longer side
@@ -98,9 +99,13 @@ class PairModel:
         return cls(model, tokenizer, base_folder=folder)
 
     @classmethod
-    def load(cls, path: Path = PAIR_WEIGHTS, threads: int | None = None) -> "PairModel":
-        """The base model with the trained tensors laid over it."""
+    def load(cls, path: Path = PAIR_WEIGHTS, threads: int | None = None, trainable: bool = False) -> "PairModel":
+        """The base model with the trained tensors laid over it: for scoring, cache/bert.py's forward
+        (the same numbers as transformers', without importing its modeling); `trainable`, or for a
+        base that is not a plain BERT, transformers' model (its dropout is training's)."""
         from safetensors import safe_open
+
+        from cache import bert
 
         if threads:
             import torch
@@ -112,7 +117,14 @@ class PairModel:
         if info.get("base") and not Path(info["base"]).is_dir():
             raise FileNotFoundError(f"{path} was trained over the base model folder {info['base']}, which is not "
                                     "here: copy that folder back, or use a pair model trained over the installed one")
-        pm = cls.base(info.get("base"))
+        folder = Path(info.get("base") or default_embedding_dir())
+        scorer = None if trainable else bert.read_pair_scorer(folder)
+        if scorer is None:
+            pm = cls.base(info.get("base"))
+        else:
+            pm = cls(scorer, read_tokenizer(folder), base_folder=info.get("base"))
+            if "classifier.weight" not in trained:
+                raise ValueError(f"{path} holds no trained head (classifier.weight): it is not a pair model")
         missing = [k for k in trained if k not in pm.model.state_dict()]
         if missing:
             raise ValueError(f"{path} does not fit the base model (unknown tensors: {missing[:3]})")

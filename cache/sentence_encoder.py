@@ -1,4 +1,4 @@
-"""A sentence-transformers folder of the common shape encoded with transformers alone.
+"""A sentence-transformers folder of the common shape encoded without sentence-transformers.
 
 Importing sentence-transformers (with the scikit-learn and scipy it pulls in) was about 4 s of
 a gateway's 14-15 s start on a 2-core machine (2026-12). The folders a cache uses are nearly all one
@@ -6,8 +6,9 @@ shape: a transformer, mean pooling over its tokens, then an L2 normalisation (al
 all-mpnet-base-v2). `read` encodes such a folder the way sentence-transformers 6 does, step for
 step (the batches sorted by length, the tokenizer's padding and truncation, the masked mean, the
 two normalisations `encode(normalize_embeddings=True)` makes): the same vectors bit for bit
-(tests/test_cache_embedder.py). Any other folder returns None and cache/embedder.py loads it
-through sentence-transformers.
+(tests/test_sentence_encoder.py). The transformer is cache/bert.py's where it is a plain BERT (the
+default), else transformers' `AutoModel`. Any other folder returns None and cache/embedder.py loads
+it through sentence-transformers.
 """
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ class MeanPooledEncoder:
 
     def __init__(self, folder: Path, max_seq_length: int, normalized: bool):
         import torch
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        from cache import bert
+        from engine.tokenizer import read_tokenizer
+
         self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        self.model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        self.tokenizer = read_tokenizer(folder)
+        self.model = bert.read(folder) or transformers_model(folder)
         self.max_seq_length = max_seq_length
         self.normalized = normalized  # the folder ends with a Normalize module
         self.dim = int(self.model.config.hidden_size)
@@ -61,6 +62,15 @@ class MeanPooledEncoder:
                 rows.extend(F.normalize(vectors, p=2, dim=1))  # encode's own, on top
         back = np.argsort(order)
         return np.stack([rows[i].numpy() for i in back]) if rows else np.zeros((0, self.dim), np.float32)
+
+
+def transformers_model(folder: Path):
+    """A transformer other than a plain BERT (cache/bert.py), through transformers."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModel.from_pretrained(folder, local_files_only=True).eval()
 
 
 class SentenceTransformersEncoder:

@@ -44,16 +44,25 @@ class SerializedTokenizer:
         return getattr(self._tokenizer, name)
 
 
-def read_tokenizer(folder: Path):
-    """The folder's tokenizer through its own class where that is transformers' plain fast one
-    (`TokenizersBackend`, what `AutoTokenizer` returns for it), else `AutoTokenizer`. Model-free
-    (no torch): `AutoTokenizer` resolves a class through every model's config, about 3-5 s of a
-    worker's or a gateway's start (2-core AVX2, 2026-12), where this import takes about 1."""
-    config = folder / "tokenizer_config.json"
-    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+# Tokenizer classes read through their own module, as `AutoTokenizer` would pick them.
+OWN_MODULES = {"TokenizersBackend": "transformers.tokenization_utils_tokenizers",
+               "BertTokenizer": "transformers.models.bert.tokenization_bert",
+               "BertTokenizerFast": "transformers.models.bert.tokenization_bert"}
 
-        return TokenizersBackend.from_pretrained(folder)
+
+def read_tokenizer(folder: Path):
+    """The folder's tokenizer through its own class where that is one of OWN_MODULES' (what
+    `AutoTokenizer` returns for it), else `AutoTokenizer`. Model-free (no torch): `AutoTokenizer`
+    resolves a class through every model's config, about 3-5 s of a worker's or a gateway's start
+    (2-core AVX2, 2026-12), where this import takes about 1."""
+    import importlib
+
+    config = folder / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
+    if name in OWN_MODULES:
+        # transformers 5 has one BERT tokenizer class; "BertTokenizerFast" names it still.
+        return getattr(importlib.import_module(OWN_MODULES[name]), "BertTokenizer" if name.startswith("Bert")
+                       else name).from_pretrained(folder)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)

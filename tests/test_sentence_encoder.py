@@ -50,9 +50,14 @@ def test_a_folder_of_another_shape_goes_through_sentence_transformers(tmp_path):
     assert isinstance(Embedder(folder).encoder, sentence_encoder.SentenceTransformersEncoder)
 
 
-def test_loading_the_default_embedder_imports_neither_sentence_transformers_nor_scikit_learn():
-    script = ("import sys\nfrom cache.embedder import Embedder\ne = Embedder(threads=1)\ne.embed_one('hello')\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sentence_transformers', 'sklearn')))")
+def test_loading_the_cache_models_imports_no_sentence_transformers_scikit_learn_or_model_code():
+    """The embedder and the pair model as a gateway loads them: neither sentence-transformers nor
+    transformers' modeling (cache/bert.py runs both BERTs)."""
+    heavy = ("sentence_transformers", "sklearn", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+             "transformers.models.bert.modeling_bert")
+    script = ("import sys\nfrom cache.embedder import Embedder\nfrom cache.pair_model import PairModel\n"
+              "e = Embedder(threads=1)\ne.embed_one('hello')\nPairModel.shared().score('hi', ['hello'])\n"
+              f"print(sorted(m for m in sys.modules if m in {heavy!r} or m.split('.')[0] in {heavy!r}))")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("[]"), out.stdout

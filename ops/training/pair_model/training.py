@@ -214,7 +214,7 @@ def train_verifier(settings, duplicates_file: str, lookalikes_file: str, steps: 
         examples = training_examples(files["duplicates"], files["lookalikes"], hard_negatives=hard,
                                      chat_pairs=chat, max_duplicates=max_duplicates, chat_repeats=chat_repeats)
         # init: a second round on a trained model; base: another BERT folder to start from (measuring the choice)
-        pm = PairModel.load(init) if init else PairModel.base(base)
+        pm = PairModel.load(init, trainable=True) if init else PairModel.base(base)
         report["training"] = fine_tune(pm, examples, steps, lr=lr, checkpoint=out, threads=threads,
                                        seed=1 if init else 0, resume=resume, checkpoint_every=checkpoint_every)
         pm.save(out)
