@@ -246,7 +246,8 @@ def test_the_gap_closed_is_reported_in_perplexity_and_in_nats():
     assert gaps({"teacher": row(3.0), "trained": row(2.5)}, "teacher", "nll_per_token") == {}
 
 
-def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_reuses_its_corpus(tiny_model_dir, tmp_path):
+def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_reuses_its_corpus(tiny_model_dir, tmp_path,
+                                                                                           monkeypatch, capsys):
     prompts = tmp_path / "prompts.jsonl"
     lines = (ROOT / "ops" / "data" / "distill_prompts.jsonl").read_text().splitlines()[:40]
     prompts.write_text("\n".join(lines) + "\n")
@@ -278,8 +279,14 @@ def test_brigade_distill_writes_the_report_the_plot_and_a_servable_folder_and_re
     corpus = Path(report["corpus"]["folder"])
     written = (corpus / "examples.jsonl").stat().st_mtime_ns
 
-    again = _distill(common + ["--steps", "6"], tmp_path)
-    assert again.returncode == 2 and "--resume to continue it or --restart" in again.stderr
+    # Run again without --resume or --restart: refused before the teacher is loaded (in this
+    # process, through the command's own `main`: nothing is imported or trained).
+    from ops.commands.cli import main
+
+    monkeypatch.setenv("BRIGADE_HOME", str(tmp_path))
+    assert main(["distill", *common, "--steps", "6"]) == 2
+    assert "--resume to continue it or --restart" in capsys.readouterr().err
+    assert (corpus / "examples.jsonl").stat().st_mtime_ns == written
 
     evaluated = _distill(common + ["--eval-only"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -91,8 +91,6 @@ def _train(teacher, config_of_student, examples, train_config, folder: Path, pad
     student, plan = build_student(teacher, config_of_student)
     on_step, stop = _progress(train_config.steps, train_config.minutes, label)
     trainer = Trainer(teacher, student, examples, train_config, folder, pad_id, on_step)
-    if (trainer.checkpoint / "state.json").exists() and not (resume or restart):
-        raise DistillError(f"{folder} holds a checkpoint of an earlier run: --resume to continue it or --restart")
     if resume and not trainer.resume():
         print(f"distill: no checkpoint in {folder}; starting from the teacher's layers", file=sys.stderr)
     try:
@@ -170,14 +168,15 @@ def _run(args, settings: Settings) -> int:
 
     offline()
     _check_flags(args)
+    name, version = registry.split_ref(args.out)
+    work = Path(args.work).expanduser() if args.work else settings.home / "distill" / f"{name}@{version}"
+    _refuse_an_earlier_run(args, work)
     threads = torch_threads(settings)
     if threads:
         torch.set_num_threads(threads)
     device = "cuda" if args.device == "cuda" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise DistillError("--device cuda, but torch sees no GPU here (torch.cuda.is_available() is False)")
-    name, version = registry.split_ref(args.out)
-    work = Path(args.work).expanduser() if args.work else settings.home / "distill" / f"{name}@{version}"
     work.mkdir(parents=True, exist_ok=True)
     teacher = _load_teacher(settings, args.teacher, device)
     config = _student_shape(args, teacher)
@@ -254,13 +253,27 @@ def _teacher_answers(args, settings: Settings, teacher: Teacher, device: str):
     return spec, corpus, time.monotonic() - started
 
 
+def _run_folders(args, work: Path) -> list[tuple[str, Path, dict]]:
+    """Each student's run: its label, its folder (checkpoint and student), its training overrides."""
+    return [("trained", work, {})] + ([("hard_only", work / "ablation", ABLATION)] if args.ablation else [])
+
+
+def _refuse_an_earlier_run(args, work: Path) -> None:
+    """Before the teacher is loaded: a checkpoint already there is continued or replaced only when asked."""
+    if args.eval_only or args.resume or args.restart:
+        return
+    for _, folder, _ in _run_folders(args, work):
+        if (folder / "checkpoint" / "state.json").exists():
+            raise DistillError(f"{folder} holds a checkpoint of an earlier run: --resume to continue it or --restart")
+
+
 def _students(args, teacher: Teacher, config, train, work: Path) -> dict[str, tuple[Path, dict, list]]:
     """Each student trained (the α = 1 ablation too, with --ablation), or with --eval-only the
     ones an earlier run left: label -> (student folder, train config, loss history)."""
     from ops.training.distill.trainer import RunState, TrainConfig, save_student
 
     runs: dict[str, tuple[Path, dict, list]] = {}
-    for label, folder, overrides in [("trained", work, {})] + ([("hard_only", work / "ablation", ABLATION)] if args.ablation else []):
+    for label, folder, overrides in _run_folders(args, work):
         out = folder / "student"
         if args.eval_only:
             if not (out / "config.json").exists():
