@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from ops.core import redis_keys
 from tests.clients import Answer, absorb, ask_once, resume
-from tests.services import RedisServer, Stack, http_status, queued_params, wait_until
+from tests.services import RedisServer, Stack, http_status, queued_params, wait_until, worker_statuses
 from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
 from tests.streams import stream_clients as streams
 from tests.worker_scrapes import Samples, delta, scrape
@@ -225,8 +225,11 @@ def test_a_request_that_kills_every_worker_ends_in_the_dead_letter_list(fleet):
             # The claim, not the heartbeat: a beat lists the request up to a second late, and a
             # worker continuing it can write the rest of its 500 tokens in less (seen on 2 cores).
             # Only once its engine computes the request: a death before that is no attempt.
-            engaged = fleet.redis.client.hget(redis_keys.claim(rid), "engaged") == "1"
-            holder = fleet.claimant(rid) if engaged else None
+            # Both from one read of the claim: read apart, a flag left by the killed owner's run
+            # once met the next owner's fresh claim, and its death (no attempt) was counted as one.
+            owner, engaged = fleet.redis.client.hmget(redis_keys.claim(rid), "owner", "engaged")
+            holder = next((s for s in worker_statuses(fleet.redis.client) if s.get("instance") == owner),
+                          None) if owner and engaged == "1" else None
             if holder is not None and holder["worker"] in fleet.workers:
                 proc = fleet.workers[holder["worker"]].proc
                 if proc.pid == holder["pid"] and proc.poll() is None:
@@ -419,36 +422,6 @@ def test_redis_restart_mid_stream_the_service_recovers_and_no_stream_breaks(flee
 
 
 # ---- the other doors ----------------------------------------------------------------------------------
-
-def test_sigkill_mid_sse_stream_costs_an_openai_client_only_a_pause(fleet, expected):
-    import openai
-
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.port}/v1", api_key="none", max_retries=0, timeout=180)
-    pieces: list[str] = []
-    victim = None
-    with client.chat.completions.with_streaming_response.create(
-            model="smollm2-135m-instruct", messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0,
-            max_tokens=MAX_TOKENS, stream=True) as response:
-        rid = response.headers["x-request-id"]
-        for chunk in response.parse():
-            if chunk.choices:
-                pieces.append(chunk.choices[0].delta.content or "")
-                finish = chunk.choices[0].finish_reason
-            if victim is None and len(pieces) >= 4:
-                # Its claim names the worker at once; a heartbeat lists it only at the next beat,
-                # and the whole answer may stream in about a second.
-                holder = wait_until(lambda: fleet.claimant(rid), 10, what="the request's claim")
-                victim = holder["worker"]
-                fleet.kill(fleet.workers[victim])
-    try:
-        assert victim is not None, "the answer ended before the kill"
-        assert "".join(pieces) == expected["c0"], fleet.tails()
-        assert finish in ("stop", "length")
-        assert chunk.model_extra["brigade"]["timing"]["worker"] != victim  # another worker finished it
-    finally:
-        fleet.start_worker(victim)
-        fleet.wait_ready(gateways=["gateway"])
-
 
 def test_a_stopping_gateway_closes_websockets_with_1012_and_the_request_is_resumed_elsewhere(fleet, expected):
     from websockets.exceptions import ConnectionClosed
