@@ -5,9 +5,11 @@ Redis in a network namespace: the issue's faults, compressed. Its report must me
 ten-minute run on the real model is docs/bench-chaos.json (docs/reliability.md).
 
 What it covers, so that no other long test repeats it: a worker SIGKILLed mid batch job (every line
-written once, in order) and the gateway holding a batch job's lease SIGKILLed (the other gateway
-continues it), under streaming load. The long tests that did each alone are gone; what this run
-does not do stays where it is: a plain Redis restarted from its append-only file mid-job
+written once, in order), the gateway holding a batch job's lease SIGKILLed (the other gateway
+continues it), the Redis primary SIGKILLed under WebSocket, SSE and batch load (no stream broken, no
+token twice or skipped, every batch line once), and a worker SIGKILLed under SSE streams (none
+failed, none broken), under streaming load. The long tests that did each alone are gone; what this
+run does not do stays where it is: a plain Redis restarted from its append-only file mid-job
 (tests/test_batch.py), an answer continued token for token as the uninterrupted one
 (tests/test_failover.py), every part through a failover of a lone replica (tests/test_redis_failover.py)."""
 from __future__ import annotations

@@ -7,7 +7,8 @@ log-likelihoods and accuracy equal `lm_eval --model hf` on the same model folder
 
 Both runs are offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): the task reads its local file, the hf
 run the model folder, the completions run the gateway. The two lm_eval processes run at once
-(each imports its library for ~15 s, then computes 128 log-likelihoods): marked `long`."""
+(each imports its library for ~15 s, then computes 64 log-likelihoods: the task's first 16
+questions, `--limit`): marked `long`."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ MODEL = "smollm2-135m-instruct"
 TASK_DIR = Path(__file__).resolve().parent / "data" / "eval_mc"
 TASK = "brigade_mc"
 BATCH = 4
+LIMIT = 16  # questions of the task's 32: 64 log-likelihoods a run, in 16 requests of 4
 TOLERANCE = 1e-4  # nats, per answer's log-likelihood
 
 
@@ -56,6 +58,7 @@ def start_lm_eval(out: Path, *args: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     with (out / "lm_eval.log").open("w") as log:  # a file, not a pipe: neither run waits on its reader
         return subprocess.Popen([lm_eval_command(), *args, "--batch_size", str(BATCH), "--tasks", TASK,
+                                 "--limit", str(LIMIT),
                                  "--include_path", ".", "--log_samples", "--output_path", str(out)],
                                 cwd=TASK_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -73,7 +76,8 @@ def lm_eval_results(run: subprocess.Popen, out: Path) -> tuple[dict[int, list[fl
 
 
 def test_lm_eval_local_completions_in_batches_scores_each_question_as_hugging_face_float32(stack, model_dir, tmp_path):
-    questions = sum(1 for line in (TASK_DIR / "questions.jsonl").open() if line.strip())
+    questions = LIMIT
+    assert sum(1 for line in (TASK_DIR / "questions.jsonl").open() if line.strip()) > LIMIT
     # Both at once: each spends its first ~15 s importing its library, and the served one then
     # mostly waits on the stack.
     served_run = start_lm_eval(tmp_path / "brigade", "--model", "local-completions",

@@ -1,7 +1,7 @@
 """Redis fails over under load: a real primary, two replicas and three sentinels (ops/stack/redis_ha.py),
 every Brigade process on the one redis+sentinel:// URL, and the primary SIGKILLed mid-stream.
-Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients,
-a real batch job and a real API key. Nothing is mocked. On the same real-model stack, last, a
+Two real workers with the real default model, a reaper, a real gateway, real WebSocket clients
+and a real API key (a batch job through a killed primary is tests/test_chaos.py's). Nothing is mocked. On the same real-model stack, last, a
 worker SIGKILLed mid-stream: the real model's answers continue on the other worker word for word,
 greedy ones and a seeded sampled one with n = 2 and logprobs, each choice token for token
 (tests/test_failover.py proves the failover's mechanics, on the tiny model)."""
@@ -19,10 +19,9 @@ from websockets.asyncio.client import connect
 
 from ops.core import redis_keys
 from tests.clients import Answer, absorb
-from tests.services import RedisHAServer, create_key, queued_params, wait_until, wait_until_async
+from tests.services import RedisHAServer, Stack, create_key, queued_params, wait_until, wait_until_async
 from tests.streams import PROMPTS, assert_complete, busiest, claimed, uninterrupted
 from tests.streams import stream_clients as streams
-from tests.test_batch import BatchStack, line, text_of, write_lines
 
 # Redis primaries killed and demoted under load, a worker killed: `make test-long`.
 pytestmark = pytest.mark.long
@@ -41,13 +40,8 @@ async def stream_clients(url: str, fault, **options):
     return await streams(url, fault, MAX_TOKENS, **options)
 
 
-class HAStack(BatchStack):
-    """The stack on a Redis HA set, keys required: `brigade batch` as a user drives it with the key
-    in BRIGADE_API_KEY, and the job's record read with it."""
-
-    def job(self, job_id: str) -> dict:
-        auth = {"Authorization": f"Bearer {self.env['BRIGADE_API_KEY']}"}
-        return httpx.get(f"{self.http}/v1/batches/{job_id}", headers=auth, timeout=10).json()
+class HAStack(Stack):
+    """The stack on a Redis HA set, keys required (the key in BRIGADE_API_KEY)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +51,6 @@ def ha(model_dir, tmp_path_factory):
         redis_ha, tmp_path_factory.mktemp("ha-logs"), own_redis=True,
         BRIGADE_CACHE_ENABLED="0", BRIGADE_TORCH_THREADS="1", BRIGADE_MAX_WAIT_MS="20",
         BRIGADE_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S), BRIGADE_UNCLAIMED_AFTER_S="3", BRIGADE_AUTH="required",
-        BRIGADE_BATCH_WINDOW="8", BRIGADE_BATCH_LEASE_S="3", BRIGADE_BATCH_POLL_S="0.5",
-        BRIGADE_BATCH_FILES_DIR=str(tmp_path_factory.mktemp("ha-batch-files")),
         # Deterministic mode: a continued answer must equal the uninterrupted one token for token.
         BRIGADE_BATCH_INVARIANT="true",
     ) as s:
@@ -67,7 +59,7 @@ def ha(model_dir, tmp_path_factory):
         s.start_worker("w2@ha")
         s.start_gateway()
         s.wait_ready()
-        # Made before any kill, for every test here (`brigade batch` sends it from the environment):
+        # Made before any kill, for every test here (its clients send it):
         # no test depends on another having run first.
         s.env["BRIGADE_API_KEY"] = create_key(redis_ha.url, "before-the-kills")
         yield s
@@ -131,47 +123,11 @@ def test_a_claim_waits_for_a_replica_and_goes_on_without_one_after_its_bound(ha:
     client.hdel(redis_keys.CLAIMS, *rids)
 
 
-def test_a_killed_primary_loses_no_stream_no_token_and_no_batch_line(ha: HAStack, expected, tmp_path):
-    key = ha.env["BRIGADE_API_KEY"]  # made before the kill (the fixture)
-    requests = [line(i, max_tokens=16) for i in range(30)]
-    job_id = ha.submit(write_lines(tmp_path / "ha.jsonl", requests))
-    killed: dict = {}
-
-    def fault(clients):
-        wait_until(lambda: ha.job(job_id)["brigade"]["written"] >= 1 or None, 120, what="a batch line written")
-        killed["at"] = time.monotonic()
-        killed["node"] = ha.redis.kill_primary()
-
-    clients, _ = asyncio.run(stream_clients(ha.url, fault, headers={"Authorization": f"Bearer {key}"}))
-    assert_complete(clients, expected, ha)  # done, indexes whole, the uninterrupted text
-    # The client-visible gap: the longest pause between two tokens of each stream that was
-    # running when the primary died.
-    gaps = [max(b - a for a, b in zip(c.times, c.times[1:])) for c in clients if len(c.times) > 1]
-    print(f"\nprimary {killed['node']} killed; longest pause per stream: p50 {statistics.median(gaps):.2f}s "
-          f"max {max(gaps):.2f}s")
-
-    job = ha.wait_end(job_id, "the batch job to end after the failover", timeout=300)
-    assert job["status"] == "completed" and job["request_counts"] == {"total": 30, "completed": 30, "failed": 0}, job
-    results = ha.results(job_id, tmp_path / "ha.out.jsonl")
-    assert [r["custom_id"] for r in results] == [r["custom_id"] for r in requests]  # each written exactly once
-    assert all(r["response"]["status_code"] == 200 and text_of(r) for r in results), results  # chat: never empty
-
-    # The key made before the kill still authenticates, against the new primary.
-    new_primary = ha.redis.ha.primary_port()
-    assert ha.redis.ha.node_name(new_primary) != killed["node"]
-    resp = httpx.post(ha.http + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                      json={"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 2})
-    assert resp.status_code == 200, resp.text
-    assert httpx.post(ha.http + "/v1/completions", headers={"Authorization": "Bearer sk-wrong"}, timeout=60,
-                      json={"prompt": "Hello", "max_tokens": 2}).status_code == 401
-    ha.redis.restart(killed["node"])  # it comes back, and the sentinels make it a replica of the new primary
-
-
 def test_a_demoted_primary_answering_readonly_sends_every_part_to_the_new_one(ha: HAStack, expected):
     """A planned failover (SENTINEL FAILOVER) demotes the primary while it runs: clients still
     connected to it meet READONLY on their next write (celery #7946 shut workers down on it). Every
     stream completes as uninterrupted, and no part of Brigade exits."""
-    ha.redis.ha.wait_healthy(60)  # the node killed in the test above is back as a replica
+    ha.redis.ha.wait_healthy(60)
     before = ha.redis.ha.primary_port()
     demoted: dict = {}
 
@@ -200,7 +156,11 @@ def test_every_part_survives_one_more_failover_after_those(ha: HAStack, expected
     """A failover switches kombu's connection to another address: after it, a worker must still run
     on Brigade's broker transport (workers/transport.py), or the next failover kills it (seen in the
     soak: kombu's own transport raised AttributeError restoring unacked messages, and both workers
-    stopped). So: another SIGKILL of the primary, under 4 streams, after the two above."""
+    stopped). So: a SIGKILL of the primary, under 4 streams, after the planned failover above. And
+    the API key made before both still authenticates against the new primary.
+
+    A primary killed under streaming, SSE and batch load, nothing lost (each stream whole, no token
+    twice, every batch line once and in order) is tests/test_chaos.py's, twice a run."""
     ha.redis.ha.wait_healthy(60)
     killed: dict = {}
 
@@ -215,6 +175,12 @@ def test_every_part_survives_one_more_failover_after_those(ha: HAStack, expected
     for name, log in ((n, w.log_path.read_text()) for n, w in ha.workers.items()):
         assert "Unrecoverable error" not in log, f"{name}:\n{log[-3000:]}"
         assert "Connected to sentinel://" not in log, f"{name} fell back to kombu's own transport"
+    assert ha.redis.ha.node_name(ha.redis.ha.primary_port()) != killed["node"]
+    resp = httpx.post(ha.http + "/v1/completions", headers=headers, timeout=60,
+                      json={"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
+    assert httpx.post(ha.http + "/v1/completions", headers={"Authorization": "Bearer sk-wrong"}, timeout=60,
+                      json={"prompt": "Hello", "max_tokens": 2}).status_code == 401
     ha.redis.restart(killed["node"])
 
 
