@@ -100,45 +100,6 @@ def _train(teacher, config_of_student, examples, train_config, folder: Path, pad
     return student, plan, state
 
 
-def _summary(state) -> dict:
-    import statistics
-
-    history = state.history
-    tail = history[-20:]
-    return {"steps": state.step, "seconds": round(state.elapsed_s, 1), "answer_tokens": state.tokens,
-            "tok_s_median": statistics.median(r["tok_s"] for r in history) if history else None,
-            "teacher_share_median": statistics.median(r["teacher_share"] for r in history) if history else None,
-            "final": {k: round(statistics.mean(r[k] for r in tail), 4) for k in ("loss", "hard", "kl")} if tail else None}
-
-
-def plot_losses(runs: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for label, history in runs.items():
-        steps = [r["step"] for r in history]
-        for ax, key in zip(axes, ("loss", "hard", "kl")):
-            ax.plot(steps, _smooth([r[key] for r in history]), label=label)
-    for ax, title in zip(axes, ("total loss", "hard term: CE(y, σ(z_s/T))", "soft term: KL(σ(z_t/T) ‖ σ(z_s/T))")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def run(args, settings: Settings | None = None) -> int:
     settings = settings or get_settings()
     try:
@@ -270,6 +231,7 @@ def _refuse_an_earlier_run(args, work: Path) -> None:
 def _students(args, teacher: Teacher, config, train, work: Path) -> dict[str, tuple[Path, dict, list]]:
     """Each student trained (the α = 1 ablation too, with --ablation), or with --eval-only the
     ones an earlier run left: label -> (student folder, train config, loss history)."""
+    from ops.training.distill.history import summary
     from ops.training.distill.trainer import RunState, TrainConfig, save_student
 
     runs: dict[str, tuple[Path, dict, list]] = {}
@@ -284,7 +246,7 @@ def _students(args, teacher: Teacher, config, train, work: Path) -> dict[str, tu
                 runs[label] = (out, {}, [])
                 continue
             state = RunState(**saved["run"])
-            runs[label] = (out, {**saved["config"], "summary": _summary(state)}, state.history)
+            runs[label] = (out, {**saved["config"], "summary": summary(state)}, state.history)
             continue
         cfg = TrainConfig(**{"temperature": args.temperature, "alpha": args.alpha, "steps": args.steps,
                              "minutes": args.minutes, "batch_size": args.batch_size,
@@ -292,7 +254,7 @@ def _students(args, teacher: Teacher, config, train, work: Path) -> dict[str, tu
         student, plan, state = _train(teacher.model, config, train, cfg, folder, teacher.pad_id, args.resume,
                                       args.restart, label)
         save_student(student, teacher.folder, out, grid=not args.float32_student)
-        runs[label] = (out, {**asdict(cfg), "summary": _summary(state)}, state.history)
+        runs[label] = (out, {**asdict(cfg), "summary": summary(state)}, state.history)
         del student
     return runs
 
@@ -336,6 +298,8 @@ def _report(args, settings: Settings, teacher: Teacher, config, device: str, hel
 def _write_report(report: dict, runs: dict, work: Path) -> None:
     """distill-report.json and distill-losses.png in the work folder; their paths and the headline
     figures on stdout."""
+    from ops.training.distill.history import plot_losses
+
     (work / "distill-report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_losses({label: history for label, (_, _, history) in runs.items() if history}, work / "distill-losses.png")
     print(json.dumps({"report": str(work / "distill-report.json"), "plot": str(work / "distill-losses.png"),
