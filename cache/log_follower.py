@@ -29,6 +29,7 @@ class SharedLogFollower:
         self.local = local
         self.retry_s = retry_s  # the wait after Redis failed a read, before reading again
         self.cursor = "0-0"  # the id of the last log entry applied here
+        self.stopping = False
 
     async def rebuild(self) -> int:
         """Load every entry from Redis into fresh indexes; remember where the log stood."""
@@ -42,9 +43,15 @@ class SharedLogFollower:
         log.info("event=cache_index_rebuilt entries=%d namespaces=%d", n, len(self.local.indexes))
         return n
 
+    def stop(self) -> None:
+        """End `follow` after its current read (within its block_ms). Cancelling the task instead
+        can leave it for ever in redis-py's cancellation of a blocking XREAD (redis/redis-py#2028,
+        #2579): a test's event loop then waited on it at shutdown (twice in 2026-12's suites)."""
+        self.stopping = True
+
     async def follow(self, block_ms: int = 1000) -> None:
-        """Apply the shared add/delete log to the local indexes, forever."""
-        while True:
+        """Apply the shared add/delete log to the local indexes until `stop`."""
+        while not self.stopping:
             try:
                 replies = await self.redis.xread({redis_keys.CACHE_LOG: self.cursor}, block=block_ms, count=1000)
                 for _, events in replies or []:

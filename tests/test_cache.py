@@ -125,7 +125,8 @@ def test_ttl_expiry_removes_the_entry_from_redis_and_every_index(redis_server, e
         await wait_until_async(a.store.expired, 10, what="the entry's TTL to run out")
         await a.sweep()
         await wait_until_async(lambda: b.size() == 0, 10, what="the second cache to follow the expiry")
-        follower.cancel()
+        b.follower.stop()  # not a cancel: see cache/log_follower.py, stop
+        await asyncio.wait_for(follower, 10)
         return entry_id, in_b_before, a.size(), b.size(), (await a.lookup(ask(renderer, "How do volcanoes form?"))).hit
 
     entry_id, in_b_before, a_after, b_after, hit = run(main())
@@ -295,7 +296,8 @@ def test_lru_eviction_removes_the_least_recently_used_entry_everywhere(redis_ser
         ids.append(await stored(a, ask(renderer, questions[3])))
         await wait_until_async(lambda: not indexed(b, ids[1]) and indexed(b, ids[3]), 10,
                                what="the second cache to follow the insert and the eviction")
-        follower.cancel()
+        b.follower.stop()  # not a cancel: see cache/log_follower.py, stop
+        await asyncio.wait_for(follower, 10)
         return ids, a, b
 
     ids, a, b = run(main())
@@ -318,7 +320,8 @@ def test_second_gateway_sees_inserts_and_deletions(settings, embedder, renderer)
         reworded = (await b.lookup(ask(renderer, "how far away is the moon"))).hit
         await a.store.delete(entry_id)
         await wait_until_async(lambda: b.size() == 0, 10, what="the second cache to follow the deletion")
-        follower.cancel()
+        b.follower.stop()  # not a cancel: see cache/log_follower.py, stop
+        await asyncio.wait_for(follower, 10)
         return seen, reworded, b.size()
 
     seen, reworded, after = run(main())

@@ -71,7 +71,8 @@ def test_the_log_follower_rebuilds_then_applies_another_gateways_adds_bars_and_d
         await wait_until_async(lambda: set(items(local)) == {before.entry_id, added.entry_id}
                                and items(local)[added.entry_id].bar == 0.93, 10,
                                what="the follower to apply the adds, the bar and the delete")
-        following.cancel()
+        follower.stop()
+        await asyncio.wait_for(following, 10)  # its next read ends within block_ms
         last = redis_server.client.xrevrange(redis_keys.CACHE_LOG, count=1)[0][0]
         return rebuilt, at_start, items(local), follower.cursor, last, before, added
 
