@@ -151,19 +151,19 @@ class BertModel(nn.Module):
         return hidden
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, return_dict: bool = True) -> Output:
+                token_type_ids: torch.Tensor | None = None) -> Output:
         return Output(last_hidden_state=self.hidden(input_ids, attention_mask, token_type_ids))
 
 
 class BertForPairScore(nn.Module):
     """transformers' `BertForSequenceClassification` with one label, in eval: the pooled first token
-    through a linear head."""
+    through a linear head (its weights to come from a trained file)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, bert: BertModel):
         super().__init__()
-        self.config = SimpleNamespace(**config)
-        self.bert = BertModel(config)
-        self.classifier = nn.Linear(config["hidden_size"], 1)
+        self.config = bert.config
+        self.bert = bert
+        self.classifier = nn.Linear(bert.config.hidden_size, 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> Output:
@@ -186,11 +186,6 @@ def read(folder: Path) -> BertModel | None:
 
 
 def read_pair_scorer(folder: Path) -> BertForPairScore | None:
-    """The folder's BERT under a pair-score head (its weights to come from a trained file); None if
-    the folder is not a plain BERT."""
+    """The folder's BERT under a pair-score head; None if the folder is not a plain BERT."""
     base = read(folder)
-    if base is None:
-        return None
-    scorer = BertForPairScore(vars(base.config))
-    scorer.bert = base
-    return scorer.eval()
+    return None if base is None else BertForPairScore(base).eval()

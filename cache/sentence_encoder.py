@@ -52,7 +52,7 @@ class MeanPooledEncoder:
                 batch = [texts[i] for i in order[start:start + batch_size]]
                 features = self.tokenizer(batch, padding=True, truncation="longest_first", return_tensors="pt",
                                           max_length=self.max_seq_length)
-                tokens = self.model(**features, return_dict=True).last_hidden_state
+                tokens = self.model(**features).last_hidden_state
                 mask = features["attention_mask"].unsqueeze(-1).to(tokens.dtype)
                 summed = (tokens * mask).sum(dim=1, dtype=tokens.dtype)
                 counts = torch.clamp(mask.sum(dim=1, dtype=tokens.dtype), min=1e-9)

@@ -44,14 +44,15 @@ class SerializedTokenizer:
         return getattr(self._tokenizer, name)
 
 
-# Tokenizer classes read through their own module, as `AutoTokenizer` would pick them.
-OWN_MODULES = {"TokenizersBackend": "transformers.tokenization_utils_tokenizers",
-               "BertTokenizer": "transformers.models.bert.tokenization_bert",
-               "BertTokenizerFast": "transformers.models.bert.tokenization_bert"}
+# Tokenizer classes (by tokenizer_config.json's name) read through their own module, as
+# `AutoTokenizer` would pick them: transformers 5 has one BERT class, which "BertTokenizerFast" names too.
+OWN_CLASSES = {"TokenizersBackend": ("transformers.tokenization_utils_tokenizers", "TokenizersBackend"),
+               "BertTokenizer": ("transformers.models.bert.tokenization_bert", "BertTokenizer"),
+               "BertTokenizerFast": ("transformers.models.bert.tokenization_bert", "BertTokenizer")}
 
 
 def read_tokenizer(folder: Path):
-    """The folder's tokenizer through its own class where that is one of OWN_MODULES' (what
+    """The folder's tokenizer through its own class where that is one of OWN_CLASSES (what
     `AutoTokenizer` returns for it), else `AutoTokenizer`. Model-free (no torch): `AutoTokenizer`
     resolves a class through every model's config, about 3-5 s of a worker's or a gateway's start
     (2-core AVX2, 2026-12), where this import takes about 1."""
@@ -59,10 +60,9 @@ def read_tokenizer(folder: Path):
 
     config = folder / "tokenizer_config.json"
     name = json.loads(config.read_text()).get("tokenizer_class") if config.exists() else None
-    if name in OWN_MODULES:
-        # transformers 5 has one BERT tokenizer class; "BertTokenizerFast" names it still.
-        return getattr(importlib.import_module(OWN_MODULES[name]), "BertTokenizer" if name.startswith("Bert")
-                       else name).from_pretrained(folder)
+    if name in OWN_CLASSES:
+        module, cls = OWN_CLASSES[name]
+        return getattr(importlib.import_module(module), cls).from_pretrained(folder)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
